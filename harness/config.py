@@ -1,0 +1,56 @@
+"""RunConfig: what the user asked for, validated once, so library code can trust it."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from workloads.base import SCALES, WorkloadError
+
+SYSTEMS = ("single",)
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    system: str
+    workload: str
+    scale: str = "tiny"
+    epochs: int = 10
+    target: float | None = None  # None: the workload's target at this scale
+    data: str | None = None  # None: the default (no-download) dataset
+    batch_size: int | None = None  # None: the workload's default at this scale
+    lr: float | None = None
+    seed: int = 0
+    workers: int = 1
+    threads: int | None = None  # torch threads per worker process; None: cores / workers
+    device: str = "auto"  # "auto" picks CUDA when present, else CPU
+    warmup_steps: int = 2  # excluded from throughput (not from time-to-target)
+    experiment: str = "pipebench"
+    max_steps_per_epoch: int | None = None  # for smoke tests and benchmarks
+    tags: dict[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.system not in SYSTEMS:
+            raise WorkloadError(f"unknown system {self.system!r}; choose one of: "
+                                f"{', '.join(SYSTEMS)}")
+        if self.scale not in SCALES:
+            raise WorkloadError(f"unknown scale {self.scale!r}; choose one of: "
+                                f"{', '.join(SCALES)}")
+        if self.epochs < 1:
+            raise WorkloadError(f"--epochs must be at least 1 (got {self.epochs})")
+        if self.batch_size is not None and self.batch_size < 1:
+            raise WorkloadError(f"--batch-size must be positive (got {self.batch_size})")
+        if self.workers < 1:
+            raise WorkloadError(f"--workers must be at least 1 (got {self.workers})")
+        if self.threads is not None and self.threads < 1:
+            raise WorkloadError(f"--threads must be at least 1 (got {self.threads})")
+        if self.device not in ("auto", "cpu", "cuda"):
+            raise WorkloadError(f"--device must be auto, cpu or cuda (got {self.device!r})")
+        if self.data is not None and not Path(self.data).exists():
+            raise WorkloadError(f"data path {self.data} does not exist")
+
+    def threads_per_worker(self) -> int:
+        if self.threads is not None:
+            return self.threads
+        return max(1, (os.cpu_count() or 1) // self.workers)

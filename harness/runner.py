@@ -1,0 +1,76 @@
+"""Run one system on one workload as one MLflow run: the library behind ``pipebench run``."""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from harness import tracking
+from harness.config import RunConfig
+from harness.progress import Progress
+from harness.training import (
+    EpochStats,
+    RunSummary,
+    SingleTrainer,
+    load_splits,
+    resolve_device,
+    run_training,
+)
+from workloads import registry
+from workloads.base import count_parameters
+
+
+def run(cfg: RunConfig, progress: Progress | None = None) -> RunSummary:
+    progress = progress or Progress()
+    workload = registry.get(cfg.workload)
+    spec = workload.spec(cfg.scale)
+    target = cfg.target
+    if target is None:
+        target = spec.real_target if (cfg.data and spec.real_target is not None) else spec.target
+    device = resolve_device(cfg.device)
+    torch.set_num_threads(cfg.threads_per_worker())
+    torch.manual_seed(cfg.seed)
+
+    t0 = time.perf_counter()
+    splits = load_splits(workload, cfg)
+    progress.note(f"data: {splits.description} (loaded in {time.perf_counter() - t0:.1f}s)")
+    trainer = SingleTrainer(cfg, workload, splits, device, progress)
+    batch_size = trainer.batch_size
+
+    run_name = f"{cfg.system}-{workload.name}-{cfg.scale}-w{cfg.workers}-s{cfg.seed}"
+    with tracking.tracked_run(cfg.experiment, run_name, tags=cfg.tags) as tracker:
+        tracker.params({
+            "system": cfg.system, "workload": workload.name, "scale": cfg.scale,
+            "batch_size": batch_size, "global_batch_size": batch_size,
+            "workers": cfg.workers, "seed": cfg.seed, "epochs": cfg.epochs, "target": target,
+            "metric": workload.metric, "data": splits.description,
+            "optimizer": spec.optimizer, "lr": cfg.lr if cfg.lr is not None else spec.lr,
+            "threads": cfg.threads_per_worker(), "device": str(device),
+            "hardware": tracking.hardware(device), "git_sha": tracking.git_sha(),
+            "torch_version": torch.__version__,
+            "num_parameters": count_parameters(trainer.model)})
+
+        def log_epoch(epoch: int, stats: EpochStats, quality: float, eval_s: float) -> None:
+            tracker.metrics({"epoch_time_s": stats.time_s, "samples_per_s": stats.samples_per_s,
+                             "train_loss": stats.train_loss, "quality": quality,
+                             "eval_time_s": eval_s}, step=epoch)
+
+        summary = run_training(cfg, workload, target, trainer.train_epoch, trainer.evaluate,
+                               log_epoch, progress)
+        summary.peak_memory_bytes = {0: tracking.peak_memory_bytes(device)}
+        summary.data_description = splits.description
+        summary.run_id, summary.tracking_uri = tracker.run_id, tracker.uri
+        final = {"throughput_samples_per_s": summary.throughput,
+                 "final_quality": summary.qualities[-1],
+                 "best_quality": (max if workload.higher_is_better else min)(summary.qualities),
+                 "total_time_s": summary.total_time_s, "epochs_run": len(summary.epochs),
+                 "bytes_communicated_per_sample": 0.0,
+                 "peak_memory_bytes_max": max(summary.peak_memory_bytes.values())}
+        final.update({tracking.peak_memory_key(r): b
+                      for r, b in summary.peak_memory_bytes.items()})
+        if summary.reached:
+            final["time_to_target_s"] = summary.time_to_target_s
+            final["epochs_to_target"] = summary.epochs_to_target
+        tracker.metrics(final)
+    return summary

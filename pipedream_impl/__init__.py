@@ -1,0 +1,1 @@
+"""pipedream_impl package."""

@@ -1,0 +1,214 @@
+"""The workload interface: a model as an ordered list of tuple-in, tuple-out layers.
+
+Why layers of tuples: PipeDream, GPipe and every pipeline baseline cut a model into
+contiguous ranges of layers. If every layer takes a tuple of tensors and returns a tuple of
+tensors, any range ``layers[i:j]`` is a valid stage whose boundary tensors are exactly what
+travels between workers, and running all layers in order is the whole model. Tensors that a
+later layer needs (e.g. GNMT's source tokens for the attention mask) simply ride along in the
+tuple. Integer tensors (tokens) never need gradients; float tensors do.
+
+A workload knows nothing about workers, pipelines or MLflow (see shared ARCHITECTURE.md).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor, nn
+
+Tuple = tuple[Tensor, ...]
+
+SCALES = ("tiny", "small", "full")
+
+
+class WorkloadError(ValueError):
+    """Wrong user input about a workload (unknown name, bad scale, missing data).
+
+    The CLI prints the message as one line and exits with code 2, so the message must say
+    what was wrong and how to fix it.
+    """
+
+
+class Layer(nn.Module):
+    """Base class of every pipeline layer: ``forward(inputs: tuple) -> tuple``."""
+
+    def forward(self, inputs: Tuple) -> Tuple:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+
+class Wrap(Layer):
+    """Lift a single-tensor module (Conv2d, ReLU, ...) to the tuple interface."""
+
+    def __init__(self, module: nn.Module) -> None:
+        super().__init__()
+        if getattr(module, "inplace", False):
+            # A stage's input is a leaf that requires grad; in-place ops on it are illegal.
+            module.inplace = False
+        self.module = module
+
+    def forward(self, inputs: Tuple) -> Tuple:
+        return (self.module(inputs[0]),) + tuple(inputs[1:])
+
+    def extra_repr(self) -> str:
+        return ""
+
+
+class Flatten(Layer):
+    def forward(self, inputs: Tuple) -> Tuple:
+        return (torch.flatten(inputs[0], 1),) + tuple(inputs[1:])
+
+
+class LayerModel(nn.Module):
+    """The whole model: the layers run in order. ``stage(i, j)`` is layers i..j-1."""
+
+    def __init__(self, layers: Sequence[Layer]) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(layers)
+
+    def forward(self, inputs: Tuple) -> Tuple:
+        return run_layers(self.layers, inputs)
+
+    def __len__(self) -> int:
+        return len(self.layers)
+
+    def stage(self, start: int, stop: int) -> LayerModel:
+        return LayerModel(list(self.layers[start:stop]))
+
+
+def run_layers(layers: Sequence[nn.Module], inputs: Tuple) -> Tuple:
+    out = inputs
+    for layer in layers:
+        out = layer(out)
+        if not isinstance(out, tuple):
+            raise TypeError(f"layer {type(layer).__name__} returned {type(out).__name__}, "
+                            "expected a tuple of tensors")
+    return out
+
+
+def count_parameters(module: nn.Module) -> int:
+    """Distinct parameters (a tied parameter counts once)."""
+    seen: set[int] = set()
+    total = 0
+    for p in module.parameters():
+        if id(p) not in seen:
+            seen.add(id(p))
+            total += p.numel()
+    return total
+
+
+@dataclass(frozen=True)
+class ScaleSpec:
+    """Hyper-parameters of one scale of a workload (model size, batch, optimiser)."""
+
+    model: dict
+    batch_size: int
+    lr: float
+    target: float
+    optimizer: str = "sgd"  # "sgd" (momentum 0.9) or "adam"
+    weight_decay: float = 0.0
+    grad_clip: float | None = None
+    real_target: float | None = None  # the published target on the real dataset (--data)
+    epochs: int = 20  # default epoch budget
+
+
+@dataclass
+class Batch:
+    """One minibatch: ``inputs`` go to layer 0, ``targets`` to the loss."""
+
+    inputs: Tuple
+    targets: Tensor
+
+    def to(self, device: torch.device | str) -> Batch:
+        return Batch(tuple(t.to(device) for t in self.inputs), self.targets.to(device))
+
+    @property
+    def size(self) -> int:
+        return int(self.targets.shape[0])
+
+
+class Dataset:
+    """A split of a dataset: a length and ``take(index) -> dict of batched tensors``.
+
+    Small datasets live in memory (``TensorData``); large ones (ImageNet) decode on demand.
+    ``meta`` carries what the model needs to know (vocabulary, image size, classes).
+    """
+
+    meta: dict
+
+    def __len__(self) -> int:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def take(self, index: Tensor) -> dict[str, Tensor]:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+
+class TensorData(Dataset):
+    def __init__(self, tensors: dict[str, Tensor], meta: dict | None = None) -> None:
+        lengths = {k: int(v.shape[0]) for k, v in tensors.items()}
+        if len(set(lengths.values())) != 1:
+            raise ValueError(f"tensors of different lengths: {lengths}")
+        self.tensors = tensors
+        self.meta = dict(meta or {})
+
+    def __len__(self) -> int:
+        return int(next(iter(self.tensors.values())).shape[0])
+
+    def take(self, index: Tensor) -> dict[str, Tensor]:
+        return {k: v[index] for k, v in self.tensors.items()}
+
+
+@dataclass
+class DataSplits:
+    train: Dataset
+    valid: Dataset
+    description: str
+
+
+@dataclass(frozen=True)
+class Workload:
+    """Everything a system needs to train a model, independent of how it is parallelised.
+
+    - ``build(scale, data_meta)`` returns the ``LayerModel`` (``data_meta`` carries e.g. the
+      vocabulary size of the loaded data).
+    - ``loss(outputs, targets)`` is a scalar to minimise (mean over the minibatch).
+    - ``evaluate(model, dataset, batch_size)`` returns the quality metric on a split.
+    - ``default_data(scale, seed)`` needs no download; ``load_data(path, scale)`` reads the
+      real dataset in its usual on-disk format.
+    """
+
+    name: str
+    description: str
+    metric: str  # "top1", "bleu", "meteor", "perplexity"
+    higher_is_better: bool
+    scales: dict[str, ScaleSpec]
+    build: Callable[[str, dict], LayerModel]
+    loss: Callable[[Tuple, Tensor], Tensor]
+    make_batch: Callable[[Dataset, Tensor], Batch]
+    evaluate: Callable[[LayerModel, Dataset, int], float]
+    default_data: Callable[[str, int], DataSplits]
+    load_data: Callable[[str, str], DataSplits]
+    default_data_name: str
+    real_data_name: str
+    published_parameters: int | None = None  # at scale "full", for the tests
+
+    def spec(self, scale: str) -> ScaleSpec:
+        if scale not in self.scales:
+            raise WorkloadError(f"unknown scale {scale!r} for {self.name}; "
+                                f"choose one of: {', '.join(self.scales)}")
+        return self.scales[scale]
+
+    def reached(self, quality: float, target: float) -> bool:
+        return quality >= target if self.higher_is_better else quality <= target
+
+
+def cross_entropy_tokens(outputs: Tuple, targets: Tensor, pad: int = 0) -> Tensor:
+    """Mean token cross-entropy over non-pad targets; ``outputs[0]`` is [B, T, V] logits."""
+    logits = outputs[0]
+    return nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]),
+                                       targets.reshape(-1), ignore_index=pad)
+
+
+def classification_loss(outputs: Tuple, targets: Tensor) -> Tensor:
+    return nn.functional.cross_entropy(outputs[0], targets)
