@@ -33,7 +33,8 @@ def run(
     workload: Annotated[str, typer.Option("--workload", "-w", help="see `pipebench workloads`")],
     system: Annotated[str, typer.Option(help="training system")] = "single",
     scale: Annotated[str, typer.Option(help="tiny, small or full")] = "tiny",
-    epochs: Annotated[int, typer.Option(help="epoch budget")] = 10,
+    epochs: Annotated[int | None, typer.Option(help="epoch budget (default: workload's)")]
+    = None,
     target: Annotated[float | None, typer.Option(help="quality target (default: workload's)")]
     = None,
     data: Annotated[str | None, typer.Option(help="path of a real dataset (default: built-in)")]

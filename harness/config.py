@@ -16,7 +16,7 @@ class RunConfig:
     system: str
     workload: str
     scale: str = "tiny"
-    epochs: int = 10
+    epochs: int | None = None  # None: the workload's default budget at this scale
     target: float | None = None  # None: the workload's target at this scale
     data: str | None = None  # None: the default (no-download) dataset
     batch_size: int | None = None  # None: the workload's default at this scale
@@ -37,7 +37,7 @@ class RunConfig:
         if self.scale not in SCALES:
             raise WorkloadError(f"unknown scale {self.scale!r}; choose one of: "
                                 f"{', '.join(SCALES)}")
-        if self.epochs < 1:
+        if self.epochs is not None and self.epochs < 1:
             raise WorkloadError(f"--epochs must be at least 1 (got {self.epochs})")
         if self.batch_size is not None and self.batch_size < 1:
             raise WorkloadError(f"--batch-size must be positive (got {self.batch_size})")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 import torch
@@ -25,6 +26,8 @@ def run(cfg: RunConfig, progress: Progress | None = None) -> RunSummary:
     progress = progress or Progress()
     workload = registry.get(cfg.workload)
     spec = workload.spec(cfg.scale)
+    if cfg.epochs is None:
+        cfg = dataclasses.replace(cfg, epochs=spec.epochs)
     target = cfg.target
     if target is None:
         target = spec.real_target if (cfg.data and spec.real_target is not None) else spec.target

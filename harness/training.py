@@ -22,7 +22,7 @@ from torch import nn
 
 from harness.config import RunConfig
 from harness.progress import Progress
-from workloads.base import Batch, DataSplits, Dataset, LayerModel, ScaleSpec, Workload
+from workloads.base import Batch, Dataset, DataSplits, LayerModel, ScaleSpec, Workload
 
 
 @dataclass

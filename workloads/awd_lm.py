@@ -28,8 +28,8 @@ from torch.func import functional_call
 
 from workloads import data_text
 from workloads.base import (
-    DataSplits,
     Dataset,
+    DataSplits,
     Layer,
     LayerModel,
     ScaleSpec,

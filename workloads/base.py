@@ -13,7 +13,7 @@ A workload knows nothing about workers, pipelines or MLflow (see shared ARCHITEC
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor, nn

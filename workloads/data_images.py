@@ -22,7 +22,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from workloads.base import Batch, DataSplits, Dataset, TensorData, WorkloadError
+from workloads.base import Batch, Dataset, DataSplits, TensorData, WorkloadError
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)

@@ -34,7 +34,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from workloads.base import Batch, DataSplits, Dataset, TensorData, WorkloadError
+from workloads.base import Batch, Dataset, DataSplits, TensorData, WorkloadError
 
 PAD, UNK, BOS, EOS = 0, 1, 2, 3
 SPECIALS = ["<pad>", "<unk>", "<s>", "</s>"]

@@ -188,13 +188,14 @@ def _workload(name: str, depth: int, published: int) -> Workload:
         description=f"GNMT-{2 * depth}: {depth}+{depth} LSTM layers with attention",
         metric="bleu", higher_is_better=True,
         scales={
-            "tiny": ScaleSpec({"vocab": 52, "hidden": 64, "dropout": 0.0}, 32, 3e-3, 60.0,
+            "tiny": ScaleSpec({"vocab": 52, "hidden": 64, "dropout": 0.0}, 32, 5e-3, 90.0,
                               optimizer="adam", grad_clip=5.0),
-            "small": ScaleSpec({"vocab": 1004, "hidden": 256, "dropout": 0.1}, 64, 2e-3, 60.0,
+            "small": ScaleSpec({"vocab": 1004, "hidden": 256, "dropout": 0.1}, 64, 2e-3, 90.0,
                                optimizer="adam", grad_clip=5.0),
             # MLPerf GNMT: Adam lr 2e-3, batch 128 per GPU, target BLEU 24.0 on newstest2014.
             "full": ScaleSpec({"vocab": 32320, "hidden": 1024, "dropout": 0.2}, 128, 2e-3,
-                              60.0, optimizer="adam", grad_clip=5.0, real_target=24.0),
+                              90.0, optimizer="adam", grad_clip=5.0, real_target=24.0,
+                              epochs=6),
         },
         build=_make(depth), loss=seq_loss, make_batch=data_seq2seq.seq2seq_batch,
         evaluate=evaluate_bleu, default_data=_default_data, load_data=_real_data,

@@ -14,7 +14,7 @@ Tuple between layers: ``(frames_or_h1, tgt_in)`` and finally ``(logits,)``.
 from __future__ import annotations
 
 import torch
-from torch import Tensor, nn
+from torch import nn
 
 from workloads import data_seq2seq
 from workloads.base import DataSplits, Layer, LayerModel, ScaleSpec, Tuple, Workload

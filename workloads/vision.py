@@ -11,15 +11,15 @@ widths and the input size, built from torchvision's own ``make_layers`` and ``Bo
 from __future__ import annotations
 
 import torch
-from torch import Tensor, nn
+from torch import nn
 from torchvision.models import resnet50, vgg16
 from torchvision.models.resnet import Bottleneck, conv1x1
 from torchvision.models.vgg import make_layers
 
 from workloads import data_images
 from workloads.base import (
-    DataSplits,
     Dataset,
+    DataSplits,
     Flatten,
     Layer,
     LayerModel,
@@ -100,24 +100,30 @@ def build_resnet50(scale: str, meta: dict) -> LayerModel:
     cfg = RESNET50.spec(scale).model
     torch.manual_seed(int(meta.get("init_seed", 0)))
     if scale == "full":
-        m = resnet50(weights=None, num_classes=num_classes)
-        blocks = [b for stage in (m.layer1, m.layer2, m.layer3, m.layer4) for b in stage]
-        stem = [m.conv1, m.bn1, m.relu, m.maxpool]
-        head = [m.avgpool, m.fc]
-    else:
-        w = cfg["width"]
-        stem = [nn.Conv2d(3, w, 7, 2, 3, bias=False), nn.BatchNorm2d(w), nn.ReLU(True),
-                nn.MaxPool2d(3, 2, 1)]
-        blocks, inplanes = [], w
-        for i, n in enumerate((3, 4, 6, 3)):
-            planes = w * 2**i
-            blocks += _resnet_stage(inplanes, planes, n, 1 if i == 0 else 2)
-            inplanes = planes * Bottleneck.expansion
-        head = [nn.AdaptiveAvgPool2d((1, 1)), nn.Linear(inplanes, num_classes)]
-        _init_resnet(stem + blocks)
+        return resnet_layers_of(resnet50(weights=None, num_classes=num_classes))
+    w = cfg["width"]
+    stem = [nn.Conv2d(3, w, 7, 2, 3, bias=False), nn.BatchNorm2d(w), nn.ReLU(True),
+            nn.MaxPool2d(3, 2, 1)]
+    blocks, inplanes = [], w
+    for i, n in enumerate((3, 4, 6, 3)):
+        planes = w * 2**i
+        blocks += _resnet_stage(inplanes, planes, n, 1 if i == 0 else 2)
+        inplanes = planes * Bottleneck.expansion
+    _init_resnet(stem + blocks)
+    return _resnet_layers(stem, blocks, nn.AdaptiveAvgPool2d((1, 1)),
+                          nn.Linear(inplanes, num_classes))
+
+
+def _resnet_layers(stem: list[nn.Module], blocks: list[nn.Module], pool: nn.Module,
+                   fc: nn.Module) -> LayerModel:
     layers: list[Layer] = [Wrap(x) for x in stem] + [Wrap(b) for b in blocks]
-    layers += [Wrap(head[0]), Flatten(), Wrap(head[1])]
-    return LayerModel(layers)
+    return LayerModel(layers + [Wrap(pool), Flatten(), Wrap(fc)])
+
+
+def resnet_layers_of(m: nn.Module) -> LayerModel:
+    """A torchvision ResNet as layers: stem modules, each block, pooling, classifier."""
+    blocks = [b for stage in (m.layer1, m.layer2, m.layer3, m.layer4) for b in stage]
+    return _resnet_layers([m.conv1, m.bn1, m.relu, m.maxpool], blocks, m.avgpool, m.fc)
 
 
 @torch.no_grad()
@@ -164,7 +170,7 @@ def _image_workload(name: str, description: str, scales: dict[str, ScaleSpec],
 VGG16 = _image_workload(
     "vgg16", "VGG-16 (torchvision), 13 conv + 3 fc",
     {"tiny": ScaleSpec({"div": 8, "hidden": 128, "dropout": 0.0, "image_size": 32}, 32,
-                       5e-4, 0.90, optimizer="adam", epochs=30),
+                       5e-4, 0.90, optimizer="adam", epochs=40),
      "small": ScaleSpec({"div": 4, "hidden": 512, "dropout": 0.0, "image_size": 64}, 32,
                         5e-4, 0.95, optimizer="adam", epochs=30),
      # The PipeDream paper's VGG-16 target: 68% top-1 on ImageNet.

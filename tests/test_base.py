@@ -1,0 +1,51 @@
+"""workloads/base.py: the tuple-layer interface every pipeline stage relies on."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from workloads.awd_lm import tied_parameters
+from workloads.base import LayerModel, WorkloadError, Wrap, count_parameters, run_layers
+from workloads.registry import WORKLOADS, get
+
+
+def test_wrap_passes_extra_tensors_through_and_disables_inplace() -> None:
+    relu = nn.ReLU(inplace=True)
+    layer = Wrap(relu)
+    assert relu.inplace is False
+    x, extra = torch.tensor([-1.0, 2.0]), torch.tensor([7])
+    y, e = layer((x, extra))
+    assert torch.equal(y, torch.tensor([0.0, 2.0])) and e is extra
+
+
+def test_run_layers_rejects_a_layer_that_returns_a_bare_tensor() -> None:
+    class Bare(nn.Module):
+        def forward(self, inputs: tuple) -> torch.Tensor:
+            return inputs[0]
+
+    with pytest.raises(TypeError, match="Bare returned Tensor, expected a tuple"):
+        run_layers([Bare()], (torch.zeros(1),))
+
+
+def test_count_parameters_counts_a_tied_tensor_once() -> None:
+    a = nn.Linear(3, 3, bias=False)
+    b = nn.Linear(3, 3, bias=False)
+    b.weight = a.weight
+    assert count_parameters(nn.ModuleList([a, b])) == 9
+    assert tied_parameters(nn.ModuleList([a, b])) == [["0.weight", "1.weight"]]
+
+
+def test_registry_lists_six_workloads_and_rejects_unknown_names() -> None:
+    assert sorted(WORKLOADS) == ["awd-lm", "gnmt16", "gnmt8", "resnet50", "s2vt", "vgg16"]
+    assert get("GNMT-8").name == "gnmt8"
+    with pytest.raises(WorkloadError, match="unknown workload 'bert'.*vgg16"):
+        get("bert")
+    with pytest.raises(WorkloadError, match="unknown scale 'huge'"):
+        get("vgg16").spec("huge")
+
+
+def test_stage_is_a_view_of_the_same_layers() -> None:
+    m = LayerModel([Wrap(nn.Linear(2, 2)), Wrap(nn.Linear(2, 2))])
+    assert m.stage(1, 2).layers[0] is m.layers[1]

@@ -1,0 +1,100 @@
+"""harness/cli.py end to end: real subprocesses, a real MLflow store, the schema's keys."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from harness import tracking
+
+PIPEBENCH = [sys.executable, "-m", "harness.cli"]
+
+
+def _run(args: list[str], env_uri: str | None = None) -> subprocess.CompletedProcess:
+    env = dict(os.environ)
+    if env_uri:
+        env["MLFLOW_TRACKING_URI"] = env_uri
+    return subprocess.run(PIPEBENCH + args, capture_output=True, text=True, env=env,
+                          timeout=600, cwd=tracking.REPO)
+
+
+def test_workloads_lists_all_six() -> None:
+    r = _run(["workloads"])
+    assert r.returncode == 0, r.stderr
+    for name in ("vgg16", "resnet50", "gnmt8", "gnmt16", "awd-lm", "s2vt"):
+        assert name in r.stdout
+    assert "138.36M" in r.stdout and "25.56M" in r.stdout  # full-scale parameter counts
+
+
+@pytest.mark.parametrize("args, message", [
+    (["run", "--workload", "bert"], "unknown workload 'bert'"),
+    (["run", "--workload", "vgg16", "--scale", "huge"], "unknown scale 'huge'"),
+    (["run", "--workload", "vgg16", "--data", "/no/such/dir"], "does not exist"),
+    (["run", "--workload", "vgg16", "--system", "nope"], "unknown system 'nope'"),
+])
+def test_wrong_input_is_one_line_and_exit_code_2(args: list[str], message: str) -> None:
+    r = _run(args)
+    assert r.returncode == 2
+    assert message in r.stderr
+    assert "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1
+
+
+def test_tiny_run_is_an_mlflow_run_with_the_schema_keys(mlflow_uri: str) -> None:
+    import mlflow
+
+    r = _run(["run", "--workload", "resnet50", "--epochs", "2", "--max-steps", "4",
+              "--target", "1.01", "--experiment", "cli-test", "--quiet"], env_uri=mlflow_uri)
+    assert r.returncode == 0, r.stderr
+    client = mlflow.MlflowClient(tracking_uri=mlflow_uri)
+    exp = client.get_experiment_by_name("cli-test")
+    runs = client.search_runs([exp.experiment_id])
+    assert len(runs) == 1
+    run = runs[0]
+    assert run.info.status == "FINISHED" and run.info.run_id in r.stdout
+    assert set(tracking.PARAM_KEYS) <= set(run.data.params)
+    assert run.data.params["system"] == "single" and run.data.params["workload"] == "resnet50"
+    assert set(tracking.RUN_METRICS) <= set(run.data.metrics)
+    assert tracking.peak_memory_key(0) in run.data.metrics
+    assert "time_to_target_s" not in run.data.metrics  # 1.01 top-1 is unreachable
+    for key in tracking.EPOCH_METRICS:
+        history = client.get_metric_history(run.info.run_id, key)
+        assert [m.step for m in history] == [0, 1], key
+    assert run.data.metrics["epochs_run"] == 2
+    assert run.data.metrics["peak_memory_bytes_max"] > 0
+
+
+def test_reaching_the_target_logs_time_to_target(mlflow_uri: str) -> None:
+    import mlflow
+
+    r = _run(["run", "--workload", "awd-lm", "--epochs", "3", "--max-steps", "2",
+              "--target", "1000", "--experiment", "cli-target", "--quiet"], env_uri=mlflow_uri)
+    assert r.returncode == 0, r.stderr
+    client = mlflow.MlflowClient(tracking_uri=mlflow_uri)
+    run = client.search_runs([client.get_experiment_by_name("cli-target").experiment_id])[0]
+    assert run.data.metrics["epochs_to_target"] == 1  # perplexity < 1000 after one epoch
+    assert run.data.metrics["epochs_run"] == 1
+    assert run.data.metrics["time_to_target_s"] > 0
+
+
+def test_failed_run_is_marked_failed(mlflow_uri: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    import mlflow
+
+    with pytest.raises(RuntimeError, match="boom"):
+        with tracking.tracked_run("cli-failed", "x") as tracker:
+            tracker.metrics({"quality": 0.5}, step=0)
+            raise RuntimeError("boom")
+    client = mlflow.MlflowClient(tracking_uri=mlflow_uri)
+    run = client.search_runs([client.get_experiment_by_name("cli-failed").experiment_id])[0]
+    assert run.info.status == "FAILED" and run.data.metrics["quality"] == 0.5
+
+
+def test_default_store_is_sqlite_under_results(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    uri = tracking.default_tracking_uri()
+    assert uri == f"sqlite:///{Path(tracking.REPO) / 'results' / 'mlflow.db'}"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://localhost:5000")
+    assert tracking.default_tracking_uri() == "http://localhost:5000"
