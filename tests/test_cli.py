@@ -98,3 +98,20 @@ def test_default_store_is_sqlite_under_results(monkeypatch: pytest.MonkeyPatch) 
     assert uri == f"sqlite:///{Path(tracking.REPO) / 'results' / 'mlflow.db'}"
     monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://localhost:5000")
     assert tracking.default_tracking_uri() == "http://localhost:5000"
+
+
+def test_profile_then_plan_through_files(tmp_path: Path) -> None:
+    import json
+
+    prof = tmp_path / "p.json"
+    r = _run(["profile", "--workload", "s2vt", "--batch-size", "8", "--steps", "2",
+              "-o", str(prof)])
+    assert r.returncode == 0, r.stderr
+    assert len(json.loads(prof.read_text())["layers"]) == 4
+    plan = tmp_path / "plan.json"
+    r = _run(["plan", "--profile", str(prof), "--cluster", "2", "--straight", "-o", str(plan)])
+    assert r.returncode == 0, r.stderr
+    d = json.loads(plan.read_text())
+    assert d["config"] == "1-1" and d["config_label"] == "straight" and "straight" in r.stdout
+    r = _run(["plan", "--profile", str(prof), "--cluster", "Q:2x2"])
+    assert r.returncode == 2 and "unknown cluster preset" in r.stderr

@@ -1,0 +1,65 @@
+"""pipedream_impl/graph.py and profile.py: graph.txt and JSON round trips."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from pipedream_impl.graph import GraphFormatError, Node, parse_graph
+from pipedream_impl.profile import Profile, infer_batch_size, load_profile, save_profile
+
+SHARED = Path(__file__).resolve().parents[2] / "shared" / "pipedream-profiles"
+TEXT = (
+    "node1 -- Input -- forward_compute_time=0.000, backward_compute_time=0.000, "
+    "activation_size=77070336.0, parameter_size=0.000\n"
+    "node2 -- LSTM(2048, 1024) -- forward_compute_time=3.190, backward_compute_time=5.348, "
+    "activation_size=[6291456.0; 131072.0; 131072.0], parameter_size=50364416.000\n"
+    "node3 -- Add -- forward_compute_time=0.000, backward_compute_time=0.000, "
+    "activation_size=6291456.0, parameter_size=0.000 -- stage_id=1\n"
+    "\tnode1 -- node2\n\tnode2 -- node3\n\tnode1 -- node3\n"
+)
+
+
+def test_parse_node_lists_and_stage_suffix() -> None:
+    g = parse_graph(TEXT)
+    assert list(g.nodes) == ["node1", "node2", "node3"]
+    lstm = g.nodes["node2"]
+    assert lstm.activations == (6291456.0, 131072.0, 131072.0)
+    assert lstm.activation_bytes == 6291456.0 + 2 * 131072.0
+    assert (lstm.forward_ms, lstm.backward_ms, lstm.parameter_bytes) == (3.19, 5.348, 50364416.0)
+    assert g.edges["node1"] == ["node2", "node3"] and g.in_edges["node3"] == ["node2", "node1"]
+
+
+def test_graph_txt_round_trip(tmp_path: Path) -> None:
+    g = parse_graph(TEXT)
+    again = parse_graph(g.to_text())
+    assert again.nodes == g.nodes and again.edges == g.edges and again.in_edges == g.in_edges
+    prof = Profile.from_graph(g, workload="x", batch_size=128)
+    save_profile(prof, tmp_path / "p.json")
+    loaded = load_profile(tmp_path / "p.json")
+    assert loaded.layers == prof.layers and loaded.edges == prof.edges
+    assert loaded.batch_size == 128
+    save_profile(prof, tmp_path / "graph.txt")
+    assert load_profile(tmp_path / "graph.txt").layers == prof.layers
+
+
+@pytest.mark.parametrize("model", sorted(p.name for p in SHARED.iterdir() if p.is_dir())
+                         if SHARED.exists() else [])
+def test_every_shared_profile_reads_and_round_trips(model: str) -> None:
+    g = load_profile(SHARED / model / "graph.txt").graph()
+    again = parse_graph(g.to_text())
+    assert again.nodes == g.nodes and again.edges == g.edges
+
+
+def test_batch_size_inferred_from_the_input_node() -> None:
+    assert infer_batch_size(Profile.from_graph(parse_graph(TEXT))) == 128
+    n = Node("a", "Conv", 1, 1, (4.0,), 0)
+    assert infer_batch_size(Profile((n,), ())) == 0
+
+
+def test_bad_lines_name_the_line() -> None:
+    with pytest.raises(GraphFormatError, match="line 1"):
+        parse_graph("node1 -- Input -- nonsense\n")
+    with pytest.raises(GraphFormatError, match="line 2.*unknown node node9"):
+        parse_graph(TEXT.splitlines()[0] + "\n\tnode1 -- node9\n")

@@ -1,0 +1,163 @@
+"""pipedream_impl/optimizer.py: the DP against brute force, hand-computed cases, and the
+properties a cost model must have."""
+
+from __future__ import annotations
+
+import itertools
+import math
+import random
+from functools import cache
+
+import pytest
+
+from pipedream_impl.antichain import build_states
+from pipedream_impl.cluster import Cluster, Level
+from pipedream_impl.graph import Graph, Node
+from pipedream_impl.optimizer import COST_MODELS, data_parallel_time, solve
+from pipedream_impl.plan import build_plan
+
+
+def chain(times_ms: list[float], params: list[float], acts: list[float]) -> Graph:
+    return Graph.chain([Node(f"l{i}", "Op", t / 2, t / 2, (a,), p)
+                        for i, (t, p, a) in enumerate(zip(times_ms, params, acts, strict=True))])
+
+
+def compositions(n: int, parts: int) -> list[tuple[int, ...]]:
+    return [c for c in itertools.product(range(1, n + 1), repeat=parts) if sum(c) == n]
+
+
+def brute_force(times_ms, params, acts, levels, model, straight=False) -> float:
+    """Enumerate every partition of the chain and replica assignment, level by level,
+    with the cost model written out directly from its definition."""
+    n = len(times_ms)
+    out = list(acts)
+
+    def ar(r: int, p: float, bw: float) -> float:
+        if model == "pipedream-2019":
+            return 4 * (r - 1) * p / (bw * r)
+        return 2 * (r - 1) / r * p / bw
+
+    @cache
+    def best(level: int, a: int, b: int, units: int) -> float:
+        m_units, bw = levels[level]
+        inner = levels[level - 1][0] if level > 0 else 1
+        result = math.inf
+        for q in range(1, b - a + 2):
+            for cuts in itertools.combinations(range(a + 1, b + 1), q - 1):
+                bounds = [a, *cuts, b + 1]
+                for reps in compositions(units, q):
+                    if straight and any(r != 1 for r in reps):
+                        continue
+                    worst = 0.0
+                    for t in range(q):
+                        s, e, r = bounds[t], bounds[t + 1] - 1, reps[t]
+                        c = sum(times_ms[s:e + 1]) / 1000 if level == 0 \
+                            else best(level - 1, s, e, inner)
+                        p = sum(params[s:e + 1])
+                        sync = ar(r, p, bw)
+                        if t == 0 or model != "pipedream-2019":
+                            sync /= inner
+                        worst = max(worst, (c + sync) / r)
+                        if t > 0:
+                            worst = max(worst, 2 * out[s - 1] / (bw * r))
+                            if e < n - 1:
+                                worst = max(worst, 2 * out[e] / (bw * r))
+                    result = min(result, worst)
+        return result
+
+    top = len(levels) - 1
+    return best(top, 0, n - 1, levels[top][0])
+
+
+def random_chain(rng: random.Random, n: int):
+    return ([rng.uniform(1, 40) for _ in range(n)], [rng.uniform(0, 4e8) for _ in range(n)],
+            [rng.uniform(1e6, 3e8) for _ in range(n)])
+
+
+@pytest.mark.parametrize("model", COST_MODELS)
+@pytest.mark.parametrize("shape", [((4, 10e9),), ((3, 5e9),), ((2, 12e9), (2, 1.25e9)),
+                                   ((2, 15e9), (3, 2e9))])
+def test_dp_equals_brute_force_on_random_chains(model: str, shape: tuple) -> None:
+    rng = random.Random(hash((model, shape)) % 1000)
+    cluster = Cluster(tuple(Level(w, b) for w, b in shape))
+    for _ in range(12):
+        t, p, a = random_chain(rng, rng.randint(2, 5))
+        st = build_states(chain(t, p, a))
+        for straight in (False, True):
+            if straight and len(t) < cluster.levels[-1].workers:
+                continue
+            got = solve(st, cluster, model, straight=straight).time
+            want = brute_force(t, p, a, list(shape), model, straight)
+            assert got == pytest.approx(want, rel=1e-9), (t, p, a, straight)
+
+
+def test_hand_computed_two_layers_two_workers() -> None:
+    # Two 1 s layers, 1 GB of parameters each, 100 MB of activations between, 1 GB/s.
+    st = build_states(chain([1000, 1000], [1e9, 1e9], [1e8, 1e8]))
+    cluster = Cluster((Level(2, 1e9),))
+    sol = solve(st, cluster, "pipebench")
+    # Data parallel: (2 s + ring 2*(1/2)*2 GB / 1 GB/s) / 2 = 2 s per minibatch.
+    # Straight 1-1: max(1 s, 1 s, 2 * 0.1 GB / 1 GB/s) = 1 s.
+    assert sol.time == pytest.approx(1.0)
+    assert data_parallel_time(st, cluster, "pipebench") == pytest.approx(2.0)
+    plan = build_plan(sol, batch_size=10)
+    assert plan.config == "1-1" and plan.config_label == "straight"
+    assert plan.predicted["speedup_vs_data_parallel"] == pytest.approx(2.0)
+    assert plan.predicted["speedup_vs_one_worker"] == pytest.approx(2.0)
+    # bytes per sample: activations + gradients across the one boundary, / 10 samples
+    assert plan.predicted["bytes_per_sample"] == pytest.approx(2 * 1e8 / 10)
+    assert plan.predicted["bytes_per_sample_data_parallel"] == pytest.approx(2e9 / 10)
+    # The original's model: DP = (2 + 4*(1)*2e9/(1e9*2)) / 2 = 3 s.
+    assert data_parallel_time(st, cluster, "pipedream-2019") == pytest.approx(3.0)
+
+
+def test_free_communication_gives_data_parallelism_its_ideal_speedup() -> None:
+    st = build_states(chain([10, 30, 20], [0, 0, 0], [0, 0, 0]))
+    sol = solve(st, Cluster((Level(4, 1e9),)), "pipebench")
+    assert sol.time == pytest.approx(0.060 / 4)
+
+
+@pytest.mark.parametrize("model", COST_MODELS)
+def test_more_bandwidth_never_predicts_a_slower_plan(model: str) -> None:
+    rng = random.Random(3)
+    for _ in range(10):
+        st = build_states(chain(*random_chain(rng, 8)))
+        times = [solve(st, Cluster((Level(4, bw), Level(2, bw / 10))), model).time
+                 for bw in (1e9, 2e9, 8e9, 64e9)]
+        assert all(a >= b - 1e-12 for a, b in itertools.pairwise(times)), times
+
+
+def test_straight_never_replicates() -> None:
+    rng = random.Random(5)
+    for _ in range(5):
+        st = build_states(chain(*random_chain(rng, 9)))
+        for cluster in (Cluster((Level(4, 1e9),)), Cluster((Level(2, 1e10), Level(2, 1e9)))):
+            plan = build_plan(solve(st, cluster, straight=True))
+            assert all(s.replicas == 1 for s in plan.stages)
+            assert len(plan.stages) == cluster.workers
+
+
+def _stage_memory(st, plan, workers: int) -> list[float]:
+    """(activations + parameters) x stashed versions, the original's count."""
+    out, after = [], workers
+    for s in plan.stages:
+        after -= s.replicas
+        lo, hi = s.layers[0] - 1, s.layers[1] - 1
+        p = st.parameter_bytes[hi] - (st.parameter_bytes[lo] if lo >= 0 else 0)
+        a = st.activation_bytes[hi] - (st.activation_bytes[lo] if lo >= 0 else 0)
+        out.append((p + a) * math.ceil(after / s.replicas))
+    return out
+
+
+def test_memory_limit_is_respected() -> None:
+    st = build_states(chain([40, 10, 10, 10, 10, 10], [1e8] * 6, [5e8, 1e8, 1e8, 1e8, 1e8, 1e6]))
+    cluster = Cluster((Level(4, 1e9),))
+    free = build_plan(solve(st, cluster))
+    need = _stage_memory(st, free, cluster.workers)
+    assert max(need) > 0, free.config  # a pipeline that stashes something
+    limit = max(need) * 0.99
+    sol = solve(st, cluster, memory_limit=limit)
+    plan = build_plan(sol)
+    assert plan.config != free.config or plan.stages != free.stages
+    assert all(m <= limit for m in _stage_memory(st, plan, cluster.workers))
+    assert sol.time >= free.predicted["time_per_minibatch_s"] - 1e-12
