@@ -30,7 +30,13 @@ Memory limit (optional, per worker): a stage that has w workers after it (at thi
 stashes ``ceil(w / m')`` versions of its weights and activations (the original's count); it
 is skipped when (Act + P) times that exceeds the limit.
 
-Two cost models (``CostModel``), differing only in the weight-synchronisation term AR and
+Relation to the paper's text: the paper describes the transfer term as 2a/B and weight
+synchronisation as an all-reduce whose ring cost is 2 (m-1)/m x |w| / B; the original code
+charges 4 (m-1)/m x |w| / B instead (twice the ring volume). ``pipebench`` follows the
+paper's ring formula, ``pipedream-2019`` the code. Neither overlaps the two terms with
+compute, although the paper notes that PipeDream's runtime overlaps communication.
+
+Two cost models (``COST_MODELS``), differing only in the weight-synchronisation term AR and
 its bandwidth:
 
 - ``pipedream-2019``: the original optimizer (msr-fiddle/pipedream,

@@ -115,3 +115,44 @@ def test_profile_then_plan_through_files(tmp_path: Path) -> None:
     assert d["config"] == "1-1" and d["config_label"] == "straight" and "straight" in r.stdout
     r = _run(["plan", "--profile", str(prof), "--cluster", "Q:2x2"])
     assert r.returncode == 2 and "unknown cluster preset" in r.stderr
+
+
+def test_runs_log_to_a_real_mlflow_server(tmp_path: Path) -> None:
+    """MLFLOW_TRACKING_URI pointing at `mlflow server` (HTTP) instead of the sqlite file."""
+    import socket
+    import time
+    import urllib.request
+
+    import mlflow
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    mlflow_bin = Path(sys.executable).parent / "mlflow"
+    server = subprocess.Popen(
+        [str(mlflow_bin), "server", "--backend-store-uri", f"sqlite:///{tmp_path / 's.db'}",
+         "--artifacts-destination", str(tmp_path / "artifacts"), "--host", "127.0.0.1",
+         "--port", str(port), "--workers", "1"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=tmp_path)
+    uri = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 180
+        while True:  # wait for the server's health endpoint, not a fixed sleep
+            try:
+                with urllib.request.urlopen(f"{uri}/health", timeout=5) as resp:
+                    if resp.status == 200:
+                        break
+            except OSError:
+                if server.poll() is not None or time.monotonic() > deadline:
+                    raise AssertionError("mlflow server did not start") from None
+                time.sleep(0.5)
+        r = _run(["run", "--workload", "s2vt", "--epochs", "1", "--max-steps", "2",
+                  "--experiment", "server-test", "--quiet"], env_uri=uri)
+        assert r.returncode == 0, r.stderr
+        client = mlflow.MlflowClient(tracking_uri=uri)
+        run = client.search_runs([client.get_experiment_by_name("server-test").experiment_id])[0]
+        assert run.info.status == "FINISHED" and run.data.params["workload"] == "s2vt"
+        assert set(tracking.RUN_METRICS) <= set(run.data.metrics)
+    finally:
+        server.terminate()
+        server.wait(timeout=60)
