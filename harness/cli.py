@@ -48,6 +48,16 @@ def run(
     max_steps: Annotated[int | None, typer.Option(help="cap on steps per epoch")] = None,
     experiment: Annotated[str, typer.Option(help="MLflow experiment")] = "pipebench",
     quiet: Annotated[bool, typer.Option(help="no progress output")] = False,
+    workers: Annotated[int, typer.Option(help="worker processes (pipeline systems)")] = 1,
+    plan: Annotated[str | None, typer.Option(help="plan JSON from `pipebench plan -o`")]
+    = None,
+    config: Annotated[str | None, typer.Option(help="replicas per stage, e.g. 2-1-1")] = None,
+    weights: Annotated[str, typer.Option(help="stash, vertical-sync or none")] = "stash",
+    in_flight: Annotated[int | None, typer.Option(help="minibatches in flight (default "
+                                                  "NOAM; 1 = model parallelism)")] = None,
+    timeout: Annotated[float, typer.Option(help="seconds any receive may wait")] = 120.0,
+    inject_failure: Annotated[str | None, typer.Option(hidden=True, help="RANK:MINIBATCH "
+                                                       "(tests)")] = None,
 ) -> None:
     """Train a workload with one system until the target or the epoch budget."""
     from harness.config import RunConfig
@@ -57,9 +67,32 @@ def run(
 
     cfg = RunConfig(system=system, workload=workload, scale=scale, epochs=epochs, target=target,
                     data=data, batch_size=batch_size, lr=lr, seed=seed, threads=threads,
-                    device=device, max_steps_per_epoch=max_steps, experiment=experiment)
+                    device=device, max_steps_per_epoch=max_steps, experiment=experiment,
+                    workers=workers, plan=plan, config=config, weights=weights,
+                    in_flight=in_flight, timeout_s=timeout,
+                    fail_at=tuple(int(x) for x in inject_failure.split(":"))
+                    if inject_failure else None)
     summary = run_system(cfg, Progress(enabled=not quiet))
     print_summary(summary, console)
+
+
+@app.command()
+def schedule(
+    config: Annotated[str, typer.Option(help="replicas per stage, e.g. 2-1-1")],
+    minibatches: Annotated[int, typer.Option(help="minibatches to schedule")] = 8,
+    weights: Annotated[str, typer.Option(help="stash, vertical-sync or none")] = "stash",
+    in_flight: Annotated[int | None, typer.Option(help="default NOAM; 1 = model "
+                                                  "parallelism")] = None,
+) -> None:
+    """Print PipeDream's 1F1B(-RR) schedule: action lists and a worker x time grid."""
+    from pipedream_impl.schedule import Layout, ScheduleError, grid, one_f_one_b
+
+    try:
+        sched = one_f_one_b(Layout.from_config(config), minibatches, weights, in_flight)
+    except ScheduleError as e:
+        raise WorkloadError(str(e)) from e
+    console.print(sched.text(), highlight=False, soft_wrap=True)
+    console.print(grid(sched), highlight=False, soft_wrap=True)
 
 
 @app.command()
@@ -175,6 +208,13 @@ def main() -> None:
     except (WorkloadError, GraphFormatError) as e:
         Console(stderr=True).print(f"error: {e}", highlight=False, soft_wrap=True)
         sys.exit(2)
+    except RuntimeError as e:
+        from harness.pipeline_system import PipelineFailure
+
+        if not isinstance(e, PipelineFailure):
+            raise
+        Console(stderr=True).print(f"error: {e}", highlight=False, soft_wrap=True)
+        sys.exit(1)
     except typer.Exit as e:
         sys.exit(e.exit_code)
     except typer.Abort:

@@ -8,7 +8,8 @@ from pathlib import Path
 
 from workloads.base import SCALES, WorkloadError
 
-SYSTEMS = ("single",)
+SYSTEMS = ("single", "pipedream")
+WEIGHT_MODES = ("stash", "vertical-sync", "none")
 
 
 @dataclass(frozen=True)
@@ -29,6 +30,13 @@ class RunConfig:
     experiment: str = "pipebench"
     max_steps_per_epoch: int | None = None  # for smoke tests and benchmarks
     tags: dict[str, str] = field(default_factory=dict)
+    # pipeline systems
+    plan: str | None = None  # plan JSON (pipebench plan -o)
+    config: str | None = None  # replicas per stage, e.g. "2-1-1"
+    weights: str = "stash"  # stash | vertical-sync | none
+    in_flight: int | None = None  # None: PipeDream's NOAM; 1: model parallelism
+    timeout_s: float = 120.0  # every receive / all-reduce waits at most this long
+    fail_at: tuple[int, int] | None = None  # (rank, minibatch) to raise at: failure tests
 
     def __post_init__(self) -> None:
         if self.system not in SYSTEMS:
@@ -47,6 +55,15 @@ class RunConfig:
             raise WorkloadError(f"--threads must be at least 1 (got {self.threads})")
         if self.device not in ("auto", "cpu", "cuda"):
             raise WorkloadError(f"--device must be auto, cpu or cuda (got {self.device!r})")
+        if self.weights not in WEIGHT_MODES:
+            raise WorkloadError(f"--weights must be one of {', '.join(WEIGHT_MODES)}")
+        if self.plan is not None and self.config is not None:
+            raise WorkloadError("give --plan or --config, not both")
+        if self.plan is not None and not Path(self.plan).exists():
+            raise WorkloadError(f"plan {self.plan} does not exist")
+        if self.system == "single" and (self.plan or self.config or self.workers > 1):
+            raise WorkloadError("--system single runs one worker; use --system pipedream "
+                                "with --workers/--plan/--config")
         if self.data is not None and not Path(self.data).exists():
             raise WorkloadError(f"data path {self.data} does not exist")
 

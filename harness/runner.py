@@ -38,8 +38,22 @@ def run(cfg: RunConfig, progress: Progress | None = None) -> RunSummary:
     t0 = time.perf_counter()
     splits = load_splits(workload, cfg)
     progress.note(f"data: {splits.description} (loaded in {time.perf_counter() - t0:.1f}s)")
-    trainer = SingleTrainer(cfg, workload, splits, device, progress)
-    batch_size = trainer.batch_size
+    batch_size = cfg.batch_size or spec.batch_size
+    layout_params: dict = {}
+    if cfg.system == "pipedream":
+        from harness.layout import pipeline_layout
+        from harness.pipeline_system import PipelineTrainer
+
+        replicas, bounds, how = pipeline_layout(cfg, workload, batch_size, device)
+        progress.note(f"pipeline {'-'.join(map(str, replicas))} on {cfg.workers} workers, "
+                      f"layers {list(bounds)}: {how}")
+        trainer = PipelineTrainer(cfg, workload, splits, replicas, bounds, cfg.weights,
+                                  cfg.in_flight, device, progress, cfg.timeout_s, cfg.fail_at)
+        layout_params = {"config": "-".join(map(str, replicas)), "stages": list(bounds),
+                         "weights": cfg.weights, "in_flight": cfg.in_flight or "noam",
+                         "layout_source": how}
+    else:
+        trainer = SingleTrainer(cfg, workload, splits, device, progress)
 
     run_name = f"{cfg.system}-{workload.name}-{cfg.scale}-w{cfg.workers}-s{cfg.seed}"
     with tracking.tracked_run(cfg.experiment, run_name, tags=cfg.tags) as tracker:
@@ -52,23 +66,44 @@ def run(cfg: RunConfig, progress: Progress | None = None) -> RunSummary:
             "threads": cfg.threads_per_worker(), "device": str(device),
             "hardware": tracking.hardware(device), "git_sha": tracking.git_sha(),
             "torch_version": torch.__version__,
-            "num_parameters": count_parameters(trainer.model)})
+            "num_parameters": count_parameters(trainer.model), **layout_params})
 
         def log_epoch(epoch: int, stats: EpochStats, quality: float, eval_s: float) -> None:
             tracker.metrics({"epoch_time_s": stats.time_s, "samples_per_s": stats.samples_per_s,
                              "train_loss": stats.train_loss, "quality": quality,
                              "eval_time_s": eval_s}, step=epoch)
 
-        summary = run_training(cfg, workload, target, trainer.train_epoch, trainer.evaluate,
-                               log_epoch, progress)
-        summary.peak_memory_bytes = {0: tracking.peak_memory_bytes(device)}
+        try:
+            summary = run_training(cfg, workload, target, trainer.train_epoch,
+                                   trainer.evaluate, log_epoch, progress)
+        finally:
+            if cfg.system == "pipedream":
+                trainer.close()
+        extra: dict[str, float] = {}
+        bytes_per_sample = 0.0
+        if cfg.system == "pipedream":
+            m = trainer.metrics
+            summary.peak_memory_bytes = dict(m.peak_memory)
+            bytes_per_sample = m.bytes_sent / max(1, m.samples)
+            for r in m.busy:
+                busy, idle = m.busy[r], m.idle[r]
+                extra[f"busy_s_worker_{r}"] = busy
+                extra[f"idle_s_worker_{r}"] = idle
+                extra[f"bubble_fraction_worker_{r}"] = idle / max(1e-12, busy + idle)
+                extra[f"stash_weight_bytes_worker_{r}"] = m.stash_weights[r]
+                extra[f"stash_activation_bytes_worker_{r}"] = m.stash_activations[r]
+            for (a, b), n in m.links.items():
+                extra[f"bytes_link_{a}_to_{b}"] = n
+            summary.extra = extra
+        else:
+            summary.peak_memory_bytes = {0: tracking.peak_memory_bytes(device)}
         summary.data_description = splits.description
         summary.run_id, summary.tracking_uri = tracker.run_id, tracker.uri
         final = {"throughput_samples_per_s": summary.throughput,
                  "final_quality": summary.qualities[-1],
                  "best_quality": (max if workload.higher_is_better else min)(summary.qualities),
                  "total_time_s": summary.total_time_s, "epochs_run": len(summary.epochs),
-                 "bytes_communicated_per_sample": 0.0,
+                 "bytes_communicated_per_sample": bytes_per_sample, **extra,
                  "peak_memory_bytes_max": max(summary.peak_memory_bytes.values())}
         final.update({tracking.peak_memory_key(r): b
                       for r, b in summary.peak_memory_bytes.items()})

@@ -219,3 +219,30 @@ def plan_profile(profile: Profile, cluster: Cluster, model: str = "pipebench",
                             "(raise --memory-limit or add workers)")
     b = batch_size or profile.batch_size or infer_batch_size(profile)
     return build_plan(sol, b, profile.source or profile.workload)
+
+
+def balanced_bounds(layer_ms: list[float],
+                    replicas: tuple[int, ...]) -> tuple[tuple[int, int], ...]:
+    """Layer ranges for a fixed config (e.g. 2-1-1): minimise max(stage time / replicas)
+    over contiguous splits of a chain (exact DP, O(L^2 S))."""
+    n, s = len(layer_ms), len(replicas)
+    if s > n:
+        raise WorkloadError(f"config has {s} stages but the model has only {n} layers")
+    prefix = [0.0]
+    for t in layer_ms:
+        prefix.append(prefix[-1] + t)
+    inf = float("inf")
+    best = [[inf] * (n + 1) for _ in range(s + 1)]
+    cut = [[0] * (n + 1) for _ in range(s + 1)]
+    best[0][0] = 0.0
+    for i in range(1, s + 1):
+        for j in range(i, n - (s - i) + 1):
+            for k in range(i - 1, j):
+                v = max(best[i - 1][k], (prefix[j] - prefix[k]) / replicas[i - 1])
+                if v < best[i][j]:
+                    best[i][j], cut[i][j] = v, k
+    bounds, j = [], n
+    for i in range(s, 0, -1):
+        bounds.append((cut[i][j], j))
+        j = cut[i][j]
+    return tuple(reversed(bounds))

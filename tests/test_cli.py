@@ -156,3 +156,43 @@ def test_runs_log_to_a_real_mlflow_server(tmp_path: Path) -> None:
     finally:
         server.terminate()
         server.wait(timeout=60)
+
+
+def test_pipedream_on_two_workers_reaches_the_single_worker_target(mlflow_uri: str) -> None:
+    import mlflow
+
+    from workloads.registry import get
+
+    target = get("vgg16").spec("tiny").target
+    r = _run(["run", "--system", "pipedream", "--workload", "vgg16", "--workers", "2",
+              "--config", "1-1", "--experiment", "pipe-target", "--quiet"], env_uri=mlflow_uri)
+    assert r.returncode == 0, r.stderr
+    client = mlflow.MlflowClient(tracking_uri=mlflow_uri)
+    run = client.search_runs([client.get_experiment_by_name("pipe-target").experiment_id])[0]
+    assert run.data.metrics["best_quality"] >= target
+    assert "time_to_target_s" in run.data.metrics
+    assert run.data.params["system"] == "pipedream" and run.data.params["config"] == "1-1"
+    for key in ("bubble_fraction_worker_0", "bubble_fraction_worker_1", "bytes_link_0_to_1",
+                "stash_weight_bytes_worker_0", tracking.peak_memory_key(1)):
+        assert key in run.data.metrics, key
+    assert run.data.metrics["bytes_communicated_per_sample"] > 0
+
+
+def test_layout_for_another_worker_count_is_a_usage_error(mlflow_uri: str) -> None:
+    r = _run(["run", "--system", "pipedream", "--workload", "vgg16", "--workers", "2",
+              "--config", "2-1", "--quiet"], env_uri=mlflow_uri)
+    assert r.returncode == 2 and "needs 3 workers but --workers is 2" in r.stderr
+
+
+def test_a_worker_failure_fails_the_run_and_the_mlflow_run(mlflow_uri: str) -> None:
+    import mlflow
+
+    r = _run(["run", "--system", "pipedream", "--workload", "vgg16", "--workers", "2",
+              "--config", "1-1", "--epochs", "3", "--inject-failure", "1:30", "--timeout", "20",
+              "--experiment", "pipe-fail", "--quiet"], env_uri=mlflow_uri)
+    assert r.returncode == 1
+    assert "worker rank 1 failed" in r.stderr and "injected failure at minibatch 30" in r.stderr
+    client = mlflow.MlflowClient(tracking_uri=mlflow_uri)
+    run = client.search_runs([client.get_experiment_by_name("pipe-fail").experiment_id])[0]
+    assert run.info.status == "FAILED"
+    assert run.data.params["system"] == "pipedream"  # what was logged before the failure

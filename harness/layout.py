@@ -1,0 +1,45 @@
+"""Turn --plan / --config / --workers into stage replicas and layer ranges for the runtime."""
+
+from __future__ import annotations
+
+import torch
+
+from harness.config import RunConfig
+from pipedream_impl.cluster import Cluster, Level
+from pipedream_impl.plan import Plan, balanced_bounds, plan_profile
+from pipedream_impl.profiler import profile_workload
+from pipedream_impl.schedule import Layout
+from workloads.base import Workload, WorkloadError
+
+LOCAL_BANDWIDTH = 1e9  # bytes/s assumed between local worker processes when planning
+
+
+def pipeline_layout(cfg: RunConfig, workload: Workload, batch_size: int,
+                    device: torch.device) -> tuple[tuple[int, ...], tuple[tuple[int, int], ...],
+                                                   str]:
+    """(replicas per stage, layer range per stage, how it was chosen)."""
+    if cfg.plan is not None:
+        plan = Plan.from_json(open(cfg.plan).read())
+        replicas = tuple(s.replicas for s in plan.stages)
+        bounds = tuple(tuple(s.layers) for s in plan.stages)
+        how = f"plan {cfg.plan} ({plan.config})"
+    else:
+        prof = profile_workload(workload, cfg.scale, batch_size, device, steps=3)
+        if cfg.config is not None:
+            replicas = Layout.from_config(cfg.config).replicas
+            bounds = balanced_bounds([n.forward_ms + n.backward_ms for n in prof.layers],
+                                     replicas)
+            how = f"config {cfg.config}, layers balanced on a local profile"
+        else:
+            plan = plan_profile(prof, Cluster((Level(cfg.workers, LOCAL_BANDWIDTH),)))
+            replicas = tuple(s.replicas for s in plan.stages)
+            bounds = tuple(tuple(s.layers) for s in plan.stages)
+            how = f"planned here ({plan.config}) from a local profile"
+    if sum(replicas) != cfg.workers:
+        raise WorkloadError(f"the layout {'-'.join(map(str, replicas))} needs "
+                            f"{sum(replicas)} workers but --workers is {cfg.workers}")
+    n_layers = len(workload.build(cfg.scale, {}).layers) if cfg.plan else None
+    if n_layers is not None and bounds[-1][1] != n_layers:
+        raise WorkloadError(f"plan covers {bounds[-1][1]} layers, {workload.name}/{cfg.scale} "
+                            f"has {n_layers}: was it made for another workload?")
+    return replicas, bounds, how

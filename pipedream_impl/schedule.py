@@ -1,0 +1,297 @@
+"""Schedules as data: for every worker, the ordered list of actions the runtime executes.
+
+An ``Action`` is one of::
+
+    RF  receive the forward input of minibatch k      (from the previous stage's replica)
+    F   forward of minibatch k with weight version v
+    SF  send its output                                 (to the next stage's replica)
+    RB  receive the gradient of its output
+    B   backward of minibatch k with weight version v
+    SB  send the gradient of its input
+    A   all-reduce the weight gradients with the other replicas of the stage (round k)
+    U   optimizer step
+
+and prints compactly as ``F3v2`` (kind, minibatch, ``v`` version) or ``SF3>4`` (``>`` peer
+rank) / ``RF3<1`` (``<`` peer rank); ``parse_action`` reads that form back.
+
+Versions count *minibatches whose gradients a stage has applied*: an unreplicated stage
+advances by 1 per update, a stage with r replicas by r per all-reduced round, so versions of
+different stages are comparable (vertical sync needs that).
+
+``one_f_one_b`` builds PipeDream's schedule (1F1B, and 1F1B-RR for replicated stages):
+minibatch k goes to replica ``k mod r`` of every stage; a worker first runs ``warmup``
+forwards (its share of the in-flight minibatches: ceil(workers in this and later stages /
+replicas of this stage), which for the input stage is NOAM), then alternates one backward
+and one forward, then drains. ``in_flight=1`` gives model parallelism (one minibatch in
+the pipeline at a time). Weight modes decide the version each F and B uses:
+
+- ``stash``: F uses the newest version; B of k uses the version F of k used;
+- ``vertical-sync``: every stage uses, for minibatch k, the newest own version not newer
+  than the one stage 0 used for k;
+- ``none``: F and B each use whatever is newest when they run.
+
+``validate`` runs every worker's list against blocking receives and all-reduce barriers and
+raises ``ScheduleError`` on a deadlock, a receive of the wrong minibatch, a backward before
+its forward, a minibatch not completed everywhere, or versions that contradict the mode.
+``grid`` renders the run as a worker x time table (F one tick, B two ticks).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+
+WEIGHT_MODES = ("stash", "vertical-sync", "none")
+_ACTION = re.compile(r"^(RF|SF|RB|SB|F|B|A|U)(\d+)(?:v(\d+))?(?:([<>])(\d+))?$")
+
+
+class ScheduleError(ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class Action:
+    kind: str
+    mb: int
+    version: int = -1
+    peer: int = -1
+
+    def __str__(self) -> str:
+        s = f"{self.kind}{self.mb}"
+        if self.version >= 0:
+            s += f"v{self.version}"
+        if self.peer >= 0:
+            s += ("<" if self.kind.startswith("R") else ">") + str(self.peer)
+        return s
+
+
+def parse_action(text: str) -> Action:
+    m = _ACTION.match(text.strip())
+    if m is None:
+        raise ScheduleError(f"cannot parse action {text!r}")
+    return Action(m.group(1), int(m.group(2)), int(m.group(3)) if m.group(3) else -1,
+                  int(m.group(5)) if m.group(5) else -1)
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Which rank runs which stage replica: ranks are assigned stage by stage."""
+
+    replicas: tuple[int, ...]
+
+    @property
+    def workers(self) -> int:
+        return sum(self.replicas)
+
+    def rank(self, stage: int, replica: int) -> int:
+        return sum(self.replicas[:stage]) + replica
+
+    def rank_for(self, stage: int, mb: int) -> int:
+        return self.rank(stage, mb % self.replicas[stage])
+
+    def stage_of(self, rank: int) -> tuple[int, int]:
+        for s, r in enumerate(self.replicas):
+            if rank < r:
+                return s, rank
+            rank -= r
+        raise ValueError("rank out of range")
+
+    @staticmethod
+    def from_config(config: str) -> Layout:
+        try:
+            reps = tuple(int(x) for x in config.split("-"))
+        except ValueError:
+            raise ScheduleError(f"cannot read config {config!r}; write e.g. 2-1-1") from None
+        if not reps or min(reps) < 1:
+            raise ScheduleError(f"config {config!r}: every stage needs >= 1 replica")
+        return Layout(reps)
+
+
+@dataclass(frozen=True)
+class Schedule:
+    layout: Layout
+    minibatches: int
+    weights: str
+    actions: tuple[tuple[Action, ...], ...]  # per rank
+
+    def text(self) -> str:
+        return "\n".join(f"rank {r}: " + " ".join(map(str, acts))
+                         for r, acts in enumerate(self.actions))
+
+
+def warmup_count(layout: Layout, stage: int, in_flight: int | None) -> int:
+    if in_flight is not None:
+        return max(1, math.ceil(in_flight / layout.replicas[stage]))
+    return math.ceil(sum(layout.replicas[stage:]) / layout.replicas[stage])
+
+
+def one_f_one_b(layout: Layout, minibatches: int, weights: str = "stash",
+                in_flight: int | None = None) -> Schedule:
+    if weights not in WEIGHT_MODES:
+        raise ScheduleError(f"unknown weight mode {weights!r}; choose {WEIGHT_MODES}")
+    n_stages = len(layout.replicas)
+    lcm = math.lcm(*layout.replicas)
+    if minibatches % lcm:
+        raise ScheduleError(f"{minibatches} minibatches do not divide evenly over the "
+                            f"replicas {layout.replicas}: use a multiple of {lcm}")
+    orders = []
+    for rank in range(layout.workers):
+        s, i = layout.stage_of(rank)
+        mine = list(range(i, minibatches, layout.replicas[s]))
+        w = min(len(mine), warmup_count(layout, s, in_flight))
+        seq = [("F", k) for k in mine[:w]]
+        for j, k in enumerate(mine[w:]):
+            seq += [("B", mine[j]), ("F", k)]
+        seq += [("B", k) for k in mine[max(0, len(mine) - w):]]
+        orders.append(seq)
+    # Versions: a stage's version = minibatches applied; stash needs F's version at B.
+    stage0_version: dict[int, int] = {}
+    out: list[tuple[Action, ...]] = []
+    # Stage 0 first, so vertical sync can read its versions.
+    for rank in sorted(range(layout.workers), key=lambda r: layout.stage_of(r)[0]):
+        s, _ = layout.stage_of(rank)
+        r = layout.replicas[s]
+        applied, fwd_version, acts, rounds = 0, {}, [], 0
+        for kind, k in orders[rank]:
+            if kind == "F":
+                v = applied
+                if s == 0:
+                    stage0_version[k] = v
+                elif weights == "vertical-sync":
+                    v = (stage0_version[k] // r) * r if r > 1 else stage0_version[k]
+                    v = min(v, applied)
+                fwd_version[k] = v
+                if s > 0:
+                    acts.append(Action("RF", k, peer=layout.rank_for(s - 1, k)))
+                acts.append(Action("F", k, v))
+                if s < n_stages - 1:
+                    acts.append(Action("SF", k, peer=layout.rank_for(s + 1, k)))
+            else:
+                if s < n_stages - 1:
+                    acts.append(Action("RB", k, peer=layout.rank_for(s + 1, k)))
+                acts.append(Action("B", k, applied if weights == "none" else fwd_version[k]))
+                if s > 0:
+                    acts.append(Action("SB", k, peer=layout.rank_for(s - 1, k)))
+                if r > 1:
+                    acts.append(Action("A", rounds))
+                acts.append(Action("U", k))
+                rounds += 1
+                applied += r
+        out.append((rank, tuple(acts)))
+    actions = tuple(a for _, a in sorted(out))
+    sched = Schedule(layout, minibatches, weights, actions)
+    validate(sched)
+    return sched
+
+
+def simulate(sched: Schedule, ticks: dict[str, int] | None = None) \
+        -> list[list[tuple[int, int, Action]]]:
+    """Run every worker's list with blocking receives and all-reduce barriers.
+
+    Returns, per rank, (start, end, action) of its compute actions (F, B). Raises
+    ScheduleError on a deadlock or a receive that does not match the oldest pending send.
+    """
+    ticks = ticks or {"F": 1, "B": 2}
+    n = sched.layout.workers
+    pc = [0] * n
+    clock = [0] * n
+    channels: dict[tuple[int, int, str], list[tuple[int, int]]] = {}
+    allreduce_wait: dict[tuple[int, int], dict[int, int]] = {}
+    timeline: list[list[tuple[int, int, Action]]] = [[] for _ in range(n)]
+    progress = True
+    while progress:
+        progress = False
+        for rank in range(n):
+            acts = sched.actions[rank]
+            while pc[rank] < len(acts):
+                a = acts[pc[rank]]
+                if a.kind in ("SF", "SB"):
+                    channels.setdefault((rank, a.peer, a.kind[1]), []).append((a.mb, clock[rank]))
+                elif a.kind in ("RF", "RB"):
+                    q = channels.get((a.peer, rank, a.kind[1]), [])
+                    if not q:
+                        break
+                    mb, sent_at = q[0]
+                    if mb != a.mb:
+                        raise ScheduleError(f"rank {rank} expects {a} but the next message "
+                                            f"from rank {a.peer} is minibatch {mb}")
+                    q.pop(0)
+                    clock[rank] = max(clock[rank], sent_at)
+                elif a.kind == "A":  # a barrier among the stage's replicas
+                    s, _ = sched.layout.stage_of(rank)
+                    arrivals = allreduce_wait.setdefault((s, a.mb), {})
+                    arrivals[rank] = clock[rank]
+                    if len(arrivals) < sched.layout.replicas[s]:
+                        break
+                    clock[rank] = max(arrivals.values())
+                elif a.kind in ("F", "B"):
+                    start = clock[rank]
+                    clock[rank] += ticks[a.kind]
+                    timeline[rank].append((start, clock[rank], a))
+                pc[rank] += 1
+                progress = True
+    stuck = [r for r in range(n) if pc[r] < len(sched.actions[r])]
+    if stuck:
+        at = ", ".join(f"rank {r} at {sched.actions[r][pc[r]]}" for r in stuck)
+        raise ScheduleError(f"deadlock: {at}")
+    return timeline
+
+
+def validate(sched: Schedule) -> None:
+    layout = sched.layout
+    for rank, acts in enumerate(sched.actions):
+        s, _ = layout.stage_of(rank)
+        seen_f: dict[int, int] = {}
+        applied = 0
+        for a in acts:
+            if a.kind == "F":
+                if a.mb in seen_f:
+                    raise ScheduleError(f"rank {rank}: forward of {a.mb} twice")
+                if a.version > applied:
+                    raise ScheduleError(f"rank {rank}: {a} uses a version not yet made")
+                if sched.weights == "stash" and a.version != applied:
+                    raise ScheduleError(f"rank {rank}: {a} is not the newest version {applied}")
+                seen_f[a.mb] = a.version
+            elif a.kind == "B":
+                if a.mb not in seen_f:
+                    raise ScheduleError(f"rank {rank}: backward of {a.mb} before its forward")
+                if sched.weights != "none" and a.version != seen_f[a.mb]:
+                    raise ScheduleError(f"rank {rank}: {a} does not use its forward's version "
+                                        f"{seen_f[a.mb]}")
+                if sched.weights == "none" and a.version != applied:
+                    raise ScheduleError(f"rank {rank}: {a} is not the newest version")
+            elif a.kind == "U":
+                applied += layout.replicas[s]
+        mine = {k for k in range(sched.minibatches) if layout.rank_for(s, k) == rank}
+        done_b = {a.mb for a in acts if a.kind == "B"}
+        if set(seen_f) != mine or done_b != mine:
+            raise ScheduleError(f"rank {rank} (stage {s}) does not complete exactly its "
+                                f"minibatches {sorted(mine)}")
+    if sched.weights == "vertical-sync":
+        v0 = {a.mb: a.version for r in range(layout.replicas[0]) for a in sched.actions[r]
+              if a.kind == "F"}
+        for rank, acts in enumerate(sched.actions):
+            for a in acts:
+                if a.kind == "F" and a.version > v0[a.mb]:
+                    raise ScheduleError(f"rank {rank}: {a} is newer than stage 0's "
+                                        f"version {v0[a.mb]} (vertical sync)")
+    simulate(sched)
+
+
+def grid(sched: Schedule) -> str:
+    """Worker x time table: F one tick, B two; '.' idle."""
+    timeline = simulate(sched)
+    end = max((e for row in timeline for _, e, _ in row), default=0)
+    width = max(3, len(str(sched.minibatches)) + 2)
+    lines = ["time".ljust(8) + "".join(str(t).ljust(width) for t in range(end))]
+    for rank, row in enumerate(timeline):
+        s, i = sched.layout.stage_of(rank)
+        cells = ["." * 1] * end
+        for start, stop, a in row:
+            for t in range(start, stop):
+                cells[t] = f"{a.kind}{a.mb}"
+        lines.append(f"s{s}r{i}".ljust(8) + "".join(c.ljust(width) for c in cells))
+    busy = sum(e - b for row in timeline for b, e, _ in row)
+    lines.append(f"bubble fraction {1 - busy / max(1, end * sched.layout.workers):.2f}")
+    return "\n".join(lines)

@@ -1,0 +1,84 @@
+"""Single-process simulation of PipeDream's update rule, driven by a schedule's versions.
+
+For minibatch t, stage s runs its forward with the weight version its F action names and
+its backward with the version its B action names (recomputing the stage's forward on the
+stored input), exactly the rule each weight mode defines:
+- stash: grad f(w_0^(v_0(t)), ..., w_S^(v_S(t))) with the forward's versions;
+- vertical-sync: the same with stage 0's version everywhere;
+- none: forward activations at forward-time versions, Jacobians at backward-time versions.
+Updates apply in each stage's order; a replicated stage averages one round of minibatches.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+from torch.func import functional_call
+
+from harness.training import epoch_order, make_optimizer
+from pipedream_impl.schedule import Schedule
+from workloads.base import DataSplits, LayerModel, Workload
+
+
+def simulate_pipedream(workload: Workload, scale: str, splits: DataSplits, model: LayerModel,
+                       bounds, sched: Schedule, batch_size: int, seed: int,
+                       lr: float | None = None) -> LayerModel:
+    layout = sched.layout
+    stages = [copy.deepcopy(model.stage(a, b)) for a, b in bounds]
+    spec = workload.spec(scale)
+    opts = [make_optimizer(spec, st.parameters(), lr) for st in stages]
+    history = [{0: {n: p.detach().clone() for n, p in st.named_parameters()}} for st in stages]
+    applied = [0] * len(stages)
+    pending: list[list[list[torch.Tensor]]] = [[] for _ in stages]
+    fv, bv = {}, {}
+    for rank, acts in enumerate(sched.actions):
+        s, _ = layout.stage_of(rank)
+        for a in acts:
+            if a.kind == "F":
+                fv[(s, a.mb)] = a.version
+            elif a.kind == "B":
+                bv[(s, a.mb)] = a.version
+    order = epoch_order(len(splits.train), seed, 0)
+    for t in range(sched.minibatches):
+        batch = workload.make_batch(splits.train, order[t * batch_size:(t + 1) * batch_size])
+        xs = [batch.inputs]
+        with torch.no_grad():
+            for s, st in enumerate(stages[:-1]):
+                xs.append(functional_call(st, history[s][fv[(s, t)]], (xs[-1],)))
+        upstream = None
+        for s in range(len(stages) - 1, -1, -1):
+            params = {n: p.clone().requires_grad_() for n, p in history[s][bv[(s, t)]].items()}
+            x = tuple(v.detach().requires_grad_(v.is_floating_point() and s > 0) for v in xs[s])
+            out = functional_call(stages[s], params, (x,))
+            if s == len(stages) - 1:
+                torch.autograd.backward(workload.loss(out, batch.targets))
+            else:
+                pairs = [(o, g) for o, g in zip([o for o in out if o.is_floating_point()],
+                                                upstream, strict=True) if o.requires_grad]
+                torch.autograd.backward([o for o, _ in pairs], [g for _, g in pairs])
+            upstream = [v.grad if v.grad is not None else torch.zeros_like(v)
+                        for v in x if v.is_floating_point()]
+            pending[s].append([params[n].grad for n, _ in stages[s].named_parameters()])
+            r = layout.replicas[s]
+            if len(pending[s]) == r:
+                mean = [torch.stack(gs).mean(0) for gs in zip(*pending[s], strict=True)]
+                with torch.no_grad():
+                    for p, n in zip(stages[s].parameters(), history[s][applied[s]], strict=True):
+                        p.copy_(history[s][applied[s]][n])
+                for p, g in zip(stages[s].parameters(), mean, strict=True):
+                    p.grad = g
+                opts[s].step()
+                opts[s].zero_grad(set_to_none=True)
+                applied[s] += r
+                history[s][applied[s]] = {n: p.detach().clone()
+                                          for n, p in stages[s].named_parameters()}
+                pending[s] = []
+    result = copy.deepcopy(model)
+    sd = result.state_dict()
+    for s, (a, _) in enumerate(bounds):
+        for n, p in history[s][applied[s]].items():
+            idx, rest = n.split(".", 2)[1], n.split(".", 2)[2]
+            sd[f"layers.{a + int(idx)}.{rest}"] = p
+    result.load_state_dict(sd)
+    return result

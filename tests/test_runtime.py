@@ -1,0 +1,116 @@
+"""pipedream_impl/runtime.py on real gloo processes, against single-process references."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+
+from harness.config import RunConfig
+from harness.pipeline_system import PipelineFailure, PipelineTrainer
+from harness.progress import quiet
+from harness.training import SingleTrainer
+from pipedream_impl.schedule import Layout, one_f_one_b
+from tests.pipeline_reference import simulate_pipedream
+from workloads.registry import get
+
+WL = get("vgg16")
+STEPS = 6
+
+
+@pytest.fixture(scope="module")
+def splits():
+    return WL.default_data("tiny", 0)
+
+
+def _cfg(workers: int, **kw) -> RunConfig:
+    return RunConfig(system="pipedream", workload="vgg16", scale="tiny", workers=workers,
+                     threads=1, max_steps_per_epoch=STEPS, epochs=1, **kw)
+
+
+def _train(splits, replicas, bounds, weights="stash", in_flight=None, fail_at=None):
+    cfg = _cfg(sum(replicas), weights=weights)
+    t = PipelineTrainer(cfg, WL, splits, replicas, bounds, weights, in_flight,
+                        torch.device("cpu"), quiet(), timeout_s=60, fail_at=fail_at)
+    try:
+        stats = t.train_epoch(0)
+    finally:
+        t.close()
+    return t, stats
+
+
+def _assert_same(a: torch.nn.Module, b: torch.nn.Module, tol: float = 1e-5) -> None:
+    for (na, pa), (_, pb) in zip(a.named_parameters(), b.named_parameters(), strict=True):
+        assert torch.allclose(pa, pb, rtol=1e-4, atol=tol), (na, (pa - pb).abs().max())
+
+
+def test_one_minibatch_in_flight_equals_single_process_training(splits) -> None:
+    pipe, stats = _train(splits, (1, 1), ((0, 12), (12, 40)), in_flight=1)
+    ref = SingleTrainer(RunConfig(system="single", workload="vgg16", threads=1,
+                                  max_steps_per_epoch=STEPS), WL, splits, torch.device("cpu"),
+                        quiet())
+    ref_stats = ref.train_epoch(0)
+    _assert_same(pipe.model, ref.model)
+    assert stats.steps == STEPS
+    assert stats.train_loss == pytest.approx(ref_stats.train_loss, rel=1e-5)
+    initial = WL.build("tiny", {**splits.train.meta, "init_seed": 0})
+    assert not torch.allclose(next(initial.parameters()), next(pipe.model.parameters()))
+
+
+@pytest.mark.parametrize("weights", ["stash", "vertical-sync", "none"])
+def test_weights_follow_pipedreams_update_rule(splits, weights: str) -> None:
+    replicas, bounds = (1, 1, 1), ((0, 10), (10, 25), (25, 40))
+    pipe, _ = _train(splits, replicas, bounds, weights)
+    sched = one_f_one_b(Layout(replicas), STEPS, weights)
+    model = WL.build("tiny", {**splits.train.meta, "init_seed": 0})
+    ref = simulate_pipedream(WL, "tiny", splits, model, bounds, sched, 32, 0)
+    _assert_same(pipe.model, ref)
+
+
+def test_stale_weights_differ_from_sequential_sgd(splits) -> None:
+    """The reference really depends on the versions: stash != sequential SGD."""
+    replicas, bounds = (1, 1, 1), ((0, 10), (10, 25), (25, 40))
+    model = WL.build("tiny", {**splits.train.meta, "init_seed": 0})
+    stash = simulate_pipedream(WL, "tiny", splits, model, bounds,
+                               one_f_one_b(Layout(replicas), STEPS, "stash"), 32, 0)
+    seq = simulate_pipedream(WL, "tiny", splits, model, bounds,
+                             one_f_one_b(Layout(replicas), STEPS, "stash", in_flight=1), 32, 0)
+    diff = max((a - b).abs().max() for a, b in zip(stash.parameters(), seq.parameters(),
+                                                    strict=True))
+    assert diff > 1e-4
+
+
+def test_replicated_stage_replicas_stay_identical_and_follow_the_rule(splits) -> None:
+    replicas, bounds = (2, 1), ((0, 20), (20, 40))
+    pipe, _ = _train(splits, replicas, bounds)
+    s0, s1 = pipe.replica_states[0], pipe.replica_states[1]
+    assert s0.keys() == s1.keys()
+    for k in s0:
+        assert torch.equal(s0[k], s1[k]), k
+    sched = one_f_one_b(Layout(replicas), STEPS, "stash")
+    model = WL.build("tiny", {**splits.train.meta, "init_seed": 0})
+    _assert_same(pipe.model, simulate_pipedream(WL, "tiny", splits, model, bounds, sched, 32, 0))
+
+
+def test_bytes_on_every_link_equal_the_tensors_sent(splits) -> None:
+    pipe, _ = _train(splits, (1, 1), ((0, 12), (12, 40)))
+    model = WL.build("tiny", {**splits.train.meta, "init_seed": 0})
+    batch = WL.make_batch(splits.train, torch.arange(32))
+    with torch.no_grad():
+        boundary = model.stage(0, 12)(batch.inputs)
+    per_mb = sum(t.numel() * t.element_size() for t in boundary)
+    assert pipe.metrics.links[(0, 1)] == STEPS * per_mb  # activations forward
+    assert pipe.metrics.links[(1, 0)] == STEPS * per_mb  # gradients backward
+    assert pipe.metrics.bytes_sent == 2 * STEPS * per_mb
+
+
+def test_a_failing_worker_ends_the_job_with_its_error(splits) -> None:
+    t0 = time.monotonic()
+    cfg = _cfg(2)
+    trainer = PipelineTrainer(cfg, WL, splits, (1, 1), ((0, 12), (12, 40)), "stash", None,
+                              torch.device("cpu"), quiet(), timeout_s=20, fail_at=(1, 2))
+    with pytest.raises(PipelineFailure, match="(?s)rank 1 failed.*injected failure at minibatch 2"):
+        trainer.train_epoch(0)
+    assert time.monotonic() - t0 < 60
+    assert all(not p.is_alive() for p in trainer.procs)
