@@ -114,3 +114,24 @@ def test_a_failing_worker_ends_the_job_with_its_error(splits) -> None:
         trainer.train_epoch(0)
     assert time.monotonic() - t0 < 60
     assert all(not p.is_alive() for p in trainer.procs)
+
+
+def test_sgd_momentum_and_batchnorm_follow_the_rule_too() -> None:
+    """ResNet-50 tiny trains with SGD + momentum and has BatchNorm: the stash must leave
+    the optimizer state to the current weights, and buffers must not break versions."""
+    wl = get("resnet50")
+    assert wl.spec("tiny").optimizer == "sgd"
+    data = wl.default_data("tiny", 0)
+    replicas, bounds = (1, 1), ((0, 10), (10, 23))
+    cfg = RunConfig(system="pipedream", workload="resnet50", scale="tiny", workers=2,
+                    threads=1, max_steps_per_epoch=STEPS, epochs=1)
+    t = PipelineTrainer(cfg, wl, data, replicas, bounds, "stash", None, torch.device("cpu"),
+                        quiet(), timeout_s=60)
+    try:
+        t.train_epoch(0)
+    finally:
+        t.close()
+    model = wl.build("tiny", {**data.train.meta, "init_seed": 0})
+    ref = simulate_pipedream(wl, "tiny", data, model, bounds,
+                             one_f_one_b(Layout(replicas), STEPS, "stash"), 32, 0)
+    _assert_same(t.model, ref, tol=1e-4)
