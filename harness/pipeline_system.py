@@ -30,7 +30,7 @@ from harness.config import RunConfig
 from harness.progress import Progress
 from harness.training import EpochStats
 from pipedream_impl.runtime import EpochReport, WorkerSpec, worker_main
-from workloads.base import DataSplits, LayerModel, Workload
+from workloads.base import DataSplits, Workload
 
 
 class PipelineFailure(RuntimeError):
@@ -183,7 +183,3 @@ class PipelineTrainer:
             if p.is_alive():
                 p.kill()
                 p.join()
-
-
-def stage_model(model: LayerModel, bounds: tuple[tuple[int, int], ...]) -> list[LayerModel]:
-    return [model.stage(a, b) for a, b in bounds]

@@ -14,12 +14,12 @@ from harness.training import (
     EpochStats,
     RunSummary,
     SingleTrainer,
-    load_splits,
     resolve_device,
     run_training,
 )
 from workloads import registry
 from workloads.base import count_parameters
+from workloads.recipe import load_splits, peak_memory_bytes
 
 
 def run(cfg: RunConfig, progress: Progress | None = None) -> RunSummary:
@@ -36,7 +36,7 @@ def run(cfg: RunConfig, progress: Progress | None = None) -> RunSummary:
     torch.manual_seed(cfg.seed)
 
     t0 = time.perf_counter()
-    splits = load_splits(workload, cfg)
+    splits = load_splits(workload, cfg.scale, cfg.data, cfg.seed)
     progress.note(f"data: {splits.description} (loaded in {time.perf_counter() - t0:.1f}s)")
     batch_size = cfg.batch_size or spec.batch_size
     layout_params: dict = {}
@@ -96,7 +96,7 @@ def run(cfg: RunConfig, progress: Progress | None = None) -> RunSummary:
                 extra[f"bytes_link_{a}_to_{b}"] = n
             summary.extra = extra
         else:
-            summary.peak_memory_bytes = {0: tracking.peak_memory_bytes(device)}
+            summary.peak_memory_bytes = {0: peak_memory_bytes(device)}
         summary.data_description = splits.description
         summary.run_id, summary.tracking_uri = tracker.run_id, tracker.uri
         final = {"throughput_samples_per_s": summary.throughput,

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import os
 import platform
-import resource
 import subprocess
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -69,13 +68,6 @@ def hardware(device: torch.device) -> str:
     except OSError:
         pass
     return f"{model}, {os.cpu_count()} cores"
-
-
-def peak_memory_bytes(device: torch.device) -> int:
-    """Peak GPU memory allocated by torch, or the process's peak resident set on the CPU."""
-    if device.type == "cuda":
-        return int(torch.cuda.max_memory_allocated(device))
-    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024  # KiB on Linux
 
 
 class Tracker:

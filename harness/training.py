@@ -23,6 +23,7 @@ from torch import nn
 from harness.config import RunConfig
 from harness.progress import Progress
 from workloads.base import Batch, Dataset, DataSplits, LayerModel, ScaleSpec, Workload
+from workloads.recipe import epoch_order, make_optimizer, minibatch
 
 
 @dataclass
@@ -79,23 +80,6 @@ def resolve_device(name: str) -> torch.device:
     return torch.device(name)
 
 
-def make_optimizer(spec: ScaleSpec, params: Iterator[nn.Parameter] | list,
-                   lr: float | None = None) -> torch.optim.Optimizer:
-    lr = spec.lr if lr is None else lr
-    if spec.optimizer == "adam":
-        return torch.optim.Adam(params, lr=lr, weight_decay=spec.weight_decay)
-    if spec.optimizer == "sgd":
-        return torch.optim.SGD(params, lr=lr, momentum=0.9, weight_decay=spec.weight_decay)
-    if spec.optimizer == "sgd-plain":
-        return torch.optim.SGD(params, lr=lr, weight_decay=spec.weight_decay)
-    raise ValueError(f"unknown optimizer {spec.optimizer!r}")
-
-
-def epoch_order(n: int, seed: int, epoch: int) -> torch.Tensor:
-    """The sample order of an epoch: the same for every system given (seed, epoch)."""
-    return torch.randperm(n, generator=torch.Generator().manual_seed(seed * 100_003 + epoch))
-
-
 def minibatches(data: Dataset, workload: Workload, batch_size: int, seed: int, epoch: int,
                 limit: int | None = None) -> Iterator[Batch]:
     """Full minibatches only (fixed shapes for every system); the tail is dropped."""
@@ -103,14 +87,8 @@ def minibatches(data: Dataset, workload: Workload, batch_size: int, seed: int, e
     steps = len(data) // batch_size
     if limit is not None:
         steps = min(steps, limit)
-    for s in range(steps):
-        yield workload.make_batch(data, order[s * batch_size:(s + 1) * batch_size])
-
-
-def load_splits(workload: Workload, cfg: RunConfig) -> DataSplits:
-    if cfg.data is not None:
-        return workload.load_data(cfg.data, cfg.scale)
-    return workload.default_data(cfg.scale, cfg.seed)
+    for k in range(steps):
+        yield minibatch(data, workload, order, k, batch_size)
 
 
 def train_step(model: LayerModel, workload: Workload, spec: ScaleSpec,

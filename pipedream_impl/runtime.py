@@ -6,7 +6,7 @@ step); it holds no scheduling logic. Communication goes through ``comm.Comm`` (c
 bytes, timeouts); weight versions through ``weight_stash.WeightStore``.
 
 Inputs and targets: only stage 0 reads the inputs of a minibatch; the last stage reads its
-targets itself through the same deterministic sampler (``harness.training.epoch_order``
+targets itself through the same deterministic sampler (``workloads.recipe.epoch_order``
 with the same seed and epoch), so targets never travel with the activations.
 
 Weight modes: ``stash`` and ``vertical-sync`` keep the forward's autograd graph (built over
@@ -94,10 +94,14 @@ def worker_main(spec: WorkerSpec, control, results) -> None:  # noqa: ANN001 - m
 
 
 def _run(spec: WorkerSpec, control, results) -> None:  # noqa: ANN001
-    from harness.config import RunConfig
-    from harness.tracking import peak_memory_bytes
-    from harness.training import epoch_order, load_splits, make_optimizer
     from workloads import registry
+    from workloads.recipe import (
+        epoch_order,
+        load_splits,
+        make_optimizer,
+        minibatch,
+        peak_memory_bytes,
+    )
 
     torch.set_num_threads(spec.threads)
     device = torch.device("cpu")
@@ -117,9 +121,7 @@ def _run(spec: WorkerSpec, control, results) -> None:  # noqa: ANN001
     last = stage == len(layout.replicas) - 1
     wl = registry.get(spec.workload)
     sspec = wl.spec(spec.scale)
-    cfg = RunConfig(system="pipedream", workload=spec.workload, scale=spec.scale,
-                    data=spec.data, seed=spec.seed)
-    splits = load_splits(wl, cfg)
+    splits = load_splits(wl, spec.scale, spec.data, spec.seed)
     full = wl.build(spec.scale, {**splits.train.meta, "init_seed": spec.seed})
     _check_ties(full, spec.bounds)
     a, b = spec.bounds[stage]
@@ -172,8 +174,7 @@ def _run(spec: WorkerSpec, control, results) -> None:  # noqa: ANN001
                     raise RuntimeError(f"injected failure at minibatch {k}")
                 rec = inflight.setdefault(k, {})
                 if stage == 0:
-                    batch = wl.make_batch(splits.train, order[k * spec.batch_size:
-                                                             (k + 1) * spec.batch_size])
+                    batch = minibatch(splits.train, wl, order, k, spec.batch_size)
                     rec["x"] = tuple(t.to(device) for t in batch.inputs)
                 if spec.weights == "none":
                     with torch.no_grad():
@@ -182,7 +183,8 @@ def _run(spec: WorkerSpec, control, results) -> None:  # noqa: ANN001
                     rec["snap"] = store.params(base + act.version)
                     out = functional_call(module, rec["snap"], (rec["x"],))
                 if last:
-                    targets = _targets(wl, splits.train, order, k, spec.batch_size, device)
+                    targets = minibatch(splits.train, wl, order, k,
+                                        spec.batch_size).targets.to(device)
                     rec["targets"] = targets
                     if spec.weights != "none":
                         rec["loss"] = wl.loss(out, targets)
@@ -241,10 +243,6 @@ def _run(spec: WorkerSpec, control, results) -> None:  # noqa: ANN001
         report.stash_activation_bytes = act_bytes_peak
         report.state = {k2: v.detach().cpu().clone() for k2, v in module.state_dict().items()}
         results.put(("epoch", spec.rank, report))
-
-
-def _targets(wl, data, order: Tensor, k: int, batch_size: int, device) -> Tensor:  # noqa: ANN001
-    return wl.make_batch(data, order[k * batch_size:(k + 1) * batch_size]).targets.to(device)
 
 
 def _future_versions(acts) -> list[int]:  # noqa: ANN001

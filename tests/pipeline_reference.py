@@ -16,9 +16,9 @@ import copy
 import torch
 from torch.func import functional_call
 
-from harness.training import epoch_order, make_optimizer
 from pipedream_impl.schedule import Schedule
 from workloads.base import DataSplits, LayerModel, Workload
+from workloads.recipe import epoch_order, make_optimizer
 
 
 def simulate_pipedream(workload: Workload, scale: str, splits: DataSplits, model: LayerModel,

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from harness.training import make_optimizer
 from workloads.base import LayerModel, count_parameters
+from workloads.recipe import make_optimizer
 from workloads.registry import WORKLOADS
 
 NAMES = sorted(WORKLOADS)

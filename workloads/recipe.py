@@ -1,0 +1,53 @@
+"""The training recipe every system shares: optimiser, sample order, data, memory reading.
+
+Systems differ only in how they parallelise; these rules make the rest identical (same
+optimizer and learning rate, same minibatches in the same order for a given seed and
+epoch, same data), so a comparison isolates the system. The harness, the PipeDream runtime
+and the baselines all call these functions.
+"""
+
+from __future__ import annotations
+
+import resource
+from collections.abc import Iterator
+
+import torch
+from torch import nn
+
+from workloads.base import Batch, Dataset, DataSplits, ScaleSpec, Workload
+
+
+def make_optimizer(spec: ScaleSpec, params: Iterator[nn.Parameter] | list,
+                   lr: float | None = None) -> torch.optim.Optimizer:
+    lr = spec.lr if lr is None else lr
+    if spec.optimizer == "adam":
+        return torch.optim.Adam(params, lr=lr, weight_decay=spec.weight_decay)
+    if spec.optimizer == "sgd":
+        return torch.optim.SGD(params, lr=lr, momentum=0.9, weight_decay=spec.weight_decay)
+    if spec.optimizer == "sgd-plain":
+        return torch.optim.SGD(params, lr=lr, weight_decay=spec.weight_decay)
+    raise ValueError(f"unknown optimizer {spec.optimizer!r}")
+
+
+def epoch_order(n: int, seed: int, epoch: int) -> torch.Tensor:
+    """The sample order of an epoch: the same for every system given (seed, epoch)."""
+    return torch.randperm(n, generator=torch.Generator().manual_seed(seed * 100_003 + epoch))
+
+
+def minibatch(data: Dataset, workload: Workload, order: torch.Tensor, k: int,
+              batch_size: int) -> Batch:
+    """Minibatch k of an epoch whose sample order is ``order``."""
+    return workload.make_batch(data, order[k * batch_size:(k + 1) * batch_size])
+
+
+def load_splits(workload: Workload, scale: str, data: str | None, seed: int) -> DataSplits:
+    if data is not None:
+        return workload.load_data(data, scale)
+    return workload.default_data(scale, seed)
+
+
+def peak_memory_bytes(device: torch.device) -> int:
+    """Peak GPU memory allocated by torch, or the process's peak resident set on the CPU."""
+    if device.type == "cuda":
+        return int(torch.cuda.max_memory_allocated(device))
+    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024  # KiB on Linux
