@@ -8,6 +8,7 @@ from harness.config import RunConfig
 from pipedream_impl.cluster import Cluster, Level
 from pipedream_impl.plan import Plan, balanced_bounds, plan_profile
 from pipedream_impl.profiler import profile_workload
+from pipedream_impl.runtime import check_ties
 from pipedream_impl.schedule import Layout
 from workloads.base import Workload, WorkloadError
 
@@ -38,8 +39,9 @@ def pipeline_layout(cfg: RunConfig, workload: Workload, batch_size: int,
     if sum(replicas) != cfg.workers:
         raise WorkloadError(f"the layout {'-'.join(map(str, replicas))} needs "
                             f"{sum(replicas)} workers but --workers is {cfg.workers}")
-    n_layers = len(workload.build(cfg.scale, {}).layers) if cfg.plan else None
-    if n_layers is not None and bounds[-1][1] != n_layers:
+    model = workload.build(cfg.scale, {})
+    if bounds[-1][1] != len(model.layers):
         raise WorkloadError(f"plan covers {bounds[-1][1]} layers, {workload.name}/{cfg.scale} "
-                            f"has {n_layers}: was it made for another workload?")
+                            f"has {len(model.layers)}: was it made for another workload?")
+    check_ties(model, bounds)
     return replicas, bounds, how

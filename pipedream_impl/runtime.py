@@ -35,6 +35,7 @@ from torch.func import functional_call
 from pipedream_impl.comm import Comm
 from pipedream_impl.schedule import Layout, one_f_one_b
 from pipedream_impl.weight_stash import WeightStore
+from workloads.base import WorkloadError
 
 
 @dataclass(frozen=True)
@@ -123,7 +124,7 @@ def _run(spec: WorkerSpec, control, results) -> None:  # noqa: ANN001
     sspec = wl.spec(spec.scale)
     splits = load_splits(wl, spec.scale, spec.data, spec.seed)
     full = wl.build(spec.scale, {**splits.train.meta, "init_seed": spec.seed})
-    _check_ties(full, spec.bounds)
+    check_ties(full, spec.bounds)
     a, b = spec.bounds[stage]
     module = full.stage(a, b).to(device).train()
     del full
@@ -264,14 +265,12 @@ def _held_bytes(inflight: dict) -> int:
     return total
 
 
-def _check_ties(model: torch.nn.Module, bounds: tuple[tuple[int, int], ...]) -> None:
+def check_ties(model: torch.nn.Module, bounds: tuple[tuple[int, int], ...]) -> None:
     owner: dict[int, int] = {}
     for s, (a, b) in enumerate(bounds):
         for layer in model.layers[a:b]:
             for p in layer.parameters():
                 if owner.setdefault(id(p), s) != s:
-                    from workloads.base import WorkloadError
-
                     raise WorkloadError("this split puts a tied parameter (e.g. AWD-LM's "
                                         "embedding/decoder) on two stages; the runtime does "
                                         "not synchronise tied copies: keep them in one stage")

@@ -135,3 +135,16 @@ def test_sgd_momentum_and_batchnorm_follow_the_rule_too() -> None:
     ref = simulate_pipedream(wl, "tiny", data, model, bounds,
                              one_f_one_b(Layout(replicas), STEPS, "stash"), 32, 0)
     _assert_same(t.model, ref, tol=1e-4)
+
+
+def test_a_worker_that_dies_silently_ends_the_job(splits) -> None:
+    """No traceback reported: the launcher notices the exit code and stops the others."""
+    t0 = time.monotonic()
+    trainer = PipelineTrainer(_cfg(2), WL, splits, (1, 1), ((0, 12), (12, 40)), "stash", None,
+                              torch.device("cpu"), quiet(), timeout_s=20)
+    trainer.procs[1].kill()
+    trainer.procs[1].join()
+    with pytest.raises(PipelineFailure, match="rank 1 exit code -9"):
+        trainer.train_epoch(0)
+    assert time.monotonic() - t0 < 60
+    assert all(not p.is_alive() for p in trainer.procs)
