@@ -56,6 +56,10 @@ def run(
     in_flight: Annotated[int | None, typer.Option(help="minibatches in flight (default "
                                                   "NOAM; 1 = model parallelism)")] = None,
     timeout: Annotated[float, typer.Option(help="seconds any receive may wait")] = 120.0,
+    microbatches: Annotated[int | None, typer.Option(help="gpipe: microbatches per "
+                                                     "minibatch (default 4 x stages)")] = None,
+    recompute: Annotated[bool, typer.Option(help="gpipe: re-materialise activations")]
+    = False,
     inject_failure: Annotated[str | None, typer.Option(hidden=True, help="RANK:MINIBATCH "
                                                        "(tests)")] = None,
 ) -> None:
@@ -69,7 +73,8 @@ def run(
                     data=data, batch_size=batch_size, lr=lr, seed=seed, threads=threads,
                     device=device, max_steps_per_epoch=max_steps, experiment=experiment,
                     workers=workers, plan=plan, config=config, weights=weights,
-                    in_flight=in_flight, timeout_s=timeout,
+                    in_flight=in_flight, timeout_s=timeout, microbatches=microbatches,
+                    recompute=recompute,
                     fail_at=tuple(int(x) for x in inject_failure.split(":"))
                     if inject_failure else None)
     summary = run_system(cfg, Progress(enabled=not quiet))

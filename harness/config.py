@@ -8,7 +8,8 @@ from pathlib import Path
 
 from workloads.base import SCALES, WorkloadError
 
-SYSTEMS = ("single", "pipedream")
+SYSTEMS = ("single", "pipedream", "gpipe", "model-parallel")
+PIPELINE_SYSTEMS = SYSTEMS[1:]
 WEIGHT_MODES = ("stash", "vertical-sync", "none")
 
 
@@ -37,6 +38,8 @@ class RunConfig:
     in_flight: int | None = None  # None: PipeDream's NOAM; 1: model parallelism
     timeout_s: float = 120.0  # every receive / all-reduce waits at most this long
     fail_at: tuple[int, int] | None = None  # (rank, minibatch) to raise at: failure tests
+    microbatches: int | None = None  # gpipe: default 4 x stages
+    recompute: bool = False  # gpipe: re-materialise activations in the backward
 
     def __post_init__(self) -> None:
         if self.system not in SYSTEMS:

@@ -26,16 +26,22 @@ def pipeline_layout(cfg: RunConfig, workload: Workload, batch_size: int,
         how = f"plan {cfg.plan} ({plan.config})"
     else:
         prof = profile_workload(workload, cfg.scale, batch_size, device, steps=3)
-        if cfg.config is not None:
-            replicas = Layout.from_config(cfg.config).replicas
+        config = cfg.config
+        if config is None and cfg.system in ("gpipe", "model-parallel"):
+            config = "-".join(["1"] * cfg.workers)  # straight: these systems don't replicate
+        if config is not None:
+            replicas = Layout.from_config(config).replicas
             bounds = balanced_bounds([n.forward_ms + n.backward_ms for n in prof.layers],
                                      replicas)
-            how = f"config {cfg.config}, layers balanced on a local profile"
+            how = f"config {config}, layers balanced on a local profile"
         else:
             plan = plan_profile(prof, Cluster((Level(cfg.workers, LOCAL_BANDWIDTH),)))
             replicas = tuple(s.replicas for s in plan.stages)
             bounds = tuple(tuple(s.layers) for s in plan.stages)
             how = f"planned here ({plan.config}) from a local profile"
+    if cfg.system == "gpipe" and any(r != 1 for r in replicas):
+        raise WorkloadError(f"gpipe runs unreplicated stages; got config "
+                            f"{'-'.join(map(str, replicas))}")
     if sum(replicas) != cfg.workers:
         raise WorkloadError(f"the layout {'-'.join(map(str, replicas))} needs "
                             f"{sum(replicas)} workers but --workers is {cfg.workers}")

@@ -1,4 +1,4 @@
-"""``--system pipedream``: launch the workers, drive epochs, evaluate, collect metrics.
+"""``--system pipedream | gpipe | model-parallel``: launch workers, drive epochs, evaluate.
 
 The launcher (this process) spawns one process per rank (``torch.multiprocessing``, spawn
 start method), tells them to run an epoch, and waits for every rank's report while
@@ -60,13 +60,20 @@ class PipelineTrainer:
                  replicas: tuple[int, ...], bounds: tuple[tuple[int, int], ...],
                  weights: str, in_flight: int | None, device: torch.device,
                  progress: Progress, timeout_s: float = 120.0,
-                 fail_at: tuple[int, int] | None = None) -> None:
+                 fail_at: tuple[int, int] | None = None, schedule: str = "1f1b",
+                 microbatches: int = 1, recompute: bool = False) -> None:
         self.cfg, self.workload, self.splits = cfg, workload, splits
         self.replicas, self.bounds = replicas, bounds
         self.spec = workload.spec(cfg.scale)
         self.batch_size = cfg.batch_size or self.spec.batch_size
         self.progress = progress
         self.timeout_s = timeout_s
+        self.microbatches = microbatches
+        if self.batch_size % microbatches:
+            from workloads.base import WorkloadError
+
+            raise WorkloadError(f"--microbatches {microbatches} does not divide the batch "
+                                f"size {self.batch_size}")
         self.model = workload.build(cfg.scale, {**splits.train.meta, "init_seed": cfg.seed})
         self.metrics = PipelineMetrics()
         n = sum(replicas)
@@ -79,7 +86,8 @@ class PipelineTrainer:
             ws = WorkerSpec(rank, replicas, bounds, workload.name, cfg.scale, cfg.seed,
                             self.batch_size, cfg.lr, weights, in_flight, cfg.data,
                             cfg.max_steps_per_epoch, init, timeout_s, cfg.threads_per_worker(),
-                            device.type, fail_at)
+                            device.type, fail_at, schedule=schedule,
+                            microbatches=microbatches, recompute=recompute)
             p = ctx.Process(target=worker_main, args=(ws, self.controls[rank], self.results),
                             daemon=True)
             p.start()
@@ -124,13 +132,14 @@ class PipelineTrainer:
         end = max(r.end_at for r in reports)
         n_last = self.replicas[-1]
         last = reports[-n_last:]
-        losses = [x for r in last for x in r.losses]
-        steps = sum(len(r.losses) for r in last)
+        losses = [x for r in last for x in r.losses]  # one per microbatch
+        steps = sum(len(r.losses) for r in last) // self.microbatches
         if steps == 0:
             raise PipelineFailure("an epoch ran no minibatch: fewer training samples than "
                                   "one minibatch per replica of every stage")
         samples = steps * self.batch_size
-        stats = EpochStats(loss_sum=sum(losses), steps=steps, samples=samples, time_s=end - t0)
+        stats = EpochStats(loss_sum=sum(losses) / self.microbatches, steps=steps,
+                           samples=samples, time_s=end - t0)
         warm = [r.warm_done_at for r in last if r.warm_done_at is not None]
         if epoch == 0 and warm and steps > self.cfg.warmup_steps:
             stats.timed_samples = samples - self.cfg.warmup_steps * self.batch_size

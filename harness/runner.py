@@ -8,7 +8,7 @@ import time
 import torch
 
 from harness import tracking
-from harness.config import RunConfig
+from harness.config import PIPELINE_SYSTEMS, RunConfig
 from harness.progress import Progress
 from harness.training import (
     EpochStats,
@@ -40,18 +40,25 @@ def run(cfg: RunConfig, progress: Progress | None = None) -> RunSummary:
     progress.note(f"data: {splits.description} (loaded in {time.perf_counter() - t0:.1f}s)")
     batch_size = cfg.batch_size or spec.batch_size
     layout_params: dict = {}
-    if cfg.system == "pipedream":
+    if cfg.system in PIPELINE_SYSTEMS:
         from harness.layout import pipeline_layout
         from harness.pipeline_system import PipelineTrainer
 
         replicas, bounds, how = pipeline_layout(cfg, workload, batch_size, device)
         progress.note(f"pipeline {'-'.join(map(str, replicas))} on {cfg.workers} workers, "
                       f"layers {list(bounds)}: {how}")
+        gpipe = cfg.system == "gpipe"
+        micro = (cfg.microbatches or 4 * len(replicas)) if gpipe else 1
+        in_flight = 1 if cfg.system == "model-parallel" else cfg.in_flight
         trainer = PipelineTrainer(cfg, workload, splits, replicas, bounds, cfg.weights,
-                                  cfg.in_flight, device, progress, cfg.timeout_s, cfg.fail_at)
+                                  in_flight, device, progress, cfg.timeout_s, cfg.fail_at,
+                                  "gpipe" if gpipe else "1f1b", micro, cfg.recompute)
         layout_params = {"config": "-".join(map(str, replicas)), "stages": list(bounds),
-                         "weights": cfg.weights, "in_flight": cfg.in_flight or "noam",
                          "layout_source": how}
+        if gpipe:
+            layout_params.update(microbatches=micro, recompute=cfg.recompute)
+        else:
+            layout_params.update(weights=cfg.weights, in_flight=in_flight or "noam")
     else:
         trainer = SingleTrainer(cfg, workload, splits, device, progress)
 
@@ -77,11 +84,11 @@ def run(cfg: RunConfig, progress: Progress | None = None) -> RunSummary:
             summary = run_training(cfg, workload, target, trainer.train_epoch,
                                    trainer.evaluate, log_epoch, progress)
         finally:
-            if cfg.system == "pipedream":
+            if cfg.system in PIPELINE_SYSTEMS:
                 trainer.close()
         extra: dict[str, float] = {}
         bytes_per_sample = 0.0
-        if cfg.system == "pipedream":
+        if cfg.system in PIPELINE_SYSTEMS:
             m = trainer.metrics
             summary.peak_memory_bytes = dict(m.peak_memory)
             bytes_per_sample = m.bytes_sent / max(1, m.samples)

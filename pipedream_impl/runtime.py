@@ -33,7 +33,7 @@ from torch import Tensor
 from torch.func import functional_call
 
 from pipedream_impl.comm import Comm
-from pipedream_impl.schedule import Layout, one_f_one_b
+from pipedream_impl.schedule import Layout, gpipe, one_f_one_b
 from pipedream_impl.weight_stash import WeightStore
 from workloads.base import WorkloadError
 
@@ -58,6 +58,9 @@ class WorkerSpec:
     device: str  # "cpu" or "cuda"
     fail_at: tuple[int, int] | None = None  # (rank, minibatch): raise there (tests)
     local_rank: int = -1  # rank on this machine (GPU index); -1: same as rank
+    schedule: str = "1f1b"  # or "gpipe"
+    microbatches: int = 1  # GPipe: microbatches per minibatch
+    recompute: bool = False  # GPipe: re-materialise activations in the backward
 
     def __post_init__(self) -> None:
         if self.local_rank < 0:
@@ -100,7 +103,7 @@ def _run(spec: WorkerSpec, control, results) -> None:  # noqa: ANN001
         epoch_order,
         load_splits,
         make_optimizer,
-        minibatch,
+        microbatch,
         peak_memory_bytes,
     )
 
@@ -143,14 +146,19 @@ def _run(spec: WorkerSpec, control, results) -> None:  # noqa: ANN001
             return
         epoch = msg[1]
         order = epoch_order(len(splits.train), spec.seed, epoch)
-        sched = one_f_one_b(layout, n_steps, spec.weights, spec.in_flight)
+        m = spec.microbatches
+        if spec.schedule == "gpipe":
+            sched = gpipe(layout, n_steps, m)
+        else:
+            sched = one_f_one_b(layout, n_steps, spec.weights, spec.in_flight)
         acts = sched.actions[spec.rank]
         report = EpochReport(spec.rank, stage, replica)
         torch.manual_seed(spec.seed * 7919 + epoch * 131 + spec.rank)
         base = store.version  # schedule versions count from the epoch's start
         future_f = [base + v for v in _future_versions(acts)]
         inflight: dict[int, dict] = {}
-        grads: list[Tensor] | None = None
+        grads: list[Tensor] | None = None  # summed over a minibatch's microbatches
+        naive = spec.weights == "none" or spec.recompute  # forward without a kept graph
         act_bytes_peak = 0
         warm_target = min(n_steps, 2)
         for pos, act in enumerate(acts):
@@ -175,49 +183,53 @@ def _run(spec: WorkerSpec, control, results) -> None:  # noqa: ANN001
                     raise RuntimeError(f"injected failure at minibatch {k}")
                 rec = inflight.setdefault(k, {})
                 if stage == 0:
-                    batch = minibatch(splits.train, wl, order, k, spec.batch_size)
+                    batch = microbatch(splits.train, wl, order, k // m, k % m, spec.batch_size, m)
                     rec["x"] = tuple(t.to(device) for t in batch.inputs)
-                if spec.weights == "none":
+                if naive:
                     with torch.no_grad():
                         out = module(rec["x"])
                 else:
                     rec["snap"] = store.params(base + act.version)
                     out = functional_call(module, rec["snap"], (rec["x"],))
                 if last:
-                    targets = minibatch(splits.train, wl, order, k,
-                                        spec.batch_size).targets.to(device)
+                    targets = microbatch(splits.train, wl, order, k // m, k % m,
+                                         spec.batch_size, m).targets.to(device)
                     rec["targets"] = targets
-                    if spec.weights != "none":
-                        rec["loss"] = wl.loss(out, targets)
+                    if not naive:
+                        rec["loss"] = wl.loss(out, targets) / m
                 rec["out"] = out
                 act_bytes_peak = max(act_bytes_peak, _held_bytes(inflight))
             elif act.kind == "SF":
                 comm.send(inflight[k]["out"], act.peer, "F")
-                if spec.weights == "none":
+                if naive:
                     del inflight[k]["out"]
             elif act.kind == "B":
                 rec = inflight[k]
-                if spec.weights == "none":  # recompute with the current weights
+                if naive:  # recompute with the current weights
                     rec["snap"] = None
                     out = module(rec["x"])
-                    roots = (wl.loss(out, rec["targets"]),) if last else out
+                    roots = (wl.loss(out, rec["targets"]) / m,) if last else out
                 else:
                     roots = (rec["loss"],) if last else rec["out"]
                 if last:
-                    report.losses.append(float(roots[0].detach()))
+                    report.losses.append(float(roots[0].detach()) * m)
                     torch.autograd.backward(roots[0])
                 else:
                     pairs = [(o, g) for o, g in zip([o for o in roots if o.is_floating_point()],
                                                     rec["g"], strict=True) if o.requires_grad]
                     torch.autograd.backward([o for o, _ in pairs], [g for _, g in pairs])
-                if spec.weights == "none":
-                    grads = [p.grad.clone() if p.grad is not None else torch.zeros_like(p)
-                             for p in params]
+                if naive:
+                    new = [p.grad.clone() if p.grad is not None else torch.zeros_like(p)
+                           for p in params]
                     module.zero_grad(set_to_none=True)
                 else:
-                    grads = store.take_grads(rec["snap"])
+                    new = store.take_grads(rec["snap"])
+                grads = new if grads is None else [a + b for a, b in zip(grads, new,
+                                                                         strict=True)]
+                if stage == 0:
+                    del inflight[k]  # nothing to send back
             elif act.kind == "SB":
-                rec = inflight[k]
+                rec = inflight.pop(k)
                 comm.send(tuple(t.grad if t.grad is not None else torch.zeros_like(t)
                                 for t in rec["x"] if t.is_floating_point()), act.peer, "B")
             elif act.kind == "U":
@@ -227,9 +239,9 @@ def _run(spec: WorkerSpec, control, results) -> None:  # noqa: ANN001
                     torch.nn.utils.clip_grad_norm_(params, sspec.grad_clip)
                 optimizer.step()
                 optimizer.zero_grad(set_to_none=True)
+                grads = None
                 store.after_update(future_f[pos])
-                inflight.pop(k, None)
-                if last and k == warm_target - 1:
+                if last and k // m == warm_target - 1:
                     report.warm_done_at = time.time()
             if device.type == "cuda":
                 torch.cuda.synchronize(device)

@@ -18,6 +18,7 @@ Versions count *minibatches whose gradients a stage has applied*: an unreplicate
 advances by 1 per update, a stage with r replicas by r per all-reduced round, so versions of
 different stages are comparable (vertical sync needs that).
 
+``gpipe`` builds GPipe's flush schedule over microbatches (unit ids ``k * M + j``).
 ``one_f_one_b`` builds PipeDream's schedule (1F1B, and 1F1B-RR for replicated stages):
 minibatch k goes to replica ``k mod r`` of every stage; a worker first runs ``warmup``
 forwards (its share of the in-flight minibatches: ceil(workers in this and later stages /
@@ -114,6 +115,14 @@ class Schedule:
     minibatches: int
     weights: str
     actions: tuple[tuple[Action, ...], ...]  # per rank
+    microbatches: int = 1  # action ids are units k * microbatches + j (GPipe); 1 otherwise
+
+    @property
+    def units(self) -> int:
+        return self.minibatches * self.microbatches
+
+    def owner(self, stage: int, unit: int) -> int:
+        return self.layout.rank_for(stage, unit // self.microbatches)
 
     def text(self) -> str:
         return "\n".join(f"rank {r}: " + " ".join(map(str, acts))
@@ -181,6 +190,40 @@ def one_f_one_b(layout: Layout, minibatches: int, weights: str = "stash",
         out.append((rank, tuple(acts)))
     actions = tuple(a for _, a in sorted(out))
     sched = Schedule(layout, minibatches, weights, actions)
+    validate(sched)
+    return sched
+
+
+def gpipe(layout: Layout, minibatches: int, microbatches: int) -> Schedule:
+    """GPipe: per minibatch, every microbatch's forward, then every backward, then one
+    synchronous update (a flush). Unit ids are ``k * microbatches + j``. Stages are not
+    replicated (GPipe's data parallelism would be a separate all-reduce at the flush)."""
+    if any(r != 1 for r in layout.replicas):
+        raise ScheduleError("the GPipe schedule here runs unreplicated stages; use one "
+                            "replica per stage (e.g. 1-1-1)")
+    if microbatches < 1:
+        raise ScheduleError("microbatches must be at least 1")
+    n = len(layout.replicas)
+    actions = []
+    for s in range(n):
+        acts: list[Action] = []
+        for k in range(minibatches):
+            units = [k * microbatches + j for j in range(microbatches)]
+            for u in units:
+                if s > 0:
+                    acts.append(Action("RF", u, peer=s - 1))
+                acts.append(Action("F", u, k))
+                if s < n - 1:
+                    acts.append(Action("SF", u, peer=s + 1))
+            for u in units:
+                if s < n - 1:
+                    acts.append(Action("RB", u, peer=s + 1))
+                acts.append(Action("B", u, k))
+                if s > 0:
+                    acts.append(Action("SB", u, peer=s - 1))
+            acts.append(Action("U", units[-1]))
+        actions.append(tuple(acts))
+    sched = Schedule(layout, minibatches, "stash", tuple(actions), microbatches)
     validate(sched)
     return sched
 
@@ -263,7 +306,7 @@ def validate(sched: Schedule) -> None:
                     raise ScheduleError(f"rank {rank}: {a} is not the newest version")
             elif a.kind == "U":
                 applied += layout.replicas[s]
-        mine = {k for k in range(sched.minibatches) if layout.rank_for(s, k) == rank}
+        mine = {u for u in range(sched.units) if sched.owner(s, u) == rank}
         done_b = {a.mb for a in acts if a.kind == "B"}
         if set(seen_f) != mine or done_b != mine:
             raise ScheduleError(f"rank {rank} (stage {s}) does not complete exactly its "
@@ -283,7 +326,7 @@ def grid(sched: Schedule) -> str:
     """Worker x time table: F one tick, B two; '.' idle."""
     timeline = simulate(sched)
     end = max((e for row in timeline for _, e, _ in row), default=0)
-    width = max(3, len(str(sched.minibatches)) + 2)
+    width = max(3, len(str(sched.units)) + 2)
     lines = ["time".ljust(8) + "".join(str(t).ljust(width) for t in range(end))]
     for rank, row in enumerate(timeline):
         s, i = sched.layout.stage_of(rank)

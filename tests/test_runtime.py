@@ -29,10 +29,10 @@ def _cfg(workers: int, **kw) -> RunConfig:
                      threads=1, max_steps_per_epoch=STEPS, epochs=1, **kw)
 
 
-def _train(splits, replicas, bounds, weights="stash", in_flight=None, fail_at=None):
+def _train(splits, replicas, bounds, weights="stash", in_flight=None, fail_at=None, **kw):
     cfg = _cfg(sum(replicas), weights=weights)
     t = PipelineTrainer(cfg, WL, splits, replicas, bounds, weights, in_flight,
-                        torch.device("cpu"), quiet(), timeout_s=60, fail_at=fail_at)
+                        torch.device("cpu"), quiet(), timeout_s=60, fail_at=fail_at, **kw)
     try:
         stats = t.train_epoch(0)
     finally:
@@ -56,6 +56,21 @@ def test_one_minibatch_in_flight_equals_single_process_training(splits) -> None:
     assert stats.train_loss == pytest.approx(ref_stats.train_loss, rel=1e-5)
     initial = WL.build("tiny", {**splits.train.meta, "init_seed": 0})
     assert not torch.allclose(next(initial.parameters()), next(pipe.model.parameters()))
+
+
+@pytest.mark.parametrize("recompute", [False, True])
+def test_gpipe_gradients_equal_the_whole_minibatch_in_one_process(splits, recompute) -> None:
+    """GPipe with 4 microbatches and a flush per minibatch is synchronous SGD: after
+    STEPS minibatches the weights equal single-process training on whole minibatches."""
+    pipe, stats = _train(splits, (1, 1, 1), ((0, 10), (10, 25), (25, 40)), schedule="gpipe",
+                         microbatches=4, recompute=recompute)
+    ref = SingleTrainer(RunConfig(system="single", workload="vgg16", threads=1,
+                                  max_steps_per_epoch=STEPS), WL, splits, torch.device("cpu"),
+                        quiet())
+    ref_stats = ref.train_epoch(0)
+    _assert_same(pipe.model, ref.model)
+    assert stats.steps == STEPS
+    assert stats.train_loss == pytest.approx(ref_stats.train_loss, rel=1e-5)
 
 
 @pytest.mark.parametrize("weights", ["stash", "vertical-sync", "none"])

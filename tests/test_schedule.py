@@ -114,3 +114,14 @@ def test_grid_of_two_stages() -> None:
     assert g[1].split() == ["s0r0", "F0", "F1", ".", ".", "B0", "B0", ".", "B1", "B1"]
     assert g[2].split() == ["s1r0", ".", "F0", "B0", "B0", "F1", "B1", "B1", ".", "."]
     assert g[-1] == "bubble fraction 0.33"  # 12 busy ticks of 2 x 9
+
+
+def test_gpipe_flushes_every_minibatch() -> None:
+    from pipedream_impl.schedule import gpipe
+
+    s = gpipe(Layout.from_config("1-1"), 2, 3)
+    assert compute_order(s, 0) == "F0v0 F1v0 F2v0 B0v0 B1v0 B2v0 F3v1 F4v1 F5v1 B3v1 B4v1 B5v1"
+    assert [str(a) for a in s.actions[0] if a.kind == "U"] == ["U2", "U5"]
+    assert grid(s).splitlines()[-1] == "bubble fraction 0.25"
+    with pytest.raises(ScheduleError, match="unreplicated"):
+        gpipe(Layout.from_config("2-1"), 2, 2)

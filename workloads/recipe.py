@@ -40,6 +40,14 @@ def minibatch(data: Dataset, workload: Workload, order: torch.Tensor, k: int,
     return workload.make_batch(data, order[k * batch_size:(k + 1) * batch_size])
 
 
+def microbatch(data: Dataset, workload: Workload, order: torch.Tensor, k: int, j: int,
+               batch_size: int, microbatches: int) -> Batch:
+    """Microbatch j of minibatch k: the minibatch's samples cut into equal consecutive parts."""
+    size = batch_size // microbatches
+    start = k * batch_size + j * size
+    return workload.make_batch(data, order[start:start + size])
+
+
 def load_splits(workload: Workload, scale: str, data: str | None, seed: int) -> DataSplits:
     if data is not None:
         return workload.load_data(data, scale)
