@@ -33,9 +33,17 @@ from torch import Tensor
 from torch.func import functional_call
 
 from pipedream_impl.comm import Comm
-from pipedream_impl.schedule import Layout, gpipe, one_f_one_b
+from pipedream_impl.schedule import Action, Layout, Schedule, gpipe, one_f_one_b
 from pipedream_impl.weight_stash import WeightStore
-from workloads.base import WorkloadError
+from workloads import registry
+from workloads.base import Batch, WorkloadError
+from workloads.recipe import (
+    epoch_order,
+    load_splits,
+    make_optimizer,
+    microbatch,
+    peak_memory_bytes,
+)
 
 
 @dataclass(frozen=True)
@@ -98,15 +106,6 @@ def worker_main(spec: WorkerSpec, control, results) -> None:  # noqa: ANN001 - m
 
 
 def _run(spec: WorkerSpec, control, results) -> None:  # noqa: ANN001
-    from workloads import registry
-    from workloads.recipe import (
-        epoch_order,
-        load_splits,
-        make_optimizer,
-        microbatch,
-        peak_memory_bytes,
-    )
-
     torch.set_num_threads(spec.threads)
     device = torch.device("cpu")
     if spec.device == "cuda":  # one GPU per local rank; NCCL below
@@ -117,145 +116,174 @@ def _run(spec: WorkerSpec, control, results) -> None:  # noqa: ANN001
                             init_method=spec.init_method, rank=spec.rank,
                             world_size=layout.workers,
                             timeout=datetime.timedelta(seconds=spec.timeout_s))
-    comm = Comm(spec.rank, device, spec.timeout_s)
-    for s, r in enumerate(layout.replicas):  # every rank creates every group, same order
-        if r > 1:
-            comm.group(tuple(layout.rank(s, i) for i in range(r)))
-    stage, replica = layout.stage_of(spec.rank)
-    last = stage == len(layout.replicas) - 1
-    wl = registry.get(spec.workload)
-    sspec = wl.spec(spec.scale)
-    splits = load_splits(wl, spec.scale, spec.data, spec.seed)
-    full = wl.build(spec.scale, {**splits.train.meta, "init_seed": spec.seed})
-    check_ties(full, spec.bounds)
-    a, b = spec.bounds[stage]
-    module = full.stage(a, b).to(device).train()
-    del full
-    optimizer = make_optimizer(sspec, module.parameters(), spec.lr)
-    store = WeightStore(module, layout.replicas[stage], spec.weights == "vertical-sync")
-    replica_ranks = tuple(layout.rank(stage, i) for i in range(layout.replicas[stage]))
-    n_steps = len(splits.train) // spec.batch_size
-    if spec.max_steps is not None:
-        n_steps = min(n_steps, spec.max_steps)
-    n_steps -= n_steps % math.lcm(*layout.replicas)  # every replica gets the same count
-    params = list(module.parameters())
-
+    executor = StageExecutor(spec, layout, device)
     while True:
         msg = control.get(timeout=spec.timeout_s * 4)
         if msg[0] == "stop":
             return
-        epoch = msg[1]
-        order = epoch_order(len(splits.train), spec.seed, epoch)
-        m = spec.microbatches
-        if spec.schedule == "gpipe":
-            sched = gpipe(layout, n_steps, m)
-        else:
-            sched = one_f_one_b(layout, n_steps, spec.weights, spec.in_flight)
-        acts = sched.actions[spec.rank]
-        report = EpochReport(spec.rank, stage, replica)
-        torch.manual_seed(spec.seed * 7919 + epoch * 131 + spec.rank)
-        base = store.version  # schedule versions count from the epoch's start
-        future_f = [base + v for v in _future_versions(acts)]
-        inflight: dict[int, dict] = {}
-        grads: list[Tensor] | None = None  # summed over a minibatch's microbatches
-        naive = spec.weights == "none" or spec.recompute  # forward without a kept graph
-        act_bytes_peak = 0
-        warm_target = min(n_steps, 2)
+        results.put(("epoch", spec.rank, executor.run_epoch(msg[1])))
+
+
+class StageExecutor:
+    """One stage replica: its module, optimizer, weight versions and the action handlers."""
+
+    def __init__(self, spec: WorkerSpec, layout: Layout, device: torch.device) -> None:
+        self.spec, self.layout, self.device = spec, layout, device
+        self.comm = Comm(spec.rank, device, spec.timeout_s)
+        for s, r in enumerate(layout.replicas):  # every rank creates every group, same order
+            if r > 1:
+                self.comm.group(tuple(layout.rank(s, i) for i in range(r)))
+        self.stage, self.replica = layout.stage_of(spec.rank)
+        self.last = self.stage == len(layout.replicas) - 1
+        self.wl = registry.get(spec.workload)
+        self.scale_spec = self.wl.spec(spec.scale)
+        self.splits = load_splits(self.wl, spec.scale, spec.data, spec.seed)
+        full = self.wl.build(spec.scale, {**self.splits.train.meta, "init_seed": spec.seed})
+        check_ties(full, spec.bounds)
+        a, b = spec.bounds[self.stage]
+        self.module = full.stage(a, b).to(device).train()
+        self.params = list(self.module.parameters())
+        self.optimizer = make_optimizer(self.scale_spec, self.params, spec.lr)
+        self.store = WeightStore(self.module, layout.replicas[self.stage],
+                                 spec.weights == "vertical-sync")
+        self.replica_ranks = tuple(layout.rank(self.stage, i)
+                                   for i in range(layout.replicas[self.stage]))
+        n = len(self.splits.train) // spec.batch_size
+        if spec.max_steps is not None:
+            n = min(n, spec.max_steps)
+        self.n_steps = n - n % math.lcm(*layout.replicas)  # same count on every replica
+        self.m = spec.microbatches
+        self.naive = spec.weights == "none" or spec.recompute  # no graph kept from F to B
+        self.handlers = {"RF": self._recv_forward, "F": self._forward, "SF": self._send_forward,
+                         "RB": self._recv_backward, "B": self._backward,
+                         "SB": self._send_backward, "A": self._allreduce, "U": self._update}
+
+    def schedule(self) -> Schedule:
+        if self.spec.schedule == "gpipe":
+            return gpipe(self.layout, self.n_steps, self.m)
+        return one_f_one_b(self.layout, self.n_steps, self.spec.weights, self.spec.in_flight)
+
+    def run_epoch(self, epoch: int) -> EpochReport:
+        acts = self.schedule().actions[self.spec.rank]
+        self.order = epoch_order(len(self.splits.train), self.spec.seed, epoch)
+        self.report = EpochReport(self.spec.rank, self.stage, self.replica)
+        torch.manual_seed(self.spec.seed * 7919 + epoch * 131 + self.spec.rank)
+        self.base = self.store.version  # schedule versions count from the epoch's start
+        self.future_f = [self.base + v for v in _future_versions(acts)]
+        self.inflight: dict[int, dict] = {}
+        self.grads: list[Tensor] | None = None  # summed over a minibatch's microbatches
+        self.act_bytes_peak = 0
         for pos, act in enumerate(acts):
-            k = act.mb
             t0 = time.perf_counter()
-            if act.kind == "RF":
-                inputs = comm.recv(act.peer, "F")
-                inflight[k] = {"x": tuple(t.requires_grad_(t.is_floating_point())
-                                          for t in inputs)}
-                report.idle_s += time.perf_counter() - t0
-                continue
-            if act.kind == "RB":
-                inflight[k]["g"] = comm.recv(act.peer, "B")
-                report.idle_s += time.perf_counter() - t0
-                continue
-            if act.kind == "A":
-                comm.allreduce_mean(grads, replica_ranks)
-                report.idle_s += time.perf_counter() - t0
-                continue
-            if act.kind == "F":
-                if spec.fail_at is not None and spec.fail_at == (spec.rank, k):
-                    raise RuntimeError(f"injected failure at minibatch {k}")
-                rec = inflight.setdefault(k, {})
-                if stage == 0:
-                    batch = microbatch(splits.train, wl, order, k // m, k % m, spec.batch_size, m)
-                    rec["x"] = tuple(t.to(device) for t in batch.inputs)
-                if naive:
-                    with torch.no_grad():
-                        out = module(rec["x"])
-                else:
-                    rec["snap"] = store.params(base + act.version)
-                    out = functional_call(module, rec["snap"], (rec["x"],))
-                if last:
-                    targets = microbatch(splits.train, wl, order, k // m, k % m,
-                                         spec.batch_size, m).targets.to(device)
-                    rec["targets"] = targets
-                    if not naive:
-                        rec["loss"] = wl.loss(out, targets) / m
-                rec["out"] = out
-                act_bytes_peak = max(act_bytes_peak, _held_bytes(inflight))
-            elif act.kind == "SF":
-                comm.send(inflight[k]["out"], act.peer, "F")
-                if naive:
-                    del inflight[k]["out"]
-            elif act.kind == "B":
-                rec = inflight[k]
-                if naive:  # recompute with the current weights
-                    rec["snap"] = None
-                    out = module(rec["x"])
-                    roots = (wl.loss(out, rec["targets"]) / m,) if last else out
-                else:
-                    roots = (rec["loss"],) if last else rec["out"]
-                if last:
-                    report.losses.append(float(roots[0].detach()) * m)
-                    torch.autograd.backward(roots[0])
-                else:
-                    pairs = [(o, g) for o, g in zip([o for o in roots if o.is_floating_point()],
-                                                    rec["g"], strict=True) if o.requires_grad]
-                    torch.autograd.backward([o for o, _ in pairs], [g for _, g in pairs])
-                if naive:
-                    new = [p.grad.clone() if p.grad is not None else torch.zeros_like(p)
-                           for p in params]
-                    module.zero_grad(set_to_none=True)
-                else:
-                    new = store.take_grads(rec["snap"])
-                grads = new if grads is None else [a + b for a, b in zip(grads, new,
-                                                                         strict=True)]
-                if stage == 0:
-                    del inflight[k]  # nothing to send back
-            elif act.kind == "SB":
-                rec = inflight.pop(k)
-                comm.send(tuple(t.grad if t.grad is not None else torch.zeros_like(t)
-                                for t in rec["x"] if t.is_floating_point()), act.peer, "B")
-            elif act.kind == "U":
-                for p, g in zip(params, grads, strict=True):
-                    p.grad = g
-                if sspec.grad_clip is not None:
-                    torch.nn.utils.clip_grad_norm_(params, sspec.grad_clip)
-                optimizer.step()
-                optimizer.zero_grad(set_to_none=True)
-                grads = None
-                store.after_update(future_f[pos])
-                if last and k // m == warm_target - 1:
-                    report.warm_done_at = time.time()
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)
-            report.busy_s += time.perf_counter() - t0
-        comm.flush()
-        report.end_at = time.time()
-        report.payload = dict(comm.stats.payload)
-        report.header = dict(comm.stats.header)
-        report.allreduce_bytes = comm.stats.allreduce
-        report.peak_memory = peak_memory_bytes(device)
-        report.stash_weight_bytes = store.peak_bytes
-        report.stash_activation_bytes = act_bytes_peak
-        report.state = {k2: v.detach().cpu().clone() for k2, v in module.state_dict().items()}
-        results.put(("epoch", spec.rank, report))
+            waited = self.handlers[act.kind](act, pos)
+            if self.device.type == "cuda":
+                torch.cuda.synchronize(self.device)
+            dt = time.perf_counter() - t0
+            if waited:
+                self.report.idle_s += dt
+            else:
+                self.report.busy_s += dt
+        self.comm.flush()
+        r = self.report
+        r.end_at = time.time()
+        r.payload, r.header = dict(self.comm.stats.payload), dict(self.comm.stats.header)
+        r.allreduce_bytes = self.comm.stats.allreduce
+        r.peak_memory = peak_memory_bytes(self.device)
+        r.stash_weight_bytes = self.store.peak_bytes
+        r.stash_activation_bytes = self.act_bytes_peak
+        r.state = {k: v.detach().cpu().clone() for k, v in self.module.state_dict().items()}
+        return r
+
+    def _batch(self, unit: int) -> Batch:
+        return microbatch(self.splits.train, self.wl, self.order, unit // self.m,
+                          unit % self.m, self.spec.batch_size, self.m)
+
+    # Each handler returns True when its time was spent waiting on others (idle).
+    def _recv_forward(self, act: Action, pos: int) -> bool:
+        inputs = self.comm.recv(act.peer, "F")
+        self.inflight[act.mb] = {"x": tuple(t.requires_grad_(t.is_floating_point())
+                                            for t in inputs)}
+        return True
+
+    def _recv_backward(self, act: Action, pos: int) -> bool:
+        self.inflight[act.mb]["g"] = self.comm.recv(act.peer, "B")
+        return True
+
+    def _allreduce(self, act: Action, pos: int) -> bool:
+        self.comm.allreduce_mean(self.grads, self.replica_ranks)
+        return True
+
+    def _forward(self, act: Action, pos: int) -> bool:
+        k = act.mb
+        if self.spec.fail_at is not None and self.spec.fail_at == (self.spec.rank, k):
+            raise RuntimeError(f"injected failure at minibatch {k}")
+        rec = self.inflight.setdefault(k, {})
+        if self.stage == 0:  # only stage 0 reads inputs
+            rec["x"] = tuple(t.to(self.device) for t in self._batch(k).inputs)
+        if self.naive:
+            with torch.no_grad():
+                out = self.module(rec["x"])
+        else:
+            rec["snap"] = self.store.params(self.base + act.version)
+            out = functional_call(self.module, rec["snap"], (rec["x"],))
+        if self.last:  # the last stage reads its targets through the same sampler
+            rec["targets"] = self._batch(k).targets.to(self.device)
+            if not self.naive:
+                rec["loss"] = self.wl.loss(out, rec["targets"]) / self.m
+        rec["out"] = out
+        self.act_bytes_peak = max(self.act_bytes_peak, _held_bytes(self.inflight))
+        return False
+
+    def _send_forward(self, act: Action, pos: int) -> bool:
+        self.comm.send(self.inflight[act.mb]["out"], act.peer, "F")
+        if self.naive:
+            del self.inflight[act.mb]["out"]
+        return False
+
+    def _backward(self, act: Action, pos: int) -> bool:
+        rec = self.inflight[act.mb]
+        if self.naive:  # recompute with the current weights
+            out = self.module(rec["x"])
+            roots = (self.wl.loss(out, rec["targets"]) / self.m,) if self.last else out
+        else:
+            roots = (rec["loss"],) if self.last else rec["out"]
+        if self.last:
+            self.report.losses.append(float(roots[0].detach()) * self.m)
+            torch.autograd.backward(roots[0])
+        else:
+            floats = [o for o in roots if o.is_floating_point()]
+            pairs = [(o, g) for o, g in zip(floats, rec["g"], strict=True) if o.requires_grad]
+            torch.autograd.backward([o for o, _ in pairs], [g for _, g in pairs])
+        if self.naive:
+            new = [p.grad.clone() if p.grad is not None else torch.zeros_like(p)
+                   for p in self.params]
+            self.module.zero_grad(set_to_none=True)
+        else:
+            new = self.store.take_grads(rec["snap"])
+        self.grads = new if self.grads is None else [a + b for a, b in zip(self.grads, new,
+                                                                           strict=True)]
+        if self.stage == 0:
+            del self.inflight[act.mb]  # nothing to send back
+        return False
+
+    def _send_backward(self, act: Action, pos: int) -> bool:
+        rec = self.inflight.pop(act.mb)
+        self.comm.send(tuple(t.grad if t.grad is not None else torch.zeros_like(t)
+                             for t in rec["x"] if t.is_floating_point()), act.peer, "B")
+        return False
+
+    def _update(self, act: Action, pos: int) -> bool:
+        for p, g in zip(self.params, self.grads, strict=True):
+            p.grad = g
+        if self.scale_spec.grad_clip is not None:
+            torch.nn.utils.clip_grad_norm_(self.params, self.scale_spec.grad_clip)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.grads = None
+        self.store.after_update(self.future_f[pos])
+        if self.last and act.mb // self.m == min(self.n_steps, 2) - 1:
+            self.report.warm_done_at = time.time()  # warm-up minibatches done
+        return False
 
 
 def _future_versions(acts) -> list[int]:  # noqa: ANN001
