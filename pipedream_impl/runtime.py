@@ -117,8 +117,9 @@ def _run(spec: WorkerSpec, control, results) -> None:  # noqa: ANN001
                             world_size=layout.workers,
                             timeout=datetime.timedelta(seconds=spec.timeout_s))
     executor = StageExecutor(spec, layout, device)
-    while True:
-        msg = control.get(timeout=spec.timeout_s * 4)
+    while True:  # between epochs the launcher evaluates: wait long, but not forever (a
+        # worker whose launcher was killed must not linger)
+        msg = control.get(timeout=max(3600.0, 4 * spec.timeout_s))
         if msg[0] == "stop":
             return
         results.put(("epoch", spec.rank, executor.run_epoch(msg[1])))
