@@ -8,8 +8,8 @@ from pathlib import Path
 
 from workloads.base import SCALES, WorkloadError
 
-SYSTEMS = ("single", "pipedream", "gpipe", "model-parallel")
-PIPELINE_SYSTEMS = SYSTEMS[1:]
+SYSTEMS = ("single", "pipedream", "gpipe", "model-parallel", "ddp")
+PIPELINE_SYSTEMS = SYSTEMS[1:]  # all run in the shared multi-process launcher
 WEIGHT_MODES = ("stash", "vertical-sync", "none")
 
 

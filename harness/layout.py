@@ -19,6 +19,11 @@ def pipeline_layout(cfg: RunConfig, workload: Workload, batch_size: int,
                     device: torch.device) -> tuple[tuple[int, ...], tuple[tuple[int, int], ...],
                                                    str]:
     """(replicas per stage, layer range per stage, how it was chosen)."""
+    if cfg.system == "ddp":  # one stage, every worker a replica of the whole model
+        if cfg.plan or cfg.config:
+            raise WorkloadError("ddp replicates the whole model: drop --plan/--config")
+        n = len(workload.build(cfg.scale, {}).layers)
+        return (cfg.workers,), ((0, n),), "data parallel (whole model on every worker)"
     if cfg.plan is not None:
         plan = Plan.from_json(open(cfg.plan).read())
         replicas = tuple(s.replicas for s in plan.stages)

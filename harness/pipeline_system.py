@@ -61,7 +61,8 @@ class PipelineTrainer:
                  weights: str, in_flight: int | None, device: torch.device,
                  progress: Progress, timeout_s: float = 120.0,
                  fail_at: tuple[int, int] | None = None, schedule: str = "1f1b",
-                 microbatches: int = 1, recompute: bool = False) -> None:
+                 microbatches: int = 1, recompute: bool = False,
+                 executor: str = "pipedream_impl.runtime:StageExecutor") -> None:
         self.cfg, self.workload, self.splits = cfg, workload, splits
         self.replicas, self.bounds = replicas, bounds
         self.spec = workload.spec(cfg.scale)
@@ -85,7 +86,8 @@ class PipelineTrainer:
                             self.batch_size, cfg.lr, weights, in_flight, cfg.data,
                             cfg.max_steps_per_epoch, init, timeout_s, cfg.threads_per_worker(),
                             device.type, fail_at, schedule=schedule,
-                            microbatches=microbatches, recompute=recompute)
+                            microbatches=microbatches, recompute=recompute,
+                            executor=executor)
             p = ctx.Process(target=worker_main, args=(ws, self.controls[rank], self.results),
                             daemon=True)
             p.start()

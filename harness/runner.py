@@ -47,16 +47,23 @@ def run(cfg: RunConfig, progress: Progress | None = None) -> RunSummary:
         replicas, bounds, how = pipeline_layout(cfg, workload, batch_size, device)
         progress.note(f"pipeline {'-'.join(map(str, replicas))} on {cfg.workers} workers, "
                       f"layers {list(bounds)}: {how}")
-        gpipe = cfg.system == "gpipe"
-        micro = (cfg.microbatches or 4 * len(replicas)) if gpipe else 1
+        gpipe, ddp = cfg.system == "gpipe", cfg.system == "ddp"
+        # ddp: each rank's slice of a global minibatch counts as one of W "microbatches"
+        micro = (cfg.microbatches or 4 * len(replicas)) if gpipe else (
+            cfg.workers if ddp else 1)
         in_flight = 1 if cfg.system == "model-parallel" else cfg.in_flight
         trainer = PipelineTrainer(cfg, workload, splits, replicas, bounds, cfg.weights,
                                   in_flight, device, progress, cfg.timeout_s, cfg.fail_at,
-                                  "gpipe" if gpipe else "1f1b", micro, cfg.recompute)
+                                  "gpipe" if gpipe else "1f1b", micro, cfg.recompute,
+                                  "baselines.ddp:DDPExecutor" if ddp
+                                  else "pipedream_impl.runtime:StageExecutor")
         layout_params = {"config": "-".join(map(str, replicas)), "stages": list(bounds),
                          "layout_source": how}
         if gpipe:
             layout_params.update(microbatches=micro, recompute=cfg.recompute)
+        elif ddp:
+            layout_params.update(per_worker_batch=batch_size // cfg.workers,
+                                 gradient_sync="DDP all-reduce (average), default buckets")
         else:
             layout_params.update(weights=cfg.weights, in_flight=in_flight or "noam")
     else:

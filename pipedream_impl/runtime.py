@@ -22,6 +22,7 @@ embedding and decoder) are rejected with a clear error: their copies would drift
 from __future__ import annotations
 
 import datetime
+import importlib
 import math
 import time
 import traceback
@@ -69,6 +70,7 @@ class WorkerSpec:
     schedule: str = "1f1b"  # or "gpipe"
     microbatches: int = 1  # GPipe: microbatches per minibatch
     recompute: bool = False  # GPipe: re-materialise activations in the backward
+    executor: str = "pipedream_impl.runtime:StageExecutor"  # module:class run per epoch
 
     def __post_init__(self) -> None:
         if self.local_rank < 0:
@@ -116,7 +118,8 @@ def _run(spec: WorkerSpec, control, results) -> None:  # noqa: ANN001
                             init_method=spec.init_method, rank=spec.rank,
                             world_size=layout.workers,
                             timeout=datetime.timedelta(seconds=spec.timeout_s))
-    executor = StageExecutor(spec, layout, device)
+    module_name, cls_name = spec.executor.split(":")
+    executor = getattr(importlib.import_module(module_name), cls_name)(spec, layout, device)
     while True:  # between epochs the launcher evaluates: wait long, but not forever (a
         # worker whose launcher was killed must not linger)
         msg = control.get(timeout=max(3600.0, 4 * spec.timeout_s))
