@@ -1,10 +1,13 @@
-"""``--system pipedream | gpipe | model-parallel``: launch workers, drive epochs, evaluate.
+"""The multi-process systems (pipedream, gpipe, model-parallel, ddp): launch, drive, evaluate.
 
-The launcher (this process) spawns one process per rank (``torch.multiprocessing``, spawn
-start method), tells them to run an epoch, and waits for every rank's report while
-watching for errors and dead processes. After each epoch it assembles the stages' weights
-(replica 0 of each stage) into one model and evaluates it itself, so the quality metric
-and the target check are the same code as single-process training.
+Each rank runs an executor chosen by the system (``pipedream_impl.runtime.StageExecutor``
+for the pipelines, ``baselines.ddp.DDPExecutor`` for DDP, which the launcher treats as one
+stage with W replicas). The launcher (this process) spawns one process per rank
+(``torch.multiprocessing``, spawn start method), tells them to run an epoch, and waits for
+every rank's report while watching for errors and dead processes. After each epoch it
+assembles the stages' weights (replica 0 of each stage) into one model and evaluates it
+itself, so the quality metric and the target check are the same code as single-process
+training.
 
 Failure: a worker that raises reports its traceback and exits non-zero; one that dies
 silently is noticed by its exit code; a worker stuck in a receive times out inside

@@ -82,3 +82,17 @@ def simulate_pipedream(workload: Workload, scale: str, splits: DataSplits, model
             sd[f"layers.{a + int(idx)}.{rest}"] = p
     result.load_state_dict(sd)
     return result
+
+
+def single_process_reference(workload: Workload, splits: DataSplits, steps: int):
+    """(model, epoch stats) of single-process training for ``steps`` minibatches of epoch 0:
+    the reference that synchronous systems (model parallel, GPipe, DDP) must equal."""
+    from harness.config import RunConfig
+    from harness.progress import quiet
+    from harness.training import SingleTrainer
+
+    ref = SingleTrainer(RunConfig(system="single", workload=workload.name, threads=1,
+                                  max_steps_per_epoch=steps), workload, splits,
+                        torch.device("cpu"), quiet())
+    stats = ref.train_epoch(0)
+    return ref.model, stats

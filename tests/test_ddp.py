@@ -8,7 +8,7 @@ import torch
 from harness.config import RunConfig
 from harness.pipeline_system import PipelineTrainer
 from harness.progress import quiet
-from harness.training import SingleTrainer
+from tests.pipeline_reference import single_process_reference
 from workloads.registry import get
 
 STEPS = 6
@@ -27,16 +27,13 @@ def test_ddp_equals_single_process_on_the_global_batch_and_counts_ring_bytes() -
         stats = ddp.train_epoch(0)
     finally:
         ddp.close()
-    ref = SingleTrainer(RunConfig(system="single", workload="vgg16", threads=1,
-                                  max_steps_per_epoch=STEPS), wl, splits, torch.device("cpu"),
-                        quiet())
-    ref_stats = ref.train_epoch(0)
-    for (name, a), b in zip(ddp.model.named_parameters(), ref.model.parameters(), strict=True):
+    ref_model, ref_stats = single_process_reference(wl, splits, STEPS)
+    for (name, a), b in zip(ddp.model.named_parameters(), ref_model.parameters(), strict=True):
         assert torch.allclose(a, b, rtol=1e-4, atol=1e-5), name
     assert stats.steps == STEPS
     assert stats.train_loss == pytest.approx(ref_stats.train_loss, rel=1e-5)
     s0, s1 = ddp.replica_states[0], ddp.replica_states[1]
     assert all(torch.equal(s0[k], s1[k]) for k in s0)  # replicas identical
-    param_bytes = sum(p.numel() * 4 for p in ref.model.parameters())
+    param_bytes = sum(p.numel() * 4 for p in ref_model.parameters())
     # each of 2 ranks sends 2 (2-1)/2 = 1 x every gradient byte per step
     assert ddp.metrics.bytes_sent == 2 * STEPS * param_bytes

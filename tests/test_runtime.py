@@ -10,9 +10,8 @@ import torch
 from harness.config import RunConfig
 from harness.pipeline_system import PipelineFailure, PipelineTrainer
 from harness.progress import quiet
-from harness.training import SingleTrainer
 from pipedream_impl.schedule import Layout, one_f_one_b
-from tests.pipeline_reference import simulate_pipedream
+from tests.pipeline_reference import simulate_pipedream, single_process_reference
 from workloads.registry import get
 
 WL = get("vgg16")
@@ -45,13 +44,15 @@ def _assert_same(a: torch.nn.Module, b: torch.nn.Module, tol: float = 1e-5) -> N
         assert torch.allclose(pa, pb, rtol=1e-4, atol=tol), (na, (pa - pb).abs().max())
 
 
-def test_one_minibatch_in_flight_equals_single_process_training(splits) -> None:
+@pytest.fixture(scope="module")
+def sequential(splits):
+    return single_process_reference(WL, splits, STEPS)
+
+
+def test_one_minibatch_in_flight_equals_single_process_training(splits, sequential) -> None:
     pipe, stats = _train(splits, (1, 1), ((0, 12), (12, 40)), in_flight=1)
-    ref = SingleTrainer(RunConfig(system="single", workload="vgg16", threads=1,
-                                  max_steps_per_epoch=STEPS), WL, splits, torch.device("cpu"),
-                        quiet())
-    ref_stats = ref.train_epoch(0)
-    _assert_same(pipe.model, ref.model)
+    ref_model, ref_stats = sequential
+    _assert_same(pipe.model, ref_model)
     assert stats.steps == STEPS
     assert stats.train_loss == pytest.approx(ref_stats.train_loss, rel=1e-5)
     initial = WL.build("tiny", {**splits.train.meta, "init_seed": 0})
@@ -59,16 +60,14 @@ def test_one_minibatch_in_flight_equals_single_process_training(splits) -> None:
 
 
 @pytest.mark.parametrize("recompute", [False, True])
-def test_gpipe_gradients_equal_the_whole_minibatch_in_one_process(splits, recompute) -> None:
+def test_gpipe_gradients_equal_the_whole_minibatch_in_one_process(splits, sequential,
+                                                                  recompute) -> None:
     """GPipe with 4 microbatches and a flush per minibatch is synchronous SGD: after
     STEPS minibatches the weights equal single-process training on whole minibatches."""
     pipe, stats = _train(splits, (1, 1, 1), ((0, 10), (10, 25), (25, 40)), schedule="gpipe",
                          microbatches=4, recompute=recompute)
-    ref = SingleTrainer(RunConfig(system="single", workload="vgg16", threads=1,
-                                  max_steps_per_epoch=STEPS), WL, splits, torch.device("cpu"),
-                        quiet())
-    ref_stats = ref.train_epoch(0)
-    _assert_same(pipe.model, ref.model)
+    ref_model, ref_stats = sequential
+    _assert_same(pipe.model, ref_model)
     assert stats.steps == STEPS
     assert stats.train_loss == pytest.approx(ref_stats.train_loss, rel=1e-5)
 
