@@ -147,14 +147,18 @@ def solve_level(compute: np.ndarray, params: np.ndarray, acts: np.ndarray, valid
             step = max(1, chunk_elems // (n * n))
             for r0 in range(0, rows, step):
                 r1 = min(rows, r0 + step)
-                cand = np.maximum(before[r0:r1, :, None], L[None, :, :])  # [r, k, j]
+                # A range starting after state r-1 can only split at k >= r (states are in
+                # topological order), so columns before r0 - 1 hold nothing: skip them.
+                lo = max(0, r0 - 1)
+                cand = np.maximum(before[r0:r1, lo:, None], L[None, lo:, lo:])  # [r, k, j]
                 k_best = np.argmin(cand, axis=1)  # [r, j]
                 best = np.take_along_axis(cand, k_best[:, None, :], axis=1)[:, 0, :]
-                better = best < time[r0:r1, :, m]
-                time[r0:r1, :, m] = np.where(better, best, time[r0:r1, :, m])
-                split[r0:r1, :, m] = np.where(better, k_best, split[r0:r1, :, m])
-                prev_m[r0:r1, :, m] = np.where(better, m - mp, prev_m[r0:r1, :, m])
-                reps[r0:r1, :, m] = np.where(better, mp, reps[r0:r1, :, m])
+                cur = time[r0:r1, lo:, m]
+                better = best < cur
+                time[r0:r1, lo:, m] = np.where(better, best, cur)
+                split[r0:r1, lo:, m] = np.where(better, k_best + lo, split[r0:r1, lo:, m])
+                prev_m[r0:r1, lo:, m] = np.where(better, m - mp, prev_m[r0:r1, lo:, m])
+                reps[r0:r1, lo:, m] = np.where(better, mp, reps[r0:r1, lo:, m])
     return LevelSolution(time, split, prev_m, reps)
 
 
