@@ -15,8 +15,8 @@ silently is noticed by its exit code; a worker stuck in a receive times out insi
 kills every worker, joins them (no orphans) and raises ``PipelineFailure`` with the failing
 rank's error, which marks the MLflow run FAILED.
 
-Across machines the same ``worker_main`` runs under ``torchrun``-style rendezvous: give
-every process the same ``init_method`` (``tcp://host:port``); see the README.
+Across machines the same ``worker_main`` runs under torchrun instead of this launcher
+(``pipedream_impl.torchrun_worker``, ``env://`` rendezvous); see the README.
 """
 
 from __future__ import annotations
@@ -110,8 +110,7 @@ class PipelineTrainer:
                     self._drain_errors_and_fail(dead)
                 continue
             if kind == "error":
-                self.close(kill=True)
-                raise PipelineFailure(f"worker rank {rank} failed:\n{payload}")
+                self._fail(f"worker rank {rank} failed:\n{payload}")
             reports[rank] = payload
         return [reports[r] for r in range(len(self.procs))]
 
@@ -120,13 +119,16 @@ class PipelineTrainer:
             while True:
                 kind, rank, payload = self.results.get(timeout=1.0)
                 if kind == "error":
-                    self.close(kill=True)
-                    raise PipelineFailure(f"worker rank {rank} failed:\n{payload}")
+                    self._fail(f"worker rank {rank} failed:\n{payload}")
         except queue.Empty:
             pass
-        self.close(kill=True)
         what = ", ".join(f"rank {r} exit code {c}" for r, c in dead)
-        raise PipelineFailure(f"pipeline workers stopped: {what}")
+        self._fail(f"pipeline workers stopped: {what}")
+
+    def _fail(self, message: str) -> None:
+        """Kill and join every worker, then raise: the one way an epoch ends badly."""
+        self.close(kill=True)
+        raise PipelineFailure(message)
 
     def train_epoch(self, epoch: int) -> EpochStats:
         t0 = time.time()
@@ -170,15 +172,9 @@ class PipelineTrainer:
         m.stash_weights = {r.rank: r.stash_weight_bytes for r in reports}
         m.stash_activations = {r.rank: r.stash_activation_bytes for r in reports}
         self.replica_states = {r.rank: r.state for r in reports}
-        sd = self.model.state_dict()
         for r in reports:
-            if r.state is None or r.replica != 0:
-                continue
-            a, _ = self.bounds[r.stage]
-            for key, value in r.state.items():
-                idx, rest = key.split(".", 2)[1], key.split(".", 2)[2]
-                sd[f"layers.{a + int(idx)}.{rest}"] = value
-        self.model.load_state_dict(sd)
+            if r.state is not None and r.replica == 0:
+                self.model.load_stage_state(self.bounds[r.stage][0], r.state)
 
     def evaluate(self) -> float:
         return self.workload.evaluate(self.model, self.splits.valid, max(self.batch_size, 128))

@@ -108,7 +108,6 @@ def run(cfg: RunConfig, progress: Progress | None = None) -> RunSummary:
                 extra[f"stash_activation_bytes_worker_{r}"] = m.stash_activations[r]
             for (a, b), n in m.links.items():
                 extra[f"bytes_link_{a}_to_{b}"] = n
-            summary.extra = extra
         else:
             summary.peak_memory_bytes = {0: peak_memory_bytes(device)}
         summary.data_description = splits.description

@@ -58,7 +58,6 @@ class RunSummary:
     run_id: str | None = None
     tracking_uri: str | None = None
     data_description: str = ""
-    extra: dict[str, float] = field(default_factory=dict)
 
     @property
     def reached(self) -> bool:

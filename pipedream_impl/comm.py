@@ -15,6 +15,7 @@ Backends: NCCL when the tensors live on a GPU (chosen by the runtime), else gloo
 from __future__ import annotations
 
 import datetime
+import time
 from collections import defaultdict
 from dataclasses import dataclass, field
 
@@ -71,8 +72,6 @@ class Comm:
         self._groups: dict[tuple[int, ...], dist.ProcessGroup] = {}
 
     def _wait(self, work: dist.Work, what: str) -> None:
-        import time
-
         t0 = time.perf_counter()
         try:
             work.wait(self.timeout)

@@ -140,25 +140,17 @@ def build_plan(sol: Solution, batch_size: int = 0, profile: str = "") -> Plan:
         raise ValueError("no feasible plan (is the memory limit too small?)")
     top = len(cluster.levels) - 1
     flat = _flatten(sol, top, 0, len(states) - 1, cluster.levels[top].workers - 1)
-    sizes = [lv.workers for lv in cluster.levels]
-    # Assign ranks: walk the hierarchy; each stage gets, per outer unit it occupies, its
-    # inner workers. Units are allocated left to right at every level.
+    rank_lists = _assign_ranks(flat, [lv.workers for lv in cluster.levels])
     stages = []
-    cursor = [0] * len(sizes)  # next free unit per level within the current parent
-    ranks_for: list[list[int]] = []
-    offsets: dict[tuple, int] = {}
-    for start, stop, reps in flat:
-        ranks = _allocate(reps, sizes, cursor, offsets, (start, stop))
-        ranks_for.append(ranks)
     bytes_mb = 0.0
-    for (start, stop, reps), ranks in zip(flat, ranks_for, strict=True):
+    for (start, stop, reps), ranks in zip(flat, rank_lists, strict=True):
         replicas = math.prod(reps)
         p = states.parameter_bytes[stop] - (states.parameter_bytes[start - 1] if start else 0)
         c = states.compute_s[stop] - (states.compute_s[start - 1] if start else 0)
         sync = 2.0 * (replicas - 1) / replicas * p
         bytes_mb += sync + (2.0 * states.output_bytes[stop] if stop < len(states) - 1 else 0)
-        nodes = tuple(n for n in states.members[stop]
-                      if start == 0 or n not in set(states.members[start - 1]))
+        before = set(states.members[start - 1]) if start else set()
+        nodes = tuple(n for n in states.members[stop] if n not in before)
         stages.append(Stage((start, stop + 1), replicas, tuple(ranks), float(c / replicas),
                             nodes))
     total = float(states.compute_s[-1])
@@ -177,32 +169,28 @@ def build_plan(sol: Solution, batch_size: int = 0, profile: str = "") -> Plan:
                 states.method, batch_size, profile)
 
 
-def _allocate(reps: list[int], sizes: list[int], cursor: list[int], offsets: dict,
-              key: tuple) -> list[int]:
-    """Ranks of a stage that uses reps[l] units at each level l (innermost first).
-
-    Outer units are consumed left to right; inside each outer unit the stage takes the
-    next reps[0] workers. ``cursor[l]`` is the next free unit at level l inside the current
-    unit of level l+1 (stages are visited in pipeline order, so this is a simple walk).
-    """
+def _assign_ranks(flat: list[tuple], sizes: list[int]) -> list[list[int]]:
+    """Ranks of each stage, in pipeline order; ``reps`` of a stage is its units per level,
+    innermost first. One level: consecutive ranks. Two levels: an outer stage takes the next
+    ``reps[1]`` whole servers; each of its inner stages takes the next ``reps[0]`` workers on
+    every one of those servers (so the inner pipeline repeats on each server)."""
+    out: list[list[int]] = []
     if len(sizes) == 1:
-        start = cursor[0]
-        cursor[0] += reps[0]
-        return list(range(start, start + reps[0]))
+        nxt = 0
+        for _, _, reps in flat:
+            out.append(list(range(nxt, nxt + reps[0])))
+            nxt += reps[0]
+        return out
     g = sizes[0]
-    # Two levels: reps = [inner workers, servers]. A new outer stage starts on a fresh server
-    # group when the previous inner pipeline filled its server(s).
-    if cursor[0] == 0 or cursor[0] >= g:
-        if cursor[0] >= g:
-            cursor[1] += offsets.get("servers", 1)
-        cursor[0] = 0
-        offsets["servers"] = reps[1]
-        offsets["server0"] = cursor[1]
-    first_server = offsets["server0"]
-    ranks = [(first_server + s) * g + cursor[0] + i for s in range(reps[1])
-             for i in range(reps[0])]
-    cursor[0] += reps[0]
-    return ranks
+    first_server, servers, used = 0, 0, g  # used == g: the current servers are full
+    for _, _, (inner, outer) in flat:
+        if used >= g:  # the previous outer stage filled its servers: take fresh ones
+            first_server += servers
+            servers, used = outer, 0
+        out.append([(first_server + srv) * g + used + i for srv in range(outer)
+                    for i in range(inner)])
+        used += inner
+    return out
 
 
 def plan_profile(profile: Profile, cluster: Cluster, model: str = "pipebench",

@@ -62,11 +62,11 @@ class WeightStore:
         self.version += self.step_size
         if self.keep_history:
             self.snapshots[self.version] = self._snapshot()
-        for v in list(self.snapshots):
-            newer = [u for u in self.snapshots if u <= oldest_needed]
-            keep_from = max(newer) if newer else 0
-            if v < keep_from:
-                del self.snapshots[v]
+        # Keep the newest version a future forward can still ask for, and everything after.
+        usable = [u for u in self.snapshots if u <= oldest_needed]
+        keep_from = max(usable) if usable else 0
+        for v in [v for v in self.snapshots if v < keep_from]:
+            del self.snapshots[v]
 
     def stashed_bytes(self) -> int:
         return sum(t.numel() * t.element_size() for s in self.snapshots.values()

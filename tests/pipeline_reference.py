@@ -75,12 +75,8 @@ def simulate_pipedream(workload: Workload, scale: str, splits: DataSplits, model
                                           for n, p in stages[s].named_parameters()}
                 pending[s] = []
     result = copy.deepcopy(model)
-    sd = result.state_dict()
     for s, (a, _) in enumerate(bounds):
-        for n, p in history[s][applied[s]].items():
-            idx, rest = n.split(".", 2)[1], n.split(".", 2)[2]
-            sd[f"layers.{a + int(idx)}.{rest}"] = p
-    result.load_state_dict(sd)
+        result.load_stage_state(a, history[s][applied[s]])
     return result
 
 

@@ -76,6 +76,15 @@ class LayerModel(nn.Module):
     def stage(self, start: int, stop: int) -> LayerModel:
         return LayerModel(list(self.layers[start:stop]))
 
+    def load_stage_state(self, start: int, state: dict[str, Tensor]) -> None:
+        """Copy in the weights of a stage that began at layer ``start``: its keys
+        ``layers.<i>.<name>`` are this model's ``layers.<start + i>.<name>``."""
+        own = self.state_dict()
+        for key, value in state.items():
+            _, idx, rest = key.split(".", 2)
+            own[f"layers.{start + int(idx)}.{rest}"] = value
+        self.load_state_dict(own)
+
 
 def run_layers(layers: Sequence[nn.Module], inputs: Tuple) -> Tuple:
     out = inputs
