@@ -11,6 +11,7 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
+from harness.compare import DEFAULT_SYSTEMS
 from pipedream_impl.graph import GraphFormatError
 from workloads.base import WorkloadError
 
@@ -79,6 +80,60 @@ def run(
                     if inject_failure else None)
     summary = run_system(cfg, Progress(enabled=not quiet))
     print_summary(summary, console)
+
+
+@app.command("compare-run")
+def compare_run(
+    workload: Annotated[str, typer.Option("--workload", "-w", help="see `pipebench workloads`")],
+    workers: Annotated[int, typer.Option(help="workers of each multi-process system")] = 2,
+    systems: Annotated[str, typer.Option(help="comma-separated systems, in run order")]
+    = ",".join(DEFAULT_SYSTEMS),
+    scale: Annotated[str, typer.Option(help="tiny, small or full")] = "tiny",
+    epochs: Annotated[int | None, typer.Option(help="epoch budget (default: workload's)")]
+    = None,
+    target: Annotated[float | None, typer.Option(help="quality target")] = None,
+    data: Annotated[str | None, typer.Option(help="path of a real dataset")] = None,
+    batch_size: Annotated[int | None, typer.Option(help="global minibatch size")] = None,
+    seed: Annotated[int, typer.Option(help="random seed")] = 0,
+    threads: Annotated[int | None, typer.Option(help="torch threads per worker "
+                                                "(default cores / workers)")] = None,
+    microbatches: Annotated[int | None, typer.Option(help="flush pipelines' microbatches "
+                                                     "(default 4 x stages)")] = None,
+    max_steps: Annotated[int | None, typer.Option(help="cap on steps per epoch")] = None,
+    device: Annotated[str, typer.Option(help="auto, cpu or cuda")] = "auto",
+    experiment: Annotated[str, typer.Option(help="MLflow experiment")] = "pipebench",
+    output: Annotated[str | None, typer.Option("--output", "-o", help="write the table "
+                                               "as markdown here")] = None,
+    quiet: Annotated[bool, typer.Option(help="no progress output")] = False,
+) -> None:
+    """Run several systems on the same settings; print the paper-style comparison table."""
+    from rich.table import Table
+
+    from harness.compare import COLUMNS, compare
+    from harness.config import RunConfig
+    from harness.progress import Progress
+
+    names = tuple(s.strip() for s in systems.split(",") if s.strip())
+    base = RunConfig(system="pipedream", workload=workload, scale=scale, epochs=epochs,
+                     target=target, data=data, batch_size=batch_size, seed=seed,
+                     threads=threads, device=device, max_steps_per_epoch=max_steps,
+                     experiment=experiment, workers=workers, microbatches=microbatches)
+    cmp = compare(base, names, Progress(enabled=not quiet), " ".join(["pipebench"] +
+                                                                       sys.argv[1:]))
+    table = Table(title=f"{cmp.workload} ({cmp.scale}), {cmp.workers} workers")
+    for c in COLUMNS:
+        table.add_column(c)
+    for row in cmp.table():
+        table.add_row(*row)
+    console.print(table)
+    console.print(f"MLflow parent run {cmp.parent_run_id} (children: one run per system)")
+    if output:
+        from pathlib import Path
+
+        Path(output).write_text(cmp.markdown(" ".join(["pipebench"] + sys.argv[1:])))
+        console.print(f"wrote {output}")
+    if any(r.failed for r in cmp.rows):
+        raise typer.Exit(1)
 
 
 @app.command()

@@ -8,8 +8,12 @@ from pathlib import Path
 
 from workloads.base import SCALES, WorkloadError
 
-SYSTEMS = ("single", "pipedream", "gpipe", "model-parallel", "ddp")
+SYSTEMS = ("single", "pipedream", "gpipe", "model-parallel", "ddp", "horovod",
+           "torch-gpipe", "torch-1f1b", "deepspeed-pipe")
 PIPELINE_SYSTEMS = SYSTEMS[1:]  # all run in the shared multi-process launcher
+DATA_PARALLEL = ("ddp", "horovod")  # one stage, the whole model on every worker
+STRAIGHT = ("gpipe", "model-parallel", "torch-gpipe", "torch-1f1b", "deepspeed-pipe")
+MICROBATCHED = ("gpipe", "torch-gpipe", "torch-1f1b", "deepspeed-pipe")  # flush pipelines
 WEIGHT_MODES = ("stash", "vertical-sync", "none")
 
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from harness.config import RunConfig
+from baselines.peers import PEERS, check_peer_boundaries
+from harness.config import DATA_PARALLEL, STRAIGHT, RunConfig
 from pipedream_impl.cluster import Cluster, Level
 from pipedream_impl.plan import Plan, balanced_bounds, plan_profile
 from pipedream_impl.profiler import profile_workload
@@ -19,9 +20,10 @@ def pipeline_layout(cfg: RunConfig, workload: Workload, batch_size: int,
                     device: torch.device) -> tuple[tuple[int, ...], tuple[tuple[int, int], ...],
                                                    str]:
     """(replicas per stage, layer range per stage, how it was chosen)."""
-    if cfg.system == "ddp":  # one stage, every worker a replica of the whole model
+    if cfg.system in DATA_PARALLEL:  # one stage, every worker a replica of the whole model
         if cfg.plan or cfg.config:
-            raise WorkloadError("ddp replicates the whole model: drop --plan/--config")
+            raise WorkloadError(f"{cfg.system} replicates the whole model: drop "
+                                f"--plan/--config")
         n = len(workload.build(cfg.scale, {}).layers)
         return (cfg.workers,), ((0, n),), "data parallel (whole model on every worker)"
     if cfg.plan is not None:
@@ -32,7 +34,7 @@ def pipeline_layout(cfg: RunConfig, workload: Workload, batch_size: int,
     else:
         prof = profile_workload(workload, cfg.scale, batch_size, device, steps=3)
         config = cfg.config
-        if config is None and cfg.system in ("gpipe", "model-parallel"):
+        if config is None and cfg.system in STRAIGHT:
             config = "-".join(["1"] * cfg.workers)  # straight: these systems don't replicate
         if config is not None:
             replicas = Layout.from_config(config).replicas
@@ -44,8 +46,8 @@ def pipeline_layout(cfg: RunConfig, workload: Workload, batch_size: int,
             replicas = tuple(s.replicas for s in plan.stages)
             bounds = tuple(tuple(s.layers) for s in plan.stages)
             how = f"planned here ({plan.config}) from a local profile"
-    if cfg.system == "gpipe" and any(r != 1 for r in replicas):
-        raise WorkloadError(f"gpipe runs unreplicated stages; got config "
+    if cfg.system in STRAIGHT and any(r != 1 for r in replicas):
+        raise WorkloadError(f"{cfg.system} runs unreplicated stages; got config "
                             f"{'-'.join(map(str, replicas))}")
     if sum(replicas) != cfg.workers:
         raise WorkloadError(f"the layout {'-'.join(map(str, replicas))} needs "
@@ -55,4 +57,6 @@ def pipeline_layout(cfg: RunConfig, workload: Workload, batch_size: int,
         raise WorkloadError(f"plan covers {bounds[-1][1]} layers, {workload.name}/{cfg.scale} "
                             f"has {len(model.layers)}: was it made for another workload?")
     check_ties(model, bounds)
+    if cfg.system in PEERS:
+        check_peer_boundaries(cfg.system, workload, cfg.scale, bounds, batch_size)
     return replicas, bounds, how

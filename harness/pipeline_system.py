@@ -78,20 +78,30 @@ class PipelineTrainer:
                                 f"size {self.batch_size}")
         self.model = workload.build(cfg.scale, {**splits.train.meta, "init_seed": cfg.seed})
         self.metrics = PipelineMetrics()
-        n = sum(replicas)
         init = f"tcp://127.0.0.1:{free_port()}"
-        ctx = mp.get_context("spawn")
-        self.results = ctx.Queue()
-        self.controls = [ctx.Queue() for _ in range(n)]
-        self.procs = []
-        for rank in range(n):
-            ws = WorkerSpec(rank, replicas, bounds, workload.name, cfg.scale, cfg.seed,
+        specs = [WorkerSpec(rank, replicas, bounds, workload.name, cfg.scale, cfg.seed,
                             self.batch_size, cfg.lr, weights, in_flight, cfg.data,
                             cfg.max_steps_per_epoch, init, timeout_s, cfg.threads_per_worker(),
                             device.type, fail_at, schedule=schedule,
                             microbatches=microbatches, recompute=recompute,
                             executor=executor)
-            p = ctx.Process(target=worker_main, args=(ws, self.controls[rank], self.results),
+                 for rank in range(sum(replicas))]
+        self.names = [f"rank {r}" for r in range(len(specs))]
+        self._start(specs)
+
+    def _start(self, specs: list[WorkerSpec]) -> None:
+        """One spawned process per rank; ``controls[rank]``/``results`` are its queues.
+
+        A subclass may start workers another way (``baselines.horovod`` uses horovodrun):
+        it sets ``procs`` (handles with exitcode/is_alive/kill/join, named by ``names``),
+        ``controls`` (``put``) and ``results`` (``get(timeout)`` raising ``queue.Empty``).
+        """
+        ctx = mp.get_context("spawn")
+        self.results = ctx.Queue()
+        self.controls = [ctx.Queue() for _ in specs]
+        self.procs = []
+        for ws in specs:
+            p = ctx.Process(target=worker_main, args=(ws, self.controls[ws.rank], self.results),
                             daemon=True)
             p.start()
             self.procs.append(p)
@@ -100,11 +110,11 @@ class PipelineTrainer:
         # No overall deadline: an epoch may take hours at full scale. Workers bound every
         # wait themselves (comm timeouts), and a dead worker shows up as an exit code.
         reports: dict[int, EpochReport] = {}
-        while len(reports) < len(self.procs):
+        while len(reports) < len(self.controls):
             try:
                 kind, rank, payload = self.results.get(timeout=0.5)
             except queue.Empty:
-                dead = [(r, p.exitcode) for r, p in enumerate(self.procs)
+                dead = [(self.names[i], p.exitcode) for i, p in enumerate(self.procs)
                         if p.exitcode not in (None, 0)]
                 if dead:
                     self._drain_errors_and_fail(dead)
@@ -112,9 +122,9 @@ class PipelineTrainer:
             if kind == "error":
                 self._fail(f"worker rank {rank} failed:\n{payload}")
             reports[rank] = payload
-        return [reports[r] for r in range(len(self.procs))]
+        return [reports[r] for r in range(len(self.controls))]
 
-    def _drain_errors_and_fail(self, dead: list[tuple[int, int]]) -> None:
+    def _drain_errors_and_fail(self, dead: list[tuple[str, int]]) -> None:
         try:
             while True:
                 kind, rank, payload = self.results.get(timeout=1.0)
@@ -122,7 +132,7 @@ class PipelineTrainer:
                     self._fail(f"worker rank {rank} failed:\n{payload}")
         except queue.Empty:
             pass
-        what = ", ".join(f"rank {r} exit code {c}" for r, c in dead)
+        what = ", ".join(f"{r} exit code {c}" for r, c in dead)
         self._fail(f"pipeline workers stopped: {what}")
 
     def _fail(self, message: str) -> None:

@@ -8,7 +8,7 @@ import time
 import torch
 
 from harness import tracking
-from harness.config import PIPELINE_SYSTEMS, RunConfig
+from harness.config import DATA_PARALLEL, MICROBATCHED, PIPELINE_SYSTEMS, RunConfig
 from harness.progress import Progress
 from harness.training import (
     EpochStats,
@@ -22,7 +22,10 @@ from workloads.base import count_parameters
 from workloads.recipe import load_splits, peak_memory_bytes
 
 
-def run(cfg: RunConfig, progress: Progress | None = None) -> RunSummary:
+def run(cfg: RunConfig, progress: Progress | None = None,
+        parent_run_id: str | None = None) -> RunSummary:
+    """Train ``cfg.system`` on ``cfg.workload`` as one MLflow run (a child of
+    ``parent_run_id`` when given: ``compare-run``)."""
     progress = progress or Progress()
     workload = registry.get(cfg.workload)
     spec = workload.spec(cfg.scale)
@@ -42,35 +45,20 @@ def run(cfg: RunConfig, progress: Progress | None = None) -> RunSummary:
     layout_params: dict = {}
     if cfg.system in PIPELINE_SYSTEMS:
         from harness.layout import pipeline_layout
-        from harness.pipeline_system import PipelineTrainer
 
         replicas, bounds, how = pipeline_layout(cfg, workload, batch_size, device)
         progress.note(f"pipeline {'-'.join(map(str, replicas))} on {cfg.workers} workers, "
                       f"layers {list(bounds)}: {how}")
-        gpipe, ddp = cfg.system == "gpipe", cfg.system == "ddp"
-        # ddp: each rank's slice of a global minibatch counts as one of W "microbatches"
-        micro = (cfg.microbatches or 4 * len(replicas)) if gpipe else (
-            cfg.workers if ddp else 1)
-        in_flight = 1 if cfg.system == "model-parallel" else cfg.in_flight
-        trainer = PipelineTrainer(cfg, workload, splits, replicas, bounds, cfg.weights,
-                                  in_flight, device, progress, cfg.timeout_s, cfg.fail_at,
-                                  "gpipe" if gpipe else "1f1b", micro, cfg.recompute,
-                                  "baselines.ddp:DDPExecutor" if ddp
-                                  else "pipedream_impl.runtime:StageExecutor")
-        layout_params = {"config": "-".join(map(str, replicas)), "stages": list(bounds),
-                         "layout_source": how}
-        if gpipe:
-            layout_params.update(microbatches=micro, recompute=cfg.recompute)
-        elif ddp:
-            layout_params.update(per_worker_batch=batch_size // cfg.workers,
-                                 gradient_sync="DDP all-reduce (average), default buckets")
-        else:
-            layout_params.update(weights=cfg.weights, in_flight=in_flight or "noam")
+        trainer, layout_params = _pipeline_trainer(cfg, workload, splits, replicas, bounds,
+                                                   device, progress, batch_size)
+        layout_params.update(config="-".join(map(str, replicas)), stages=list(bounds),
+                             layout_source=how)
     else:
         trainer = SingleTrainer(cfg, workload, splits, device, progress)
 
     run_name = f"{cfg.system}-{workload.name}-{cfg.scale}-w{cfg.workers}-s{cfg.seed}"
-    with tracking.tracked_run(cfg.experiment, run_name, tags=cfg.tags) as tracker:
+    with tracking.tracked_run(cfg.experiment, run_name, tags=cfg.tags,
+                              parent_run_id=parent_run_id) as tracker:
         tracker.params({
             "system": cfg.system, "workload": workload.name, "scale": cfg.scale,
             "batch_size": batch_size, "global_batch_size": batch_size,
@@ -102,8 +90,9 @@ def run(cfg: RunConfig, progress: Progress | None = None) -> RunSummary:
             for r in m.busy:
                 busy, idle = m.busy[r], m.idle[r]
                 extra[f"busy_s_worker_{r}"] = busy
-                extra[f"idle_s_worker_{r}"] = idle
-                extra[f"bubble_fraction_worker_{r}"] = idle / max(1e-12, busy + idle)
+                if cfg.system in OWN_RUNTIME:  # the others do not expose their idle time
+                    extra[f"idle_s_worker_{r}"] = idle
+                    extra[f"bubble_fraction_worker_{r}"] = idle / max(1e-12, busy + idle)
                 extra[f"stash_weight_bytes_worker_{r}"] = m.stash_weights[r]
                 extra[f"stash_activation_bytes_worker_{r}"] = m.stash_activations[r]
             for (a, b), n in m.links.items():
@@ -124,4 +113,53 @@ def run(cfg: RunConfig, progress: Progress | None = None) -> RunSummary:
             final["time_to_target_s"] = summary.time_to_target_s
             final["epochs_to_target"] = summary.epochs_to_target
         tracker.metrics(final)
+        summary.final_metrics, summary.layout_params = final, layout_params
     return summary
+
+
+OWN_RUNTIME = ("pipedream", "gpipe", "model-parallel")  # idle time measured per action
+EXECUTORS = {"ddp": "baselines.ddp:DDPExecutor", "horovod": "baselines.horovod:HorovodExecutor",
+             "torch-gpipe": "baselines.peers:TorchPipeExecutor",
+             "torch-1f1b": "baselines.peers:TorchPipeExecutor",
+             "deepspeed-pipe": "baselines.peers:DeepSpeedPipeExecutor"}
+PEER_SCHEDULES = {"torch-gpipe": "GPipe (torch.distributed.pipelining.ScheduleGPipe)",
+                  "torch-1f1b": "1F1B with flush (torch.distributed.pipelining.Schedule1F1B)",
+                  "deepspeed-pipe": "1F1B with flush (DeepSpeed PipelineEngine)"}
+
+
+def _pipeline_trainer(cfg: RunConfig, workload, splits, replicas, bounds,  # noqa: ANN001
+                      device: torch.device, progress: Progress, batch_size: int):  # noqa: ANN202
+    """The launcher and executor for a multi-process system, and its system-specific params."""
+    from harness.pipeline_system import PipelineTrainer
+
+    system = cfg.system
+    params: dict = {}
+    trainer_cls = PipelineTrainer
+    if system in MICROBATCHED:
+        micro = cfg.microbatches or 4 * len(replicas)
+        params.update(microbatches=micro, microbatch_size=batch_size // max(1, micro))
+        if system == "gpipe":
+            params["recompute"] = cfg.recompute
+        else:
+            params["peer_schedule"] = PEER_SCHEDULES[system]
+    elif system in DATA_PARALLEL:
+        micro = cfg.workers  # each rank's slice of a global minibatch counts as one of W
+        params["per_worker_batch"] = batch_size // cfg.workers
+        if system == "horovod":
+            from baselines.horovod import HOROVOD_PARAMS, HorovodTrainer
+
+            trainer_cls = HorovodTrainer
+            params.update(HOROVOD_PARAMS)
+        else:
+            params["gradient_sync"] = "DDP all-reduce (average), default buckets"
+    else:
+        micro = 1
+    in_flight = 1 if system == "model-parallel" else cfg.in_flight
+    if system in ("pipedream", "model-parallel"):
+        params.update(weights=cfg.weights, in_flight=in_flight or "noam")
+    schedule = "gpipe" if system in ("gpipe", "torch-gpipe") else "1f1b"
+    trainer = trainer_cls(cfg, workload, splits, replicas, bounds, cfg.weights, in_flight,
+                          device, progress, cfg.timeout_s, cfg.fail_at, schedule, micro,
+                          cfg.recompute,
+                          EXECUTORS.get(system, "pipedream_impl.runtime:StageExecutor"))
+    return trainer, params

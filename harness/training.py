@@ -58,6 +58,8 @@ class RunSummary:
     run_id: str | None = None
     tracking_uri: str | None = None
     data_description: str = ""
+    final_metrics: dict[str, float] = field(default_factory=dict)  # as logged to MLflow
+    layout_params: dict = field(default_factory=dict)  # config, stages, ... (multi-process)
 
     @property
     def reached(self) -> bool:

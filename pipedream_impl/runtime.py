@@ -114,12 +114,14 @@ def _run(spec: WorkerSpec, control, results) -> None:  # noqa: ANN001
         device = torch.device(f"cuda:{spec.local_rank % max(1, torch.cuda.device_count())}")
         torch.cuda.set_device(device)
     layout = Layout(spec.replicas)
-    dist.init_process_group("nccl" if device.type == "cuda" else "gloo",
-                            init_method=spec.init_method, rank=spec.rank,
-                            world_size=layout.workers,
-                            timeout=datetime.timedelta(seconds=spec.timeout_s))
     module_name, cls_name = spec.executor.split(":")
-    executor = getattr(importlib.import_module(module_name), cls_name)(spec, layout, device)
+    executor_cls = getattr(importlib.import_module(module_name), cls_name)
+    if getattr(executor_cls, "torch_distributed", True):  # Horovod brings its own
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo",
+                                init_method=spec.init_method, rank=spec.rank,
+                                world_size=layout.workers,
+                                timeout=datetime.timedelta(seconds=spec.timeout_s))
+    executor = executor_cls(spec, layout, device)
     while True:  # between epochs the launcher evaluates: wait long, but not forever (a
         # worker whose launcher was killed must not linger)
         msg = control.get(timeout=max(3600.0, 4 * spec.timeout_s))
@@ -133,13 +135,13 @@ class StageExecutor:
 
     def __init__(self, spec: WorkerSpec, layout: Layout, device: torch.device) -> None:
         self.spec, self.layout, self.device = spec, layout, device
-        self.comm = Comm(spec.rank, device, spec.timeout_s)
+        self.wl = registry.get(spec.workload)
+        self.comm = Comm(spec.rank, device, spec.timeout_s, self.wl.static_shapes)
         for s, r in enumerate(layout.replicas):  # every rank creates every group, same order
             if r > 1:
                 self.comm.group(tuple(layout.rank(s, i) for i in range(r)))
         self.stage, self.replica = layout.stage_of(spec.rank)
         self.last = self.stage == len(layout.replicas) - 1
-        self.wl = registry.get(spec.workload)
         self.scale_spec = self.wl.spec(spec.scale)
         self.splits = load_splits(self.wl, spec.scale, spec.data, spec.seed)
         full = self.wl.build(spec.scale, {**self.splits.train.meta, "init_seed": spec.seed})
@@ -174,8 +176,10 @@ class StageExecutor:
         torch.manual_seed(self.spec.seed * 7919 + epoch * 131 + self.spec.rank)
         self.base = self.store.version  # schedule versions count from the epoch's start
         self.future_f = [self.base + v for v in _future_versions(acts)]
+        self.direct = _direct_forwards(acts)
         self.inflight: dict[int, dict] = {}
-        self.grads: list[Tensor] | None = None  # summed over a minibatch's microbatches
+        self.grads: list[Tensor] | None = None  # gathered at A/U, summed over microbatches
+        self.pending: dict[int, dict] = {}  # snapshots holding not yet gathered gradients
         self.act_bytes_peak = 0
         for pos, act in enumerate(acts):
             t0 = time.perf_counter()
@@ -213,8 +217,24 @@ class StageExecutor:
         self.inflight[act.mb]["g"] = self.comm.recv(act.peer, "B")
         return True
 
+    def _gather_grads(self) -> list[Tensor]:
+        """The gradients accumulated since the last update: on the snapshots the backwards
+        used (stash/vertical sync) or on the module itself (naive, recompute)."""
+        if self.grads is None:
+            snaps = list(self.pending.values())
+            if snaps and all(p.grad is None for p in self.params):
+                self.grads = self.store.take_grads(snaps.pop())
+            else:  # naive/recompute and direct forwards accumulate on the module
+                self.grads = [p.grad if p.grad is not None else torch.zeros_like(p)
+                              for p in self.params]
+            for snap in snaps:
+                for g, new in zip(self.grads, self.store.take_grads(snap), strict=True):
+                    g += new
+            self.pending = {}
+        return self.grads
+
     def _allreduce(self, act: Action, pos: int) -> bool:
-        self.comm.allreduce_mean(self.grads, self.replica_ranks)
+        self.comm.allreduce_mean(self._gather_grads(), self.replica_ranks)
         return True
 
     def _forward(self, act: Action, pos: int) -> bool:
@@ -227,6 +247,8 @@ class StageExecutor:
         if self.naive:
             with torch.no_grad():
                 out = self.module(rec["x"])
+        elif pos in self.direct and self.base + act.version == self.store.version:
+            out = self.module(rec["x"])  # current weights, unchanged until its backward
         else:
             rec["snap"] = self.store.params(self.base + act.version)
             out = functional_call(self.module, rec["snap"], (rec["x"],))
@@ -258,14 +280,8 @@ class StageExecutor:
             floats = [o for o in roots if o.is_floating_point()]
             pairs = [(o, g) for o, g in zip(floats, rec["g"], strict=True) if o.requires_grad]
             torch.autograd.backward([o for o, _ in pairs], [g for _, g in pairs])
-        if self.naive:
-            new = [p.grad.clone() if p.grad is not None else torch.zeros_like(p)
-                   for p in self.params]
-            self.module.zero_grad(set_to_none=True)
-        else:
-            new = self.store.take_grads(rec["snap"])
-        self.grads = new if self.grads is None else [a + b for a, b in zip(self.grads, new,
-                                                                           strict=True)]
+        if "snap" in rec:  # gradients accumulate on the snapshot until A/U reads them
+            self.pending[id(rec["snap"])] = rec["snap"]
         if self.stage == 0:
             del self.inflight[act.mb]  # nothing to send back
         return False
@@ -277,7 +293,7 @@ class StageExecutor:
         return False
 
     def _update(self, act: Action, pos: int) -> bool:
-        for p, g in zip(self.params, self.grads, strict=True):
+        for p, g in zip(self.params, self._gather_grads(), strict=True):
             p.grad = g
         if self.scale_spec.grad_clip is not None:
             torch.nn.utils.clip_grad_norm_(self.params, self.scale_spec.grad_clip)
@@ -298,6 +314,22 @@ def _future_versions(acts) -> list[int]:  # noqa: ANN001
         if acts[i].kind == "F":
             oldest = min(oldest, acts[i].version)
     return out
+
+
+def _direct_forwards(acts) -> set[int]:  # noqa: ANN001
+    """Positions of forwards with no update before their backward: when such a forward
+    uses the current weights it can run on the module itself (no snapshot, no
+    functional_call), since those weights are still current at its backward."""
+    direct, open_f = set(), {}
+    for i, a in enumerate(acts):
+        if a.kind == "F":
+            open_f[a.mb] = i
+            direct.add(i)
+        elif a.kind == "B":
+            open_f.pop(a.mb, None)
+        elif a.kind == "U":
+            direct -= set(open_f.values())
+    return direct
 
 
 def _held_bytes(inflight: dict) -> int:

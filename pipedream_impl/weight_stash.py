@@ -54,7 +54,7 @@ class WeightStore:
         grads = []
         for n in self.names:
             t = snap[n]
-            grads.append(t.grad.clone() if t.grad is not None else t.new_zeros(t.shape))
+            grads.append(t.grad if t.grad is not None else t.new_zeros(t.shape))
             t.grad = None
         return grads
 

@@ -201,6 +201,9 @@ class Workload:
     default_data_name: str
     real_data_name: str
     published_parameters: int | None = None  # at scale "full", for the tests
+    # every minibatch (and so every inter-stage tensor) has the same shapes: the runtime
+    # then sends each link's shape header once instead of with every message
+    static_shapes: bool = False
 
     def spec(self, scale: str) -> ScaleSpec:
         if scale not in self.scales:

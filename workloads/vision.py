@@ -162,7 +162,7 @@ def _image_workload(name: str, description: str, scales: dict[str, ScaleSpec],
         default_data=_default(sizes), load_data=_real(sizes),
         default_data_name="sklearn digits, upsampled (no download)",
         real_data_name="ImageFolder (ImageNet) or CIFAR-10 binaries",
-        published_parameters=published)
+        published_parameters=published, static_shapes=True)
 
 
 
