@@ -8,8 +8,11 @@ PY := $(VENV)/bin/python
 install:
 	@./scripts/bootstrap.sh
 
+# every system side by side, 2 workers x 1 thread, tables also written to results/demo/
 demo: install
-	$(VENV)/bin/pipebench run --system single --workload vgg16 --scale tiny
+	@mkdir -p results/demo
+	$(VENV)/bin/pipebench compare-run --workload vgg16 --workers 2 --threads 1 -o results/demo/compare-vgg16-tiny.md
+	$(VENV)/bin/pipebench compare-run --workload gnmt8 --workers 2 --threads 1 -o results/demo/compare-gnmt8-tiny.md
 
 test: install
 	$(VENV)/bin/ruff check .

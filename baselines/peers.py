@@ -56,19 +56,22 @@ class EngineStage(nn.Module):
     def __init__(self, inner: nn.Module, star: bool, first: bool, last: bool) -> None:
         super().__init__()
         self.inner, self.star, self.first, self.last = inner, star, first, last
-        self.sent_forward = 0
-        self.sent_backward = 0
+        self.calls: list[tuple[int, int]] = []  # (bytes sent forward, sent back) per call
 
     def forward(self, *args):  # noqa: ANN002, ANN201
         inputs = tuple(args) if self.star else _tup(args[0])
-        if not self.first:
-            for t in inputs:
-                if t.is_floating_point() and t.requires_grad:
-                    self.sent_backward += t.numel() * t.element_size()
+        back = 0 if self.first else sum(t.numel() * t.element_size() for t in inputs
+                                        if t.is_floating_point() and t.requires_grad)
         out = self.inner(inputs)
-        if not self.last:
-            self.sent_forward += sum(t.numel() * t.element_size() for t in out)
+        fwd = 0 if self.last else sum(t.numel() * t.element_size() for t in out)
+        self.calls.append((fwd, back))
         return out[0] if len(out) == 1 else out
+
+    def sent(self, microbatches: int) -> tuple[int, int]:
+        """Bytes of the last ``microbatches`` calls: the training forwards (an engine may
+        first run a forward of its own to infer shapes; nothing is sent for it)."""
+        real = self.calls[len(self.calls) - microbatches:] if microbatches else []
+        return sum(f for f, _ in real), sum(b for _, b in real)
 
 
 def check_peer_boundaries(system: str, workload: Workload, scale: str,
@@ -110,6 +113,7 @@ class PeerExecutor:
         n = len(self.splits.train) // spec.batch_size
         self.n_steps = n if spec.max_steps is None else min(n, spec.max_steps)
         self.m = spec.microbatches
+        self.done = 0  # microbatches trained so far
         self._build(full)
 
     def _build(self, full: nn.Module) -> None:
@@ -143,11 +147,13 @@ class PeerExecutor:
                     report.warm_done_at = time.time()
         report.end_at = time.time()
         r = self.spec.rank
+        self.done += self.n_steps * self.m
+        fwd, back = self.module.sent(self.done)
         report.payload = {}
         if not self.last:
-            report.payload[(r, r + 1)] = self.module.sent_forward
+            report.payload[(r, r + 1)] = fwd
         if not self.first:
-            report.payload[(r, r - 1)] = self.module.sent_backward
+            report.payload[(r, r - 1)] = back
         report.peak_memory = peak_memory_bytes(self.device)
         report.state = {k: v.detach().cpu().clone()
                         for k, v in self.module.inner.state_dict().items()}

@@ -11,6 +11,7 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
+from harness.bench import BENCH_SYSTEMS
 from harness.compare import DEFAULT_SYSTEMS
 from pipedream_impl.graph import GraphFormatError
 from workloads.base import WorkloadError
@@ -125,7 +126,7 @@ def compare_run(
         table.add_column(c)
     for row in cmp.table():
         table.add_row(*row)
-    console.print(table)
+    Console(width=max(console.width, 180)).print(table)  # 11 columns: wider than 80
     console.print(f"MLflow parent run {cmp.parent_run_id} (children: one run per system)")
     if output:
         from pathlib import Path
@@ -134,6 +135,48 @@ def compare_run(
         console.print(f"wrote {output}")
     if any(r.failed for r in cmp.rows):
         raise typer.Exit(1)
+
+
+@app.command()
+def bench(
+    workload: Annotated[str, typer.Option("--workload", "-w", help="see `pipebench workloads`")]
+    = "vgg16",
+    workers: Annotated[int, typer.Option(help="workers (stages of the straight split)")] = 2,
+    systems: Annotated[str, typer.Option(help="comma-separated systems")]
+    = ",".join(BENCH_SYSTEMS),
+    scale: Annotated[str, typer.Option(help="tiny, small or full")] = "tiny",
+    steps: Annotated[int, typer.Option(help="flush minibatches per epoch (others: x M)")]
+    = 12,
+    epochs: Annotated[int, typer.Option(help="epochs (throughput: median)")] = 5,
+    batch_size: Annotated[int | None, typer.Option(help="microbatch size b (default: the "
+                                                   "workload's batch size)")] = None,
+    microbatches: Annotated[int | None, typer.Option(help="flush pipelines' microbatches "
+                                                     "(default 4 x stages)")] = None,
+    threads: Annotated[int, typer.Option(help="torch threads per worker")] = 1,
+    device: Annotated[str, typer.Option(help="auto, cpu or cuda")] = "auto",
+    experiment: Annotated[str, typer.Option(help="MLflow experiment")] = "pipebench-bench",
+    output: Annotated[str | None, typer.Option("--output", "-o", help="markdown file")]
+    = None,
+    quiet: Annotated[bool, typer.Option(help="no progress output")] = False,
+) -> None:
+    """Throughput of every system at equal microbatch size on one split (recorded, not
+    asserted)."""
+    from harness import bench as bench_lib
+    from harness.config import RunConfig
+    from harness.progress import Progress
+
+    base = RunConfig(system="pipedream", workload=workload, scale=scale, epochs=epochs,
+                     batch_size=batch_size, threads=threads, device=device,
+                     experiment=experiment, workers=workers, microbatches=microbatches)
+    names = tuple(s.strip() for s in systems.split(",") if s.strip())
+    rows = bench_lib.bench(base, names, steps, Progress(enabled=not quiet))
+    text = bench_lib.markdown(rows, base, " ".join(["pipebench"] + sys.argv[1:]))
+    console.print(text)
+    if output:
+        from pathlib import Path
+
+        Path(output).write_text(text)
+        console.print(f"wrote {output}")
 
 
 @app.command()

@@ -228,20 +228,45 @@ def gpipe(layout: Layout, minibatches: int, microbatches: int) -> Schedule:
     return sched
 
 
-def simulate(sched: Schedule, ticks: dict[str, int] | None = None) \
-        -> list[list[tuple[int, int, Action]]]:
+class TickCosts:
+    """The schedule grid's illustrative costs: forward 1 tick, backward 2, the rest free.
+
+    A cost model answers three questions (``harness.simulator.ClusterCosts`` answers them
+    from a profile and a cluster): how long a rank's compute action takes, when a message
+    sent at ``t`` arrives, and how long an all-reduce among a stage's replicas takes.
+    """
+
+    def __init__(self, ticks: dict[str, int] | None = None) -> None:
+        self.ticks = ticks or {"F": 1, "B": 2}
+
+    def compute(self, rank: int, a: Action) -> float:
+        return self.ticks.get(a.kind, 0)
+
+    def arrival(self, src: int, dst: int, a: Action, t: float) -> float:
+        return t
+
+    def allreduce(self, stage: int, ranks: tuple[int, ...], t: float) -> float:
+        return 0
+
+
+def simulate(sched: Schedule, ticks: dict[str, int] | None = None, costs=None) \
+        -> list[list[tuple[float, float, Action]]]:  # noqa: ANN001 - any cost model
     """Run every worker's list with blocking receives and all-reduce barriers.
 
-    Returns, per rank, (start, end, action) of its compute actions (F, B). Raises
-    ScheduleError on a deadlock or a receive that does not match the oldest pending send.
+    The one event engine for schedules: the validator and grid use ``TickCosts``; the
+    cluster simulator passes its own cost model. Sends are asynchronous (the sender goes
+    on; the message arrives when the cost model says), receives block until arrival, an
+    all-reduce starts when the last replica reaches it. Returns, per rank, (start, end,
+    action) of its F, B, A and U actions. Raises ScheduleError on a deadlock or a receive
+    that does not match the oldest pending send.
     """
-    ticks = ticks or {"F": 1, "B": 2}
+    costs = costs or TickCosts(ticks)
     n = sched.layout.workers
     pc = [0] * n
     clock = [0] * n
-    channels: dict[tuple[int, int, str], list[tuple[int, int]]] = {}
-    allreduce_wait: dict[tuple[int, int], dict[int, int]] = {}
-    timeline: list[list[tuple[int, int, Action]]] = [[] for _ in range(n)]
+    channels: dict[tuple[int, int, str], list[tuple[int, float]]] = {}
+    allreduce_wait: dict[tuple[int, int], dict[int, float]] = {}
+    timeline: list[list[tuple[float, float, Action]]] = [[] for _ in range(n)]
     progress = True
     while progress:
         progress = False
@@ -250,27 +275,31 @@ def simulate(sched: Schedule, ticks: dict[str, int] | None = None) \
             while pc[rank] < len(acts):
                 a = acts[pc[rank]]
                 if a.kind in ("SF", "SB"):
-                    channels.setdefault((rank, a.peer, a.kind[1]), []).append((a.mb, clock[rank]))
+                    channels.setdefault((rank, a.peer, a.kind[1]), []).append(
+                        (a.mb, costs.arrival(rank, a.peer, a, clock[rank])))
                 elif a.kind in ("RF", "RB"):
                     q = channels.get((a.peer, rank, a.kind[1]), [])
                     if not q:
                         break
-                    mb, sent_at = q[0]
+                    mb, arrives = q[0]
                     if mb != a.mb:
                         raise ScheduleError(f"rank {rank} expects {a} but the next message "
                                             f"from rank {a.peer} is minibatch {mb}")
                     q.pop(0)
-                    clock[rank] = max(clock[rank], sent_at)
+                    clock[rank] = max(clock[rank], arrives)
                 elif a.kind == "A":  # a barrier among the stage's replicas
                     s, _ = sched.layout.stage_of(rank)
                     arrivals = allreduce_wait.setdefault((s, a.mb), {})
                     arrivals[rank] = clock[rank]
                     if len(arrivals) < sched.layout.replicas[s]:
                         break
-                    clock[rank] = max(arrivals.values())
-                elif a.kind in ("F", "B"):
+                    ranks = tuple(sorted(arrivals))
+                    start = max(arrivals.values())
+                    clock[rank] = start + costs.allreduce(s, ranks, start)
+                    timeline[rank].append((arrivals[rank], clock[rank], a))
+                elif a.kind in ("F", "B", "U"):
                     start = clock[rank]
-                    clock[rank] += ticks[a.kind]
+                    clock[rank] += costs.compute(rank, a)
                     timeline[rank].append((start, clock[rank], a))
                 pc[rank] += 1
                 progress = True
@@ -324,7 +353,7 @@ def validate(sched: Schedule) -> None:
 
 def grid(sched: Schedule) -> str:
     """Worker x time table: F one tick, B two; '.' idle."""
-    timeline = simulate(sched)
+    timeline = [[x for x in row if x[2].kind in ("F", "B")] for row in simulate(sched)]
     end = max((e for row in timeline for _, e, _ in row), default=0)
     width = max(3, len(str(sched.units)) + 2)
     lines = ["time".ljust(8) + "".join(str(t).ljust(width) for t in range(end))]

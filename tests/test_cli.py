@@ -199,3 +199,40 @@ def test_a_worker_failure_fails_the_run_and_the_mlflow_run(mlflow_uri: str) -> N
     run = client.search_runs([client.get_experiment_by_name("pipe-fail").experiment_id])[0]
     assert run.info.status == "FAILED"
     assert run.data.params["system"] == "pipedream"  # what was logged before the failure
+
+
+def test_compare_run_is_a_parent_run_with_one_child_per_system(mlflow_uri: str,
+                                                                tmp_path: Path) -> None:
+    import mlflow
+
+    out = tmp_path / "cmp.md"
+    systems = ["single", "gpipe", "horovod", "ddp", "torch-1f1b"]
+    r = _run(["compare-run", "--workload", "vgg16", "--workers", "2", "--epochs", "1",
+              "--max-steps", "6", "--systems", ",".join(systems), "--experiment", "cmp",
+              "--quiet", "-o", str(out)], env_uri=mlflow_uri)
+    assert r.returncode == 0, r.stderr
+    client = mlflow.MlflowClient(tracking_uri=mlflow_uri)
+    runs = client.search_runs([client.get_experiment_by_name("cmp").experiment_id])
+    parent = next(x for x in runs if x.data.params.get("kind") == "comparison")
+    children = [x for x in runs if x.data.tags.get("mlflow.parentRunId") == parent.info.run_id]
+    assert sorted(c.data.params["system"] for c in children) == sorted(systems)
+    by = {c.data.params["system"]: c for c in children}
+    # the flush pipeline ran the straight plan; both data-parallel systems reduce the same
+    # gradients, so their bytes per sample are equal; single sends nothing
+    assert by["gpipe"].data.params["config"] == "1-1"
+    dp = [by[s].data.metrics["bytes_communicated_per_sample"] for s in ("horovod", "ddp")]
+    assert dp[0] == dp[1] > 0
+    assert by["single"].data.metrics["bytes_communicated_per_sample"] == 0
+    assert by["single"].data.params["threads"] == "2"  # the whole thread budget
+    table = out.read_text()
+    assert table.count("\n| ") == len(systems) + 1  # header + one row per system
+    gp = by["gpipe"].data.metrics
+    assert "| gpipe | 1-1 | " in table and f"{gp['throughput_samples_per_s']:.0f}" in table
+
+
+def test_compare_run_says_why_a_peer_cannot_run_a_workload(mlflow_uri: str) -> None:
+    r = _run(["compare-run", "--workload", "gnmt8", "--workers", "2", "--epochs", "1",
+              "--max-steps", "2", "--systems", "torch-gpipe", "--experiment", "cmp2",
+              "--quiet", "-o", "/dev/stdout"], env_uri=mlflow_uri)
+    assert r.returncode == 0, r.stderr
+    assert "n/a: torch-gpipe cannot run gnmt8" in r.stdout

@@ -20,12 +20,16 @@ from workloads.base import Batch, Dataset, DataSplits, ScaleSpec, Workload
 def make_optimizer(spec: ScaleSpec, params: Iterator[nn.Parameter] | list,
                    lr: float | None = None) -> torch.optim.Optimizer:
     lr = spec.lr if lr is None else lr
+    # foreach (multi-tensor) kernels on every device: torch picks them only on CUDA by
+    # default, and the per-tensor loop costs systems that step often (PipeDream steps per
+    # minibatch) far more on the CPU than those that step per flush
     if spec.optimizer == "adam":
-        return torch.optim.Adam(params, lr=lr, weight_decay=spec.weight_decay)
+        return torch.optim.Adam(params, lr=lr, weight_decay=spec.weight_decay, foreach=True)
     if spec.optimizer == "sgd":
-        return torch.optim.SGD(params, lr=lr, momentum=0.9, weight_decay=spec.weight_decay)
+        return torch.optim.SGD(params, lr=lr, momentum=0.9, weight_decay=spec.weight_decay,
+                               foreach=True)
     if spec.optimizer == "sgd-plain":
-        return torch.optim.SGD(params, lr=lr, weight_decay=spec.weight_decay)
+        return torch.optim.SGD(params, lr=lr, weight_decay=spec.weight_decay, foreach=True)
     raise ValueError(f"unknown optimizer {spec.optimizer!r}")
 
 

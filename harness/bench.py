@@ -1,0 +1,136 @@
+"""``pipebench bench``: throughput of every system on one stage split, at equal microbatch
+size, relative to one worker with the same thread budget. A benchmark, not a test: its
+output is recorded (results/throughput-*.md), its targets are reported, never asserted.
+
+Settings: every pipeline runs the planner's straight split of one local profile (the
+same layer ranges for pipedream, gpipe, model-parallel and the peers). PipeDream and
+model parallelism process minibatches of ``b`` samples (the workload's batch size unless
+``--batch-size``); the flush pipelines (gpipe, torch-gpipe, torch-1f1b, deepspeed-pipe)
+process minibatches of ``M x b`` split into M microbatches of ``b``, so every pipeline
+moves units of the same size; data parallelism (horovod, ddp) and ``single`` use global
+minibatches of ``b``. Every system trains the same samples per epoch: K flush minibatches
+(K = ``--steps``, at most what the training set holds) or K x M minibatches of ``b``, for
+``--epochs`` epochs; throughput is the median over epochs, warm-up steps excluded.
+
+Targets (from the baselines issue): our gpipe >= 0.95x torch-gpipe; pipedream faster than
+every flush-based pipeline.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from harness import tracking
+from harness.compare import shared_plans
+from harness.config import DATA_PARALLEL, MICROBATCHED, RunConfig
+from harness.progress import Progress
+from workloads import registry
+from workloads.base import WorkloadError
+from workloads.recipe import load_splits
+
+BENCH_SYSTEMS = ("single", "pipedream", "gpipe", "model-parallel", "torch-gpipe",
+                 "torch-1f1b", "deepspeed-pipe", "horovod", "ddp")
+
+
+@dataclass
+class BenchRow:
+    system: str
+    config: str = ""
+    batch: int = 0
+    microbatch: int = 0
+    samples_per_s: float = float("nan")
+    note: str = ""
+
+
+def bench(base: RunConfig, systems: tuple[str, ...], steps: int, progress: Progress) \
+        -> list[BenchRow]:
+    from harness.pipeline_system import PipelineFailure
+    from harness.runner import run
+
+    wl = registry.get(base.workload)
+    spec = wl.spec(base.scale)
+    b = base.batch_size or spec.batch_size
+    impossible = 1e9 if wl.higher_is_better else -1e9  # never stop early
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="pipebench-bench-") as tmp, \
+            tracking.tracked_run(base.experiment, f"bench-{wl.name}-{base.scale}-"
+                                 f"w{base.workers}") as parent:
+        plan = shared_plans(base, Path(tmp))["straight"]
+        stages = len(json.loads(Path(plan).read_text())["stages"])
+        m = base.microbatches or 4 * stages
+        parent.params({"kind": "bench", "workload": wl.name, "scale": base.scale,
+                       "workers": base.workers, "steps": steps, "microbatch": b,
+                       "microbatches": m, "git_sha": tracking.git_sha()})
+        parent.text(Path(plan).read_text(), "plan-straight.json")
+        n_train = len(load_splits(wl, base.scale, base.data, base.seed).train)
+        k = min(steps, n_train // (m * b))
+        if k < 1:
+            raise WorkloadError(f"the training set ({n_train} samples) holds no minibatch of "
+                                f"{m} x {b}: lower --batch-size or --microbatches")
+        for system in systems:
+            progress.note(f"bench: {system}")
+            per = base.threads_per_worker()
+            common = dict(system=system, target=impossible,
+                          max_steps_per_epoch=k if system in MICROBATCHED else k * m,
+                          threads=per * base.workers if system == "single" else per)
+            if system == "single":
+                cfg = dataclasses.replace(base, **common, workers=1, batch_size=b)
+            elif system in MICROBATCHED:
+                cfg = dataclasses.replace(base, **common, plan=plan, batch_size=m * b,
+                                          microbatches=m)
+            elif system in DATA_PARALLEL:
+                cfg = dataclasses.replace(base, **common, batch_size=b)
+            else:
+                cfg = dataclasses.replace(base, **common, plan=plan, batch_size=b)
+            try:
+                s = run(cfg, progress, parent_run_id=parent.run_id)
+            except (WorkloadError, PipelineFailure) as e:
+                rows.append(BenchRow(system, note=str(e).splitlines()[0]))
+                continue
+            micro = cfg.batch_size // (m if system in MICROBATCHED else 1)
+            rows.append(BenchRow(system, s.layout_params.get("config", "1"), cfg.batch_size,
+                                 micro, s.throughput))
+        parent.text(markdown(rows, base), "bench.md")
+    return rows
+
+
+def checks(rows: list[BenchRow]) -> list[tuple[str, bool | None, str]]:
+    """The issue's two throughput targets: (what, passed or None if not measurable, how)."""
+    rate = {r.system: r.samples_per_s for r in rows if r.samples_per_s == r.samples_per_s}
+    out = []
+    if "gpipe" in rate and "torch-gpipe" in rate:
+        x = rate["gpipe"] / rate["torch-gpipe"]
+        out.append(("gpipe >= 0.95x torch-gpipe", x >= 0.95, f"{x:.2f}x"))
+    flush = {s: v for s, v in rate.items() if s in MICROBATCHED}
+    if "pipedream" in rate and flush:
+        best = max(flush, key=flush.get)
+        x = rate["pipedream"] / flush[best]
+        out.append(("pipedream faster than every flush pipeline", x > 1.0,
+                    f"{x:.2f}x the fastest, {best}"))
+    return out
+
+
+def markdown(rows: list[BenchRow], base: RunConfig, command: str = "") -> str:
+    single = next((r.samples_per_s for r in rows if r.system == "single"), float("nan"))
+    lines = [f"# Throughput: {base.workload} ({base.scale}), {base.workers} workers x "
+             f"{base.threads_per_worker()} thread(s)", ""]
+    if command:
+        lines += [f"Generated by `{command}`.", ""]
+    lines += ["| system | config | minibatch | microbatch | samples/s | vs single |",
+              "|---|---|---|---|---|---|"]
+    for r in rows:
+        if r.note:
+            lines.append(f"| {r.system} | n/a: {r.note.replace('|', '/')} | | | | |")
+            continue
+        rel = r.samples_per_s / single if single == single else float("nan")
+        lines.append(f"| {r.system} | {r.config} | {r.batch} | {r.microbatch} | "
+                     f"{r.samples_per_s:.0f} | {rel:.2f}x |")
+    lines += ["", "single: one worker with all the threads of the multi-worker runs "
+              f"({base.workers * base.threads_per_worker()}).", "", "Targets:"]
+    for what, ok, how in checks(rows):
+        lines.append(f"- {what}: {'met' if ok else 'NOT met'} ({how})")
+    return "\n".join(lines) + "\n"

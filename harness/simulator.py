@@ -1,0 +1,258 @@
+"""A discrete-event simulator of N minibatches of a training system on a modelled cluster.
+
+Driven by a profile (the project's JSON or PipeDream's ``graph.txt``: per-layer forward
+and backward time, output bytes and parameter bytes at the profile's batch size) and a
+cluster given as levels (workers per level and bandwidth per level, innermost first), it
+executes the *same* schedules the runtime executes (``pipedream_impl.schedule``: 1F1B /
+1F1B-RR with NOAM, GPipe, one minibatch in flight, data parallelism as one replicated
+stage) with the schedule module's event engine and this cost model:
+
+- compute: a stage's forward (backward) time is the sum of its layers' profiled times,
+  scaled by the unit's share of the profiled batch (a GPipe microbatch of b/M samples
+  takes 1/M of the minibatch time: linear scaling) and divided by ``compute_factor``
+  (e.g. 2.0 for a device twice as fast as the profiled one); the optimizer step is free;
+- point-to-point: asynchronous sends, as in the runtime; each directed link carries one
+  message at a time (FIFO), a message takes ``latency_s + bytes / bandwidth`` of the
+  innermost level the two ranks share; a receive waits for arrival;
+- all-reduce of a replicated stage (our runtime: after the backward, not overlapped):
+  ring, ``2 (r-1)/r x bytes / bandwidth`` of the slowest level the replicas span, plus
+  ``2 (r-1)`` latencies; ``allreduce="ps"``: one parameter server outside the workers,
+  whose link carries every replica's gradient in and weights out: ``2 r x bytes / bw``;
+- data parallelism (``dp``): DDP/Horovod overlap the all-reduce with the backward, so
+  only what the backward does not hide is exposed: ``max(0, allreduce - backward)``.
+
+Outputs (``SimResult``): time per minibatch, throughput, per-worker utilisation and the
+timeline (``gantt`` draws it), bytes per link level, and peak memory per worker: weights
+(+ optimizer state, ``optimizer_slots`` copies), stashed weight versions and the
+activations of in-flight minibatches, read off the schedule.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+from pipedream_impl.cluster import Cluster
+from pipedream_impl.plan import Plan
+from pipedream_impl.profile import Profile
+from pipedream_impl.schedule import Action, Layout, Schedule, gpipe, one_f_one_b, simulate
+from workloads.base import WorkloadError
+
+SYSTEMS = ("pipedream", "gpipe", "mp", "dp")
+
+
+@dataclass(frozen=True)
+class StageCost:
+    nodes: tuple[str, ...]
+    forward_s: float  # per profiled minibatch, on the profiled device
+    backward_s: float
+    parameter_bytes: float
+    activation_bytes: float  # outputs of every layer of the stage (what autograd keeps)
+    send_bytes: float  # live outputs crossing to the next stage (0 for the last)
+
+
+@dataclass
+class SimResult:
+    system: str
+    config: str
+    minibatches: int
+    batch_size: int
+    total_s: float
+    time_per_minibatch_s: float
+    throughput_samples_s: float
+    utilisation: dict[int, float]
+    bytes_per_level: dict[int, float]
+    bytes_per_sample: float
+    peak_memory: dict[int, dict[str, float]]
+    timeline: list[list[tuple[float, float, Action]]] = field(repr=False, default_factory=list)
+    layout: Layout | None = None
+
+
+def stage_costs(profile: Profile, groups: list[tuple[str, ...]]) -> list[StageCost]:
+    """Per-stage sums over the profile's nodes; ``groups`` are the nodes of each stage."""
+    g = profile.graph()
+    where = {n: i for i, grp in enumerate(groups) for n in grp}
+    missing = [n for n in g.nodes if n not in where]
+    if missing:
+        raise WorkloadError(f"stages do not cover profile nodes {missing[:5]}")
+    out = []
+    for i, grp in enumerate(groups):
+        nodes = [g.nodes[n] for n in grp]
+        live = sum(g.nodes[n].activation_bytes for n in where if where[n] <= i
+                   and any(where[m] > i for m in g.edges.get(n, [])))
+        out.append(StageCost(tuple(grp), sum(n.forward_ms for n in nodes) / 1e3,
+                             sum(n.backward_ms for n in nodes) / 1e3,
+                             sum(n.parameter_bytes for n in nodes),
+                             sum(n.activation_bytes for n in nodes), live))
+    return out
+
+
+class ClusterCosts:
+    """The cost model the schedule engine asks (see ``pipedream_impl.schedule.TickCosts``)."""
+
+    def __init__(self, layout: Layout, stages: list[StageCost], cluster: Cluster,
+                 placement: list[int], unit_share: float, compute_factor: float,
+                 latency_s: float, allreduce: str, overlap_allreduce: bool) -> None:
+        self.layout, self.stages, self.cluster = layout, stages, cluster
+        self.placement = placement  # schedule rank -> worker index on the cluster
+        self.unit_share, self.factor = unit_share, compute_factor
+        self.latency, self.mode, self.overlap = latency_s, allreduce, overlap_allreduce
+        self.link_free: dict[tuple[int, int], float] = defaultdict(float)
+        self.bytes_per_level: dict[int, float] = defaultdict(float)
+        sizes, acc = [], 1
+        for lv in cluster.levels:
+            acc *= lv.workers
+            sizes.append(acc)
+        self.group_sizes = sizes  # workers under one group at each level
+
+    def level(self, a: int, b: int) -> int:
+        wa, wb = self.placement[a], self.placement[b]
+        for i, size in enumerate(self.group_sizes[:-1]):
+            if wa // size == wb // size:
+                return i
+        return len(self.group_sizes) - 1
+
+    def compute(self, rank: int, a: Action) -> float:
+        st = self.stages[self.layout.stage_of(rank)[0]]
+        t = {"F": st.forward_s, "B": st.backward_s}.get(a.kind, 0.0)
+        return t * self.unit_share / self.factor
+
+    def arrival(self, src: int, dst: int, a: Action, t: float) -> float:
+        s = self.layout.stage_of(src)[0]
+        # forward: this stage's live outputs; backward: gradients of the previous cut
+        nbytes = (self.stages[s].send_bytes if a.kind == "SF"
+                  else self.stages[s - 1].send_bytes) * self.unit_share
+        lv = self.level(src, dst)
+        self.bytes_per_level[lv] += nbytes
+        start = max(t, self.link_free[(src, dst)])
+        done = start + self.latency + nbytes / self.cluster.levels[lv].bandwidth
+        self.link_free[(src, dst)] = done
+        return done
+
+    def allreduce(self, stage: int, ranks: tuple[int, ...], t: float) -> float:
+        r = len(ranks)
+        nbytes = self.stages[stage].parameter_bytes
+        lv = max(self.level(ranks[0], x) for x in ranks[1:])
+        bw = self.cluster.levels[lv].bandwidth
+        if self.mode == "ps":
+            self.bytes_per_level[lv] += 2 * nbytes  # per replica: gradient in, weights out
+            dur = 2 * r * nbytes / bw + 2 * self.latency
+        else:
+            self.bytes_per_level[lv] += 2 * (r - 1) / r * nbytes
+            dur = 2 * (r - 1) / r * nbytes / bw + 2 * (r - 1) * self.latency
+        if self.overlap:  # hidden behind the backward that produced the gradients
+            dur = max(0.0, dur - self.stages[stage].backward_s * self.unit_share / self.factor)
+        return dur
+
+
+def memory_per_worker(sched: Schedule, stages: list[StageCost], unit_share: float,
+                      optimizer_slots: int) -> dict[int, dict[str, float]]:
+    """Peak bytes per rank read off its action list: weights (+ optimizer state), stashed
+    versions (distinct versions of in-flight minibatches other than the current one) and
+    activations (in-flight units x the stage's activation bytes)."""
+    out = {}
+    for rank, acts in enumerate(sched.actions):
+        st = stages[sched.layout.stage_of(rank)[0]]
+        in_flight: dict[int, int] = {}
+        current, peak_units, peak_versions = 0, 0, 0
+        for a in acts:
+            if a.kind == "F":
+                in_flight[a.mb] = a.version
+            elif a.kind == "B":
+                in_flight.pop(a.mb, None)
+            elif a.kind == "U":
+                current += 1
+            peak_units = max(peak_units, len(in_flight))
+            if sched.weights != "none":
+                peak_versions = max(peak_versions, len(set(in_flight.values()) - {current}))
+        out[rank] = {"weights": st.parameter_bytes * (1 + optimizer_slots),
+                     "stashed_weights": st.parameter_bytes * peak_versions,
+                     "activations": st.activation_bytes * unit_share * peak_units}
+        out[rank]["total"] = sum(out[rank].values())
+    return out
+
+
+def build_schedule(system: str, replicas: tuple[int, ...], minibatches: int,
+                   microbatches: int) -> Schedule:
+    layout = Layout(replicas)
+    if system == "gpipe":
+        return gpipe(layout, minibatches, microbatches)
+    if system == "mp":
+        return one_f_one_b(layout, minibatches, "stash", in_flight=1)
+    n = minibatches - minibatches % math.lcm(*replicas)
+    return one_f_one_b(layout, max(n, math.lcm(*replicas)), "stash")
+
+
+def simulate_system(profile: Profile, cluster: Cluster, system: str,
+                    groups: list[tuple[str, ...]], replicas: tuple[int, ...],
+                    placement: list[int] | None = None, minibatches: int = 64,
+                    microbatches: int | None = None, compute_factor: float = 1.0,
+                    latency_s: float = 0.0, allreduce: str = "ring",
+                    optimizer_slots: int = 1) -> SimResult:
+    if system not in SYSTEMS:
+        raise WorkloadError(f"unknown simulated system {system!r}; choose {', '.join(SYSTEMS)}")
+    if allreduce not in ("ring", "ps"):
+        raise WorkloadError("--allreduce must be ring or ps")
+    if sum(replicas) > cluster.workers:
+        raise WorkloadError(f"config {'-'.join(map(str, replicas))} needs {sum(replicas)} "
+                            f"workers; the cluster has {cluster.workers}")
+    b = profile.batch_size or 1
+    m = (microbatches or 4 * len(replicas)) if system == "gpipe" else 1
+    sched = build_schedule(system, replicas, minibatches, m)
+    stages = stage_costs(profile, groups)
+    placement = placement or list(range(sum(replicas)))
+    costs = ClusterCosts(sched.layout, stages, cluster, placement, 1.0 / m, compute_factor,
+                         latency_s, allreduce, overlap_allreduce=system == "dp")
+    timeline = simulate(sched, costs=costs)
+    total = max((e for row in timeline for _, e, _ in row), default=0.0)
+    n = sched.minibatches
+    util = {r: sum(e - s for s, e, a in row if a.kind in ("F", "B")) / total if total else 0.0
+            for r, row in enumerate(timeline)}
+    moved = sum(costs.bytes_per_level.values())
+    return SimResult(system, "-".join(map(str, replicas)), n, b, total, total / n,
+                     n * b / total if total else float("inf"), util,
+                     dict(costs.bytes_per_level), moved / (n * b),
+                     memory_per_worker(sched, stages, 1.0 / m, optimizer_slots), timeline,
+                     sched.layout)
+
+
+def plan_groups(plan: Plan) -> tuple[list[tuple[str, ...]], tuple[int, ...], list[int]]:
+    """(nodes per stage, replicas per stage, cluster worker of each schedule rank)."""
+    if any(not s.nodes for s in plan.stages):
+        raise WorkloadError("this plan lists no nodes per stage; make it with `pipebench "
+                            "plan` from the same profile")
+    placement = [w for s in plan.stages for w in s.ranks]
+    return [tuple(s.nodes) for s in plan.stages], tuple(s.replicas for s in plan.stages), \
+        placement
+
+
+def gantt(result: SimResult, path: str, title: str = "") -> None:
+    """Worker x time chart of the simulated timeline (PNG)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    colours = {"F": "#4c72b0", "B": "#55a868", "A": "#dd8452", "U": "#8172b2"}
+    n = len(result.timeline)
+    fig, ax = plt.subplots(figsize=(12, 0.5 * n + 1.5))
+    for rank, row in enumerate(result.timeline):
+        for kind in colours:
+            bars = [(s * 1e3, (e - s) * 1e3) for s, e, a in row if a.kind == kind and e > s]
+            if bars:
+                ax.broken_barh(bars, (rank - 0.4, 0.8), facecolors=colours[kind],
+                               label=kind if rank == 0 or kind == "A" else None)
+    handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in colours.values()]
+    ax.legend(handles, ["forward", "backward", "all-reduce", "update"], loc="upper right")
+    ax.set_yticks(range(n))
+    lay = result.layout
+    ax.set_yticklabels([f"w{r} s{lay.stage_of(r)[0]}" for r in range(n)] if lay else
+                       [f"w{r}" for r in range(n)])
+    ax.invert_yaxis()
+    ax.set_xlabel("time (ms)")
+    ax.set_title(title or f"{result.system} {result.config}: "
+                 f"{result.time_per_minibatch_s * 1e3:.1f} ms per minibatch")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

@@ -1,0 +1,125 @@
+"""Horovod and the peer pipeline engines on real processes, against one process."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from baselines.horovod import HorovodTrainer
+from baselines.peers import check_peer_boundaries
+from harness.bench import BenchRow, checks
+from harness.config import RunConfig
+from harness.pipeline_system import PipelineTrainer
+from harness.progress import quiet
+from harness.runner import EXECUTORS
+from tests.pipeline_reference import single_process_reference
+from workloads.base import WorkloadError
+from workloads.registry import get
+
+WL = get("vgg16")
+STEPS = 6
+
+
+@pytest.fixture(scope="module")
+def splits():
+    return WL.default_data("tiny", 0)
+
+
+@pytest.fixture(scope="module")
+def sequential(splits):
+    return single_process_reference(WL, splits, STEPS)
+
+
+def _assert_same(a: torch.nn.Module, b: torch.nn.Module) -> None:
+    for (na, pa), (_, pb) in zip(a.named_parameters(), b.named_parameters(), strict=True):
+        assert torch.allclose(pa, pb, rtol=1e-4, atol=1e-5), (na, (pa - pb).abs().max())
+
+
+def test_horovod_equals_single_process_on_the_global_batch_and_counts_ring_bytes(
+        splits, sequential) -> None:
+    n_layers = len(WL.build("tiny", splits.train.meta).layers)
+    cfg = RunConfig(system="horovod", workload="vgg16", workers=2, threads=1,
+                    max_steps_per_epoch=STEPS, epochs=1)
+    hvd = HorovodTrainer(cfg, WL, splits, (2,), ((0, n_layers),), "stash", None,
+                         torch.device("cpu"), quiet(), timeout_s=60, microbatches=2,
+                         executor=EXECUTORS["horovod"])
+    try:
+        stats = hvd.train_epoch(0)
+    finally:
+        hvd.close()
+    ref_model, ref_stats = sequential
+    _assert_same(hvd.model, ref_model)
+    assert stats.steps == STEPS
+    assert stats.train_loss == pytest.approx(ref_stats.train_loss, rel=1e-5)
+    s0, s1 = hvd.replica_states[0], hvd.replica_states[1]
+    assert all(torch.equal(s0[k], s1[k]) for k in s0)  # replicas identical
+    param_bytes = sum(p.numel() * 4 for p in ref_model.parameters())
+    # every gradient goes through Horovod once per step; each of 2 ranks sends
+    # 2 (2-1)/2 = 1 x its bytes in a ring all-reduce
+    assert hvd.metrics.bytes_sent == 2 * STEPS * param_bytes
+    assert all(not p.is_alive() for p in hvd.procs)
+
+
+def test_horovod_worker_error_reaches_the_launcher(splits) -> None:
+    from harness.pipeline_system import PipelineFailure
+
+    n_layers = len(WL.build("tiny", splits.train.meta).layers)
+    cfg = RunConfig(system="horovod", workload="vgg16", workers=2, threads=1,
+                    max_steps_per_epoch=STEPS, epochs=1)
+    hvd = HorovodTrainer(cfg, WL, splits, (2,), ((0, n_layers),), "stash", None,
+                         torch.device("cpu"), quiet(), timeout_s=30, fail_at=(1, 2),
+                         microbatches=2, executor=EXECUTORS["horovod"])
+    with pytest.raises(PipelineFailure, match="injected failure at minibatch 2"):
+        hvd.train_epoch(0)
+    assert all(not p.is_alive() for p in hvd.procs)
+
+
+@pytest.mark.parametrize("system", ["torch-gpipe", "torch-1f1b", "deepspeed-pipe"])
+def test_peer_engine_equals_single_process_on_whole_minibatches(splits, sequential,
+                                                                system: str) -> None:
+    """Each peer flushes per minibatch and averages its 4 microbatches' gradients: after
+    STEPS minibatches its weights equal single-process training (so its loss goes down
+    exactly as the reference's), and its bytes are the boundary tensors, both ways."""
+    bounds = ((0, 12), (12, 40))
+    cfg = RunConfig(system=system, workload="vgg16", workers=2, threads=1,
+                    max_steps_per_epoch=STEPS, epochs=1)
+    pipe = PipelineTrainer(cfg, WL, splits, (1, 1), bounds, "stash", None,
+                           torch.device("cpu"), quiet(), timeout_s=60,
+                           schedule="gpipe" if system == "torch-gpipe" else "1f1b",
+                           microbatches=4, executor=EXECUTORS[system])
+    try:
+        stats = pipe.train_epoch(0)
+    finally:
+        pipe.close()
+    ref_model, ref_stats = sequential
+    _assert_same(pipe.model, ref_model)
+    assert stats.steps == STEPS
+    assert stats.train_loss == pytest.approx(ref_stats.train_loss, rel=1e-4)
+    model = WL.build("tiny", splits.train.meta)
+    x = WL.make_batch(splits.train, torch.arange(1)).inputs
+    boundary = model.stage(0, 12)(x)[0].numel() * 4  # bytes per sample
+    samples = STEPS * WL.spec("tiny").batch_size
+    assert pipe.metrics.links == {(0, 1): samples * boundary, (1, 0): samples * boundary}
+
+
+@pytest.mark.parametrize("workload", ["gnmt8", "s2vt"])
+def test_peers_refuse_splits_that_send_integer_tensors(workload: str) -> None:
+    wl = get(workload)
+    n = len(wl.build("tiny", wl.default_data("tiny", 0).train.meta).layers)
+    with pytest.raises(WorkloadError, match="only floating-point activations"):
+        check_peer_boundaries("torch-gpipe", wl, "tiny", ((0, n // 2), (n // 2, n)), 8)
+    check_peer_boundaries("torch-gpipe", WL, "tiny", ((0, 12), (12, 40)), 8)  # VGG is fine
+
+
+def test_bench_targets_compare_the_right_rows() -> None:
+    rows = [BenchRow("pipedream", samples_per_s=120.0), BenchRow("gpipe", samples_per_s=94.0),
+            BenchRow("torch-gpipe", samples_per_s=100.0),
+            BenchRow("torch-1f1b", samples_per_s=110.0), BenchRow("ddp", samples_per_s=500.0)]
+    got = {what: ok for what, ok, _ in checks(rows)}
+    assert got == {"gpipe >= 0.95x torch-gpipe": False,
+                   "pipedream faster than every flush pipeline": True}
+    rows[1].samples_per_s = 95.0
+    rows[0].samples_per_s = 109.0
+    got = {what: ok for what, ok, _ in checks(rows)}
+    assert got == {"gpipe >= 0.95x torch-gpipe": True,
+                   "pipedream faster than every flush pipeline": False}
