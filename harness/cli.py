@@ -180,6 +180,62 @@ def bench(
 
 
 @app.command()
+def simulate(
+    profile_path: Annotated[str, typer.Option("--profile", help="profile JSON or PipeDream "
+                                              "graph.txt")],
+    cluster: Annotated[str, typer.Option(help="A:4x4, B:2x8, C:4x1, 4x4 or 16")] = "A:4x4",
+    system: Annotated[str, typer.Option(help="pipedream, gpipe, mp or dp")] = "pipedream",
+    config: Annotated[str | None, typer.Option(help="replicas per stage, e.g. 15-1")] = None,
+    plan_path: Annotated[str | None, typer.Option("--plan", help="plan JSON")] = None,
+    stages: Annotated[int | None, typer.Option(help="gpipe/mp: pipeline depth (default: "
+                                               "all workers)")] = None,
+    bandwidth: Annotated[str | None, typer.Option(help="bytes/s per level, innermost "
+                                                  "first")] = None,
+    minibatches: Annotated[int, typer.Option(help="minibatches to simulate")] = 64,
+    microbatches: Annotated[int | None, typer.Option(help="gpipe (default 4 x stages)")]
+    = None,
+    compute_factor: Annotated[float, typer.Option(help="device speed relative to the "
+                                                  "profiled one")] = 1.0,
+    latency: Annotated[float, typer.Option(help="seconds per message")] = 0.0,
+    allreduce: Annotated[str, typer.Option(help="ring or ps")] = "ring",
+    dp_overlap: Annotated[bool, typer.Option(help="dp: all-reduce overlapped with the "
+                                             "backward (DDP, Horovod)")] = True,
+    gantt_path: Annotated[str | None, typer.Option("--gantt", help="timeline PNG")] = None,
+) -> None:
+    """Simulate a system on a modelled cluster from a profile (same schedules as the
+    runtime); print time per minibatch, throughput, utilisation, bytes and memory."""
+    from harness.report import fmt_bytes
+    from harness.simulator import gantt, layout_for, simulate_system
+    from pipedream_impl.cluster import parse_cluster
+    from pipedream_impl.plan import Plan
+    from pipedream_impl.profile import load_profile
+
+    prof = load_profile(profile_path)
+    cl = parse_cluster(cluster, bandwidth)
+    plan_obj = Plan.from_json(open(plan_path).read()) if plan_path else None
+    groups, replicas, placement, how = layout_for(prof, cl, system, config, plan_obj, stages)
+    r = simulate_system(prof, cl, system, groups, replicas, placement, minibatches,
+                        microbatches, compute_factor, latency, allreduce,
+                        dp_overlap=dp_overlap)
+    console.print(f"{system} {r.config} on {cl.describe()} ({how}); profile batch "
+                  f"{r.batch_size}, {r.minibatches} minibatches simulated")
+    console.print(f"time per minibatch {r.time_per_minibatch_s * 1e3:.2f} ms, throughput "
+                  f"{r.throughput_samples_s:.1f} samples/s, bytes per sample "
+                  f"{fmt_bytes(r.bytes_per_sample)}")
+    for lv, b in sorted(r.bytes_per_level.items()):
+        console.print(f"  level {lv} ({cl.levels[lv].bandwidth / 1e9:g} GB/s): "
+                      f"{fmt_bytes(b / r.minibatches)} per minibatch")
+    for rank, mem in r.peak_memory.items():
+        console.print(f"  worker {rank}: utilisation {r.utilisation[rank]:.0%}, memory "
+                      f"{fmt_bytes(mem['total'])} (weights+optimizer "
+                      f"{fmt_bytes(mem['weights'])}, stashed {fmt_bytes(mem['stashed_weights'])}"
+                      f", activations {fmt_bytes(mem['activations'])})")
+    if gantt_path:
+        gantt(r, gantt_path)
+        console.print(f"wrote {gantt_path}")
+
+
+@app.command()
 def schedule(
     config: Annotated[str, typer.Option(help="replicas per stage, e.g. 2-1-1")],
     minibatches: Annotated[int, typer.Option(help="minibatches to schedule")] = 8,

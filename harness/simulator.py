@@ -10,7 +10,9 @@ stage) with the schedule module's event engine and this cost model:
 - compute: a stage's forward (backward) time is the sum of its layers' profiled times,
   scaled by the unit's share of the profiled batch (a GPipe microbatch of b/M samples
   takes 1/M of the minibatch time: linear scaling) and divided by ``compute_factor``
-  (e.g. 2.0 for a device twice as fast as the profiled one); the optimizer step is free;
+  (e.g. 2.0 for a device twice as fast as the profiled one); the optimizer step costs
+  ``update_s_per_byte`` x the stage's parameter bytes (0 by default: the paper's profiles
+  do not measure it);
 - point-to-point: asynchronous sends, as in the runtime; each directed link carries one
   message at a time (FIFO), a message takes ``latency_s + bytes / bandwidth`` of the
   innermost level the two ranks share; a receive waits for arrival;
@@ -19,7 +21,9 @@ stage) with the schedule module's event engine and this cost model:
   ``2 (r-1)`` latencies; ``allreduce="ps"``: one parameter server outside the workers,
   whose link carries every replica's gradient in and weights out: ``2 r x bytes / bw``;
 - data parallelism (``dp``): DDP/Horovod overlap the all-reduce with the backward, so
-  only what the backward does not hide is exposed: ``max(0, allreduce - backward)``.
+  only what the backward does not hide is exposed: ``max(0, allreduce - backward)``
+  (``dp_overlap=False``: not overlapped, as PipeDream's optimizer models it). The ring
+  spans the slowest level once (no hierarchical all-reduce).
 
 Outputs (``SimResult``): time per minibatch, throughput, per-worker utilisation and the
 timeline (``gantt`` draws it), bytes per link level, and peak memory per worker: weights
@@ -35,7 +39,7 @@ from dataclasses import dataclass, field
 
 from pipedream_impl.cluster import Cluster
 from pipedream_impl.plan import Plan
-from pipedream_impl.profile import Profile
+from pipedream_impl.profile import Profile, infer_batch_size
 from pipedream_impl.schedule import Action, Layout, Schedule, gpipe, one_f_one_b, simulate
 from workloads.base import WorkloadError
 
@@ -73,9 +77,12 @@ def stage_costs(profile: Profile, groups: list[tuple[str, ...]]) -> list[StageCo
     """Per-stage sums over the profile's nodes; ``groups`` are the nodes of each stage."""
     g = profile.graph()
     where = {n: i for i, grp in enumerate(groups) for n in grp}
-    missing = [n for n in g.nodes if n not in where]
-    if missing:
-        raise WorkloadError(f"stages do not cover profile nodes {missing[:5]}")
+    groups = [list(grp) for grp in groups]
+    for n in g.nodes:  # nodes a plan leaves out (inputs): with their first consumer
+        if n not in where:
+            users = [where[m] for m in g.edges.get(n, []) if m in where]
+            where[n] = min(users) if users else 0
+            groups[where[n]].append(n)
     out = []
     for i, grp in enumerate(groups):
         nodes = [g.nodes[n] for n in grp]
@@ -93,11 +100,13 @@ class ClusterCosts:
 
     def __init__(self, layout: Layout, stages: list[StageCost], cluster: Cluster,
                  placement: list[int], unit_share: float, compute_factor: float,
-                 latency_s: float, allreduce: str, overlap_allreduce: bool) -> None:
+                 latency_s: float, allreduce: str, overlap_allreduce: bool,
+                 update_s_per_byte: float = 0.0) -> None:
         self.layout, self.stages, self.cluster = layout, stages, cluster
         self.placement = placement  # schedule rank -> worker index on the cluster
         self.unit_share, self.factor = unit_share, compute_factor
         self.latency, self.mode, self.overlap = latency_s, allreduce, overlap_allreduce
+        self.update_s_per_byte = update_s_per_byte
         self.link_free: dict[tuple[int, int], float] = defaultdict(float)
         self.bytes_per_level: dict[int, float] = defaultdict(float)
         sizes, acc = [], 1
@@ -115,6 +124,8 @@ class ClusterCosts:
 
     def compute(self, rank: int, a: Action) -> float:
         st = self.stages[self.layout.stage_of(rank)[0]]
+        if a.kind == "U":
+            return st.parameter_bytes * self.update_s_per_byte / self.factor
         t = {"F": st.forward_s, "B": st.backward_s}.get(a.kind, 0.0)
         return t * self.unit_share / self.factor
 
@@ -189,7 +200,11 @@ def simulate_system(profile: Profile, cluster: Cluster, system: str,
                     placement: list[int] | None = None, minibatches: int = 64,
                     microbatches: int | None = None, compute_factor: float = 1.0,
                     latency_s: float = 0.0, allreduce: str = "ring",
-                    optimizer_slots: int = 1) -> SimResult:
+                    optimizer_slots: int = 1, dp_overlap: bool = True,
+                    unit_profiled: bool = False, update_s_per_byte: float = 0.0) -> SimResult:
+    """Simulate ``minibatches`` of ``system``. ``unit_profiled``: the profile was measured
+    at the unit size (a GPipe microbatch), so no linear scaling; ``update_s_per_byte``:
+    optimizer step time per parameter byte (the paper's profiles leave it out: 0)."""
     if system not in SYSTEMS:
         raise WorkloadError(f"unknown simulated system {system!r}; choose {', '.join(SYSTEMS)}")
     if allreduce not in ("ring", "ps"):
@@ -197,13 +212,15 @@ def simulate_system(profile: Profile, cluster: Cluster, system: str,
     if sum(replicas) > cluster.workers:
         raise WorkloadError(f"config {'-'.join(map(str, replicas))} needs {sum(replicas)} "
                             f"workers; the cluster has {cluster.workers}")
-    b = profile.batch_size or 1
+    b = profile.batch_size or infer_batch_size(profile) or 1
     m = (microbatches or 4 * len(replicas)) if system == "gpipe" else 1
     sched = build_schedule(system, replicas, minibatches, m)
     stages = stage_costs(profile, groups)
     placement = placement or list(range(sum(replicas)))
-    costs = ClusterCosts(sched.layout, stages, cluster, placement, 1.0 / m, compute_factor,
-                         latency_s, allreduce, overlap_allreduce=system == "dp")
+    share = 1.0 if unit_profiled else 1.0 / m
+    costs = ClusterCosts(sched.layout, stages, cluster, placement, share, compute_factor,
+                         latency_s, allreduce, overlap_allreduce=system == "dp" and dp_overlap,
+                         update_s_per_byte=update_s_per_byte)
     timeline = simulate(sched, costs=costs)
     total = max((e for row in timeline for _, e, _ in row), default=0.0)
     n = sched.minibatches
@@ -213,7 +230,7 @@ def simulate_system(profile: Profile, cluster: Cluster, system: str,
     return SimResult(system, "-".join(map(str, replicas)), n, b, total, total / n,
                      n * b / total if total else float("inf"), util,
                      dict(costs.bytes_per_level), moved / (n * b),
-                     memory_per_worker(sched, stages, 1.0 / m, optimizer_slots), timeline,
+                     memory_per_worker(sched, stages, share, optimizer_slots), timeline,
                      sched.layout)
 
 
@@ -256,3 +273,49 @@ def gantt(result: SimResult, path: str, title: str = "") -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def node_chain_groups(profile: Profile, replicas: tuple[int, ...]) -> list[tuple[str, ...]]:
+    """Nodes split into len(replicas) contiguous runs of the profile's (topological) node
+    order, balanced for the config like ``balanced_bounds`` balances layers."""
+    from pipedream_impl.plan import balanced_bounds
+
+    nodes = list(profile.graph().nodes.values())
+    bounds = balanced_bounds([n.forward_ms + n.backward_ms for n in nodes], replicas)
+    return [tuple(n.node_id for n in nodes[a:b]) for a, b in bounds]
+
+
+def layout_for(profile: Profile, cluster: Cluster, system: str, config: str | None = None,
+               plan: Plan | None = None, stages: int | None = None) \
+        -> tuple[list[tuple[str, ...]], tuple[int, ...], list[int] | None, str]:
+    """(node groups, replicas, placement, how) for a simulated system.
+
+    pipedream: ``plan``, else ``config``, else the planner on this profile and cluster.
+    gpipe, mp: unreplicated; ``config``/``plan`` if given, else the planner's straight
+    pipeline over ``stages`` workers (default: every worker). dp: one stage, every worker.
+    """
+    from pipedream_impl.cluster import Level
+    from pipedream_impl.plan import plan_profile
+
+    if system == "dp":
+        nodes = tuple(profile.graph().nodes)
+        return [nodes], (cluster.workers,), None, "data parallel: whole model per worker"
+    if plan is not None:
+        groups, replicas, placement = plan_groups(plan)
+        how = f"plan ({plan.config})"
+    elif config is not None:
+        replicas = Layout.from_config(config).replicas
+        groups, placement = node_chain_groups(profile, replicas), None
+        how = f"config {config}, nodes balanced on the profile"
+    else:
+        straight = system in ("gpipe", "mp")
+        target = cluster
+        if straight and stages is not None and stages != cluster.workers:
+            target = Cluster((Level(stages, cluster.levels[0].bandwidth),))
+        p = plan_profile(profile, target, straight=straight)
+        groups, replicas, placement = plan_groups(p)
+        how = f"planned ({p.config}{', straight' if straight else ''})"
+    if system in ("gpipe", "mp") and any(r != 1 for r in replicas):
+        raise WorkloadError(f"{system} runs unreplicated stages; got "
+                            f"{'-'.join(map(str, replicas))}")
+    return groups, replicas, placement, how

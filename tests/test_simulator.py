@@ -1,0 +1,107 @@
+"""harness/simulator.py against closed-form times, byte counts and memory."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from harness.simulator import layout_for, simulate_system
+from pipedream_impl.cluster import Cluster, Level, parse_cluster
+from pipedream_impl.graph import Node
+from pipedream_impl.profile import Profile, load_profile
+
+PROFILES = Path(__file__).resolve().parents[2] / "shared" / "pipedream-profiles"
+MB = 1e6
+
+
+def chain(fwd_ms: list[float], act_bytes: list[float], params: list[float],
+          batch: int = 8) -> Profile:
+    nodes = tuple(Node(f"n{i}", f"Layer{i}", f, 2 * f, (a,), p)
+                  for i, (f, a, p) in enumerate(zip(fwd_ms, act_bytes, params, strict=True)))
+    edges = tuple((f"n{i}", f"n{i + 1}") for i in range(len(nodes) - 1))
+    return Profile(nodes, edges, batch_size=batch)
+
+
+# two stages of F = 10 ms, B = 20 ms; the cut carries 1 MB; 4 MB of weights per stage
+PROF = chain([10.0, 10.0], [1 * MB, 0.5 * MB], [4 * MB, 4 * MB])
+GROUPS = [("n0",), ("n1",)]
+BW = 100 * MB  # bytes/s: the 1 MB activation takes 10 ms
+FLAT2 = Cluster((Level(2, BW),))
+
+
+def test_model_parallelism_is_the_sum_of_all_work_and_both_transfers() -> None:
+    r = simulate_system(PROF, FLAT2, "mp", GROUPS, (1, 1), minibatches=10)
+    # per minibatch: F0 + send + F1 + B1 + send back + B0 = 10 + 10 + 10 + 20 + 10 + 20
+    assert r.time_per_minibatch_s == pytest.approx(0.080)
+    assert r.bytes_per_level == {0: pytest.approx(10 * 2 * MB)}
+    assert r.bytes_per_sample == pytest.approx(2 * MB / 8)
+
+
+def test_pipedream_reaches_the_slowest_stage_in_steady_state() -> None:
+    n = 200
+    fast = Cluster((Level(2, 1e15),))  # transfers free
+    r = simulate_system(PROF, fast, "pipedream", GROUPS, (1, 1), minibatches=n)
+    # 1F1B keeps both stages busy: F + B = 30 ms per minibatch each, plus the fill (F0)
+    # and the drain (B0)
+    assert r.total_s == pytest.approx(n * 0.030 + 0.010 + 0.020, rel=1e-3)
+    assert r.utilisation[1] > 0.99
+    # stage 0 holds two minibatches in flight (NOAM = 2): one stashed version besides
+    # the current weights, two minibatches of activations
+    m0 = r.peak_memory[0]
+    assert m0["stashed_weights"] == 4 * MB and m0["activations"] == 2 * 1 * MB
+    assert r.peak_memory[1]["stashed_weights"] == 0
+    # with 10 ms transfers each way, NOAM = 2 no longer hides the round trip: stage 0's
+    # period is (its F + B + the round trip F1 + B1 + 2 transfers) / 2 minibatches
+    slow = simulate_system(PROF, FLAT2, "pipedream", GROUPS, (1, 1), minibatches=n)
+    assert slow.time_per_minibatch_s == pytest.approx((0.030 + 0.030 + 0.020) / 2, rel=0.01)
+
+
+def test_gpipe_bubble_follows_the_flush_formula() -> None:
+    m, n = 4, 20
+    prof = chain([10.0, 10.0], [0.0, 0.0], [0.0, 0.0])  # no transfer time, no weights
+    r = simulate_system(prof, FLAT2, "gpipe", GROUPS, (1, 1), minibatches=n, microbatches=m)
+    f, b = 10.0 / m, 20.0 / m  # ms per microbatch and stage
+    # per minibatch: (M + S - 1) forward slots then (M + S - 1) backward slots (S = 2)
+    assert r.time_per_minibatch_s * 1e3 == pytest.approx((m + 1) * (f + b))
+
+
+def test_data_parallel_exposes_only_the_all_reduce_the_backward_does_not_hide() -> None:
+    prof = chain([10.0, 10.0], [0.0, 0.0], [40 * MB, 40 * MB])
+    four = Cluster((Level(4, BW),))
+    groups, replicas, _, _ = layout_for(prof, four, "dp")
+    ring = 2 * 3 / 4 * 80 * MB / BW  # 1.2 s per all-reduce of 80 MB over 4 workers
+    compute = 0.060  # F + B of the whole model
+    over = simulate_system(prof, four, "dp", groups, replicas, minibatches=40)
+    flat = simulate_system(prof, four, "dp", groups, replicas, minibatches=40,
+                           dp_overlap=False)
+    # 4 minibatches per round, one per replica
+    assert flat.time_per_minibatch_s == pytest.approx((compute + ring) / 4)
+    assert over.time_per_minibatch_s == pytest.approx((compute + ring - 0.040) / 4)
+    assert flat.bytes_per_level[0] == pytest.approx(10 * 4 * 2 * 3 / 4 * 80 * MB)
+
+
+def test_transfers_use_the_level_the_two_workers_share() -> None:
+    prof = chain([1.0, 1.0], [1 * MB, 0.0], [0.0, 0.0])
+    two_servers = Cluster((Level(1, 1e12), Level(2, BW)))  # one worker per server
+    same = simulate_system(prof, Cluster((Level(2, 1e12), Level(1, BW))), "mp", GROUPS,
+                           (1, 1), minibatches=4)
+    apart = simulate_system(prof, two_servers, "mp", GROUPS, (1, 1), minibatches=4)
+    assert apart.time_per_minibatch_s - same.time_per_minibatch_s == pytest.approx(0.020,
+                                                                                   rel=1e-3)
+    assert set(apart.bytes_per_level) == {1}
+
+
+@pytest.mark.skipif(not (PROFILES / "vgg16" / "graph.txt").exists(),
+                    reason="needs ../shared/pipedream-profiles")
+def test_vgg16_on_cluster_a_pipedream_sends_far_less_than_data_parallelism(tmp_path) -> None:
+    from harness.simulator import gantt
+
+    prof = load_profile(PROFILES / "vgg16" / "graph.txt")
+    cl = parse_cluster("A:4x4")
+    pd = simulate_system(prof, cl, "pipedream", *layout_for(prof, cl, "pipedream")[:3])
+    dp = simulate_system(prof, cl, "dp", *layout_for(prof, cl, "dp")[:3])
+    assert pd.bytes_per_sample < 0.3 * dp.bytes_per_sample
+    assert pd.throughput_samples_s > dp.throughput_samples_s
+    gantt(pd, str(tmp_path / "g.png"))
+    assert (tmp_path / "g.png").stat().st_size > 10_000
