@@ -191,7 +191,7 @@ def simulate(
                                                "all workers)")] = None,
     bandwidth: Annotated[str | None, typer.Option(help="bytes/s per level, innermost "
                                                   "first")] = None,
-    minibatches: Annotated[int, typer.Option(help="minibatches to simulate")] = 64,
+    minibatches: Annotated[int, typer.Option(help="minibatches to simulate")] = 256,
     microbatches: Annotated[int | None, typer.Option(help="gpipe (default 4 x stages)")]
     = None,
     compute_factor: Annotated[float, typer.Option(help="device speed relative to the "
@@ -233,6 +233,65 @@ def simulate(
     if gantt_path:
         gantt(r, gantt_path)
         console.print(f"wrote {gantt_path}")
+
+
+@app.command()
+def reproduce(
+    table: Annotated[str, typer.Argument(help="table1, other-tasks, gpipe or validation")],
+    profiles: Annotated[str | None, typer.Option(help="folder of PipeDream graph.txt "
+                                                 "profiles, e.g. ../shared/pipedream-profiles")]
+    = None,
+    minibatches: Annotated[int, typer.Option(help="minibatches per simulation")] = 256,
+    output: Annotated[str | None, typer.Option("--output", "-o", help="markdown file")]
+    = None,
+    workloads: Annotated[str, typer.Option(help="validation: workloads (tiny scale)")]
+    = "vgg16,gnmt8",
+    workers: Annotated[str, typer.Option(help="validation: worker counts")] = "1,2,4",
+    systems: Annotated[str, typer.Option(help="validation: simulated systems")]
+    = "pipedream,gpipe,mp,dp",
+    steps: Annotated[int, typer.Option(help="validation: minibatches per epoch")] = 24,
+    epochs: Annotated[int, typer.Option(help="validation: epochs per run")] = 3,
+    quiet: Annotated[bool, typer.Option(help="no progress output")] = False,
+) -> None:
+    """The PipeDream paper's tables beside our plans and simulations (table1, other-tasks,
+    gpipe), or the simulator against runs on this machine (validation)."""
+    from pathlib import Path
+
+    from harness import reproduce as rp
+    from harness.progress import Progress
+
+    progress = Progress(enabled=not quiet)
+    command = " ".join(["pipebench"] + sys.argv[1:])
+    if table == "validation":
+        from harness.validation import markdown, validate
+
+        rows, machine = validate(tuple(workloads.split(",")),
+                                 tuple(int(w) for w in workers.split(",")),
+                                 tuple(systems.split(",")), steps, epochs,
+                                 "pipebench-validation", progress)
+        text = markdown(rows, machine, command)
+    elif table in ("table1", "other-tasks"):
+        rows = rp.table_rows(rp.TABLE1 if table == "table1" else rp.OTHER_TASKS,
+                             rp.ProfileSource(profiles, progress), minibatches, progress)
+        title = ("Table 1: speedup and communication vs data parallelism" if table == "table1"
+                 else "Epoch time: PipeDream vs data parallelism on other tasks")
+        text = rp.markdown(title, rp.TABLE_NOTE, rp.TABLE_COLUMNS, rows, command)
+    elif table == "gpipe":
+        rows = rp.gpipe_rows(rp.ProfileSource(profiles, progress), minibatches, progress)
+        text = rp.markdown("PipeDream vs GPipe", rp.GPIPE_NOTE, rp.GPIPE_COLUMNS, rows,
+                           command)
+    else:
+        raise WorkloadError(f"unknown table {table!r}; choose table1, other-tasks, gpipe or "
+                            "validation")
+    if output and table in rp.PLOTS:
+        png = str(Path(output).with_suffix(".png"))
+        series, ylabel = rp.PLOTS[table]
+        rp.plot(rows, series, ylabel, png, f"{table}: paper vs simulated")
+        text += f"\n![paper vs simulated]({Path(png).name})\n"
+    console.print(text)
+    if output:
+        Path(output).write_text(text)
+        console.print(f"wrote {output}")
 
 
 @app.command()

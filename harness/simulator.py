@@ -17,15 +17,18 @@ stage) with the schedule module's event engine and this cost model:
   message at a time (FIFO), a message takes ``latency_s + bytes / bandwidth`` of the
   innermost level the two ranks share; a receive waits for arrival;
 - all-reduce of a replicated stage (our runtime: after the backward, not overlapped):
-  ring, ``2 (r-1)/r x bytes / bandwidth`` of the slowest level the replicas span, plus
-  ``2 (r-1)`` latencies; ``allreduce="ps"``: one parameter server outside the workers,
-  whose link carries every replica's gradient in and weights out: ``2 r x bytes / bw``;
+  hierarchical ring, as the planner models it: at each level a ring among the k groups
+  the replicas form there, ``2 (k-1)/k x bytes / bandwidth`` of that level plus
+  ``2 (k-1)`` latencies, summed over levels; ``allreduce="ps"``: one parameter server
+  outside the workers, whose link carries every replica's gradient in and weights out:
+  ``2 r x bytes / bw``;
 - data parallelism (``dp``): DDP/Horovod overlap the all-reduce with the backward, so
   only what the backward does not hide is exposed: ``max(0, allreduce - backward)``
-  (``dp_overlap=False``: not overlapped, as PipeDream's optimizer models it). The ring
-  spans the slowest level once (no hierarchical all-reduce).
+  (``dp_overlap=False``: not overlapped, as PipeDream's optimizer models it).
 
-Outputs (``SimResult``): time per minibatch, throughput, per-worker utilisation and the
+Outputs (``SimResult``): time per minibatch and throughput in steady state (between the
+first and last quarter of the minibatches; ``total_s`` is the whole run, fill and drain
+included, as an epoch of the runtime is), per-worker utilisation and the
 timeline (``gantt`` draws it), bytes per link level, and peak memory per worker: weights
 (+ optimizer state, ``optimizer_slots`` copies), stashed weight versions and the
 activations of in-flight minibatches, read off the schedule.
@@ -141,17 +144,34 @@ class ClusterCosts:
         self.link_free[(src, dst)] = done
         return done
 
+    def ring_levels(self, ranks: tuple[int, ...]) -> list[tuple[int, int]]:
+        """(level, k) of a hierarchical ring all-reduce over ``ranks``: at each level, a
+        ring among the k groups of the level below (k = 1: nothing to do there)."""
+        out = []
+        below = [self.placement[r] for r in ranks]  # level -1 groups: the workers
+        for lv, size in enumerate(self.group_sizes):
+            inner = size // self.cluster.levels[lv].workers  # workers per level-(lv-1) group
+            groups: dict[int, set[int]] = defaultdict(set)
+            for w in below:
+                groups[w // size].add(w // inner)
+            k = max(len(g) for g in groups.values())
+            if k > 1:
+                out.append((lv, k))
+        return out
+
     def allreduce(self, stage: int, ranks: tuple[int, ...], t: float) -> float:
         r = len(ranks)
         nbytes = self.stages[stage].parameter_bytes
-        lv = max(self.level(ranks[0], x) for x in ranks[1:])
-        bw = self.cluster.levels[lv].bandwidth
+        dur = 0.0
         if self.mode == "ps":
+            lv = max(self.level(ranks[0], x) for x in ranks[1:])
             self.bytes_per_level[lv] += 2 * nbytes  # per replica: gradient in, weights out
-            dur = 2 * r * nbytes / bw + 2 * self.latency
+            dur = 2 * r * nbytes / self.cluster.levels[lv].bandwidth + 2 * self.latency
         else:
-            self.bytes_per_level[lv] += 2 * (r - 1) / r * nbytes
-            dur = 2 * (r - 1) / r * nbytes / bw + 2 * (r - 1) * self.latency
+            for lv, k in self.ring_levels(ranks):  # per rank, as the planner models it
+                self.bytes_per_level[lv] += 2 * (k - 1) / k * nbytes
+                dur += 2 * (k - 1) / k * nbytes / self.cluster.levels[lv].bandwidth \
+                    + 2 * (k - 1) * self.latency
         if self.overlap:  # hidden behind the backward that produced the gradients
             dur = max(0.0, dur - self.stages[stage].backward_s * self.unit_share / self.factor)
         return dur
@@ -197,7 +217,7 @@ def build_schedule(system: str, replicas: tuple[int, ...], minibatches: int,
 
 def simulate_system(profile: Profile, cluster: Cluster, system: str,
                     groups: list[tuple[str, ...]], replicas: tuple[int, ...],
-                    placement: list[int] | None = None, minibatches: int = 64,
+                    placement: list[int] | None = None, minibatches: int = 256,
                     microbatches: int | None = None, compute_factor: float = 1.0,
                     latency_s: float = 0.0, allreduce: str = "ring",
                     optimizer_slots: int = 1, dp_overlap: bool = True,
@@ -224,11 +244,17 @@ def simulate_system(profile: Profile, cluster: Cluster, system: str,
     timeline = simulate(sched, costs=costs)
     total = max((e for row in timeline for _, e, _ in row), default=0.0)
     n = sched.minibatches
+    # steady state: minibatches finish when stage 0 ends their backward (the last unit's,
+    # for GPipe); time per minibatch between the first and the last quarter of them
+    done = sorted(e for r in range(sched.layout.replicas[0]) for _, e, a in timeline[r]
+                  if a.kind == "B" and (a.mb + 1) % m == 0)
+    lo, hi = n // 4, (3 * n) // 4
+    steady = (done[hi] - done[lo]) / (hi - lo) if hi > lo else total / n
     util = {r: sum(e - s for s, e, a in row if a.kind in ("F", "B")) / total if total else 0.0
             for r, row in enumerate(timeline)}
     moved = sum(costs.bytes_per_level.values())
-    return SimResult(system, "-".join(map(str, replicas)), n, b, total, total / n,
-                     n * b / total if total else float("inf"), util,
+    return SimResult(system, "-".join(map(str, replicas)), n, b, total, steady,
+                     b / steady if steady else float("inf"), util,
                      dict(costs.bytes_per_level), moved / (n * b),
                      memory_per_worker(sched, stages, share, optimizer_slots), timeline,
                      sched.layout)
@@ -275,14 +301,75 @@ def gantt(result: SimResult, path: str, title: str = "") -> None:
     plt.close(fig)
 
 
-def node_chain_groups(profile: Profile, replicas: tuple[int, ...]) -> list[tuple[str, ...]]:
-    """Nodes split into len(replicas) contiguous runs of the profile's (topological) node
-    order, balanced for the config like ``balanced_bounds`` balances layers."""
-    from pipedream_impl.plan import balanced_bounds
+def topological_ids(profile: Profile) -> list[str]:
+    """Node ids in a topological order (file order among ready nodes)."""
+    g = profile.graph()
+    indeg = {n: len(g.in_edges.get(n, [])) for n in g.nodes}
+    order, ready = [], [n for n in g.nodes if indeg[n] == 0]
+    while ready:
+        n = ready.pop(0)
+        order.append(n)
+        for m in g.edges.get(n, []):
+            indeg[m] -= 1
+            if indeg[m] == 0:
+                ready.append(m)
+    return order
 
-    nodes = list(profile.graph().nodes.values())
-    bounds = balanced_bounds([n.forward_ms + n.backward_ms for n in nodes], replicas)
-    return [tuple(n.node_id for n in nodes[a:b]) for a, b in bounds]
+
+def config_groups(profile: Profile, replicas: tuple[int, ...],
+                  cluster: Cluster) -> list[tuple[str, ...]]:
+    """Contiguous stages (topological order) for a fixed config that minimise the slowest
+    stage under the simulator's own costs: (compute + its hierarchical all-reduce) / r,
+    or the transfer of the live activations into it and their gradients back, whichever
+    is longer. An exact DP over cut positions (O(S L^2))."""
+    g = profile.graph()
+    ids = topological_ids(profile)
+    n, k = len(ids), len(replicas)
+    if k > n:
+        raise WorkloadError(f"config has {k} stages but the profile has {n} layers")
+    pos = {x: i for i, x in enumerate(ids)}
+    comp, par = [0.0], [0.0]
+    for x in ids:
+        comp.append(comp[-1] + (g.nodes[x].forward_ms + g.nodes[x].backward_ms) / 1e3)
+        par.append(par[-1] + g.nodes[x].parameter_bytes)
+    live = [0.0] * (n + 1)  # bytes crossing a cut before position i
+    for x in ids:
+        last = max((pos[m] for m in g.edges.get(x, [])), default=pos[x])
+        for c in range(pos[x] + 1, last + 1):
+            live[c] += g.nodes[x].activation_bytes
+    costs = ClusterCosts(Layout(replicas), [], cluster, list(range(sum(replicas))), 1.0,
+                         1.0, 0.0, "ring", False)
+    offsets = [sum(replicas[:i]) for i in range(k)]
+    ar = []  # seconds per byte of one all-reduce for each stage's replica set
+    for i, r in enumerate(replicas):
+        ranks = tuple(range(offsets[i], offsets[i] + r))
+        ar.append(sum(2 * (kk - 1) / kk / cluster.levels[lv].bandwidth
+                      for lv, kk in costs.ring_levels(ranks)) if r > 1 else 0.0)
+    inf = float("inf")
+    best = [[inf] * (n + 1) for _ in range(k + 1)]
+    cut = [[0] * (n + 1) for _ in range(k + 1)]
+    best[0][0] = 0.0
+    for i in range(1, k + 1):
+        r = replicas[i - 1]
+        bw_in = cluster.levels[costs.level(offsets[i - 1] - 1, offsets[i - 1])].bandwidth \
+            if i > 1 else inf
+        links = min(r, replicas[i - 2]) if i > 1 else 1
+        for b in range(i, n - (k - i) + 1):
+            for a in range(i - 1, b):
+                if best[i - 1][a] == inf:
+                    continue
+                t = (comp[b] - comp[a] + ar[i - 1] * (par[b] - par[a])) / r
+                if i > 1:
+                    t = max(t, 2 * live[a] / bw_in / links)
+                t = max(best[i - 1][a], t)
+                if t < best[i][b]:
+                    best[i][b], cut[i][b] = t, a
+    bounds, b = [], n
+    for i in range(k, 0, -1):
+        a = cut[i][b]
+        bounds.append((a, b))
+        b = a
+    return [tuple(ids[a:b]) for a, b in reversed(bounds)]
 
 
 def layout_for(profile: Profile, cluster: Cluster, system: str, config: str | None = None,
@@ -305,8 +392,11 @@ def layout_for(profile: Profile, cluster: Cluster, system: str, config: str | No
         how = f"plan ({plan.config})"
     elif config is not None:
         replicas = Layout.from_config(config).replicas
-        groups, placement = node_chain_groups(profile, replicas), None
-        how = f"config {config}, nodes balanced on the profile"
+        if sum(replicas) > cluster.workers:
+            raise WorkloadError(f"config {config} needs {sum(replicas)} workers; the "
+                                f"cluster has {cluster.workers}")
+        groups, placement = config_groups(profile, replicas, cluster), None
+        how = f"config {config}, split chosen on the profile and cluster"
     else:
         straight = system in ("gpipe", "mp")
         target = cluster
