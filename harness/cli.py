@@ -275,11 +275,12 @@ def reproduce(
                              rp.ProfileSource(profiles, progress), minibatches, progress)
         title = ("Table 1: speedup and communication vs data parallelism" if table == "table1"
                  else "Epoch time: PipeDream vs data parallelism on other tasks")
-        text = rp.markdown(title, rp.TABLE_NOTE, rp.TABLE_COLUMNS, rows, command)
+        text = rp.markdown(title, rp.TABLE_NOTE, rp.TABLE_COLUMNS, rows, command) \
+            + rp.EXPLANATION
     elif table == "gpipe":
         rows = rp.gpipe_rows(rp.ProfileSource(profiles, progress), minibatches, progress)
         text = rp.markdown("PipeDream vs GPipe", rp.GPIPE_NOTE, rp.GPIPE_COLUMNS, rows,
-                           command)
+                           command) + rp.GPIPE_EXPLANATION
     else:
         raise WorkloadError(f"unknown table {table!r}; choose table1, other-tasks, gpipe or "
                             "validation")

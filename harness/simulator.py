@@ -14,8 +14,9 @@ stage) with the schedule module's event engine and this cost model:
   ``update_s_per_byte`` x the stage's parameter bytes (0 by default: the paper's profiles
   do not measure it);
 - point-to-point: asynchronous sends, as in the runtime; each directed link carries one
-  message at a time (FIFO), a message takes ``latency_s + bytes / bandwidth`` of the
-  innermost level the two ranks share; a receive waits for arrival;
+  message at a time (FIFO), a send of t tensors (+ ``header_messages``) takes
+  ``(t + header) x latency_s + bytes / bandwidth`` of the innermost level the two ranks
+  share; a receive waits for arrival;
 - all-reduce of a replicated stage (our runtime: after the backward, not overlapped):
   hierarchical ring, as the planner models it: at each level a ring among the k groups
   the replicas form there, ``2 (k-1)/k x bytes / bandwidth`` of that level plus
@@ -57,6 +58,7 @@ class StageCost:
     parameter_bytes: float
     activation_bytes: float  # outputs of every layer of the stage (what autograd keeps)
     send_bytes: float  # live outputs crossing to the next stage (0 for the last)
+    send_tensors: int = 1  # how many tensors carry them (one message each)
 
 
 @dataclass
@@ -89,12 +91,14 @@ def stage_costs(profile: Profile, groups: list[tuple[str, ...]]) -> list[StageCo
     out = []
     for i, grp in enumerate(groups):
         nodes = [g.nodes[n] for n in grp]
-        live = sum(g.nodes[n].activation_bytes for n in where if where[n] <= i
-                   and any(where[m] > i for m in g.edges.get(n, [])))
+        crossing = [g.nodes[n] for n in where if where[n] <= i
+                    and any(where[m] > i for m in g.edges.get(n, []))]
         out.append(StageCost(tuple(grp), sum(n.forward_ms for n in nodes) / 1e3,
                              sum(n.backward_ms for n in nodes) / 1e3,
                              sum(n.parameter_bytes for n in nodes),
-                             sum(n.activation_bytes for n in nodes), live))
+                             sum(n.activation_bytes for n in nodes),
+                             sum(n.activation_bytes for n in crossing),
+                             max(1, sum(len(n.activations) for n in crossing))))
     return out
 
 
@@ -104,12 +108,15 @@ class ClusterCosts:
     def __init__(self, layout: Layout, stages: list[StageCost], cluster: Cluster,
                  placement: list[int], unit_share: float, compute_factor: float,
                  latency_s: float, allreduce: str, overlap_allreduce: bool,
-                 update_s_per_byte: float = 0.0) -> None:
+                 update_s_per_byte: float = 0.0, header_messages: int = 0,
+                 batch_prep_s: float = 0.0) -> None:
         self.layout, self.stages, self.cluster = layout, stages, cluster
         self.placement = placement  # schedule rank -> worker index on the cluster
         self.unit_share, self.factor = unit_share, compute_factor
         self.latency, self.mode, self.overlap = latency_s, allreduce, overlap_allreduce
         self.update_s_per_byte = update_s_per_byte
+        self.header_messages = header_messages
+        self.batch_prep_s = batch_prep_s
         self.link_free: dict[tuple[int, int], float] = defaultdict(float)
         self.bytes_per_level: dict[int, float] = defaultdict(float)
         sizes, acc = [], 1
@@ -129,18 +136,22 @@ class ClusterCosts:
         st = self.stages[self.layout.stage_of(rank)[0]]
         if a.kind == "U":
             return st.parameter_bytes * self.update_s_per_byte / self.factor
-        t = {"F": st.forward_s, "B": st.backward_s}.get(a.kind, 0.0)
-        return t * self.unit_share / self.factor
+        t = {"F": st.forward_s, "B": st.backward_s}.get(a.kind, 0.0) * self.unit_share
+        s = self.layout.stage_of(rank)[0]
+        if a.kind == "F" and s in (0, len(self.layout.replicas) - 1):
+            t += self.batch_prep_s  # stage 0 reads inputs, the last stage its targets
+        return t / self.factor
 
     def arrival(self, src: int, dst: int, a: Action, t: float) -> float:
         s = self.layout.stage_of(src)[0]
         # forward: this stage's live outputs; backward: gradients of the previous cut
-        nbytes = (self.stages[s].send_bytes if a.kind == "SF"
-                  else self.stages[s - 1].send_bytes) * self.unit_share
+        cut = self.stages[s] if a.kind == "SF" else self.stages[s - 1]
+        nbytes = cut.send_bytes * self.unit_share
+        messages = cut.send_tensors + self.header_messages
         lv = self.level(src, dst)
         self.bytes_per_level[lv] += nbytes
         start = max(t, self.link_free[(src, dst)])
-        done = start + self.latency + nbytes / self.cluster.levels[lv].bandwidth
+        done = start + messages * self.latency + nbytes / self.cluster.levels[lv].bandwidth
         self.link_free[(src, dst)] = done
         return done
 
@@ -221,10 +232,14 @@ def simulate_system(profile: Profile, cluster: Cluster, system: str,
                     microbatches: int | None = None, compute_factor: float = 1.0,
                     latency_s: float = 0.0, allreduce: str = "ring",
                     optimizer_slots: int = 1, dp_overlap: bool = True,
-                    unit_profiled: bool = False, update_s_per_byte: float = 0.0) -> SimResult:
+                    unit_profiled: bool = False, update_s_per_byte: float = 0.0,
+                    header_messages: int = 0, batch_prep_s: float = 0.0) -> SimResult:
     """Simulate ``minibatches`` of ``system``. ``unit_profiled``: the profile was measured
     at the unit size (a GPipe microbatch), so no linear scaling; ``update_s_per_byte``:
-    optimizer step time per parameter byte (the paper's profiles leave it out: 0)."""
+    optimizer step time per parameter byte (the paper's profiles leave it out: 0);
+    ``header_messages``: extra messages per send (our runtime's shape header: 1 unless the
+    workload has static shapes); ``batch_prep_s``: time to build one unit's batch, paid
+    by the forward of stage 0 (inputs) and of the last stage (targets), as in our runtime."""
     if system not in SYSTEMS:
         raise WorkloadError(f"unknown simulated system {system!r}; choose {', '.join(SYSTEMS)}")
     if allreduce not in ("ring", "ps"):
@@ -240,7 +255,8 @@ def simulate_system(profile: Profile, cluster: Cluster, system: str,
     share = 1.0 if unit_profiled else 1.0 / m
     costs = ClusterCosts(sched.layout, stages, cluster, placement, share, compute_factor,
                          latency_s, allreduce, overlap_allreduce=system == "dp" and dp_overlap,
-                         update_s_per_byte=update_s_per_byte)
+                         update_s_per_byte=update_s_per_byte,
+                         header_messages=header_messages, batch_prep_s=batch_prep_s)
     timeline = simulate(sched, costs=costs)
     total = max((e for row in timeline for _, e, _ in row), default=0.0)
     n = sched.minibatches

@@ -9,12 +9,18 @@ same split, and compare throughputs.
 The machine model the simulator gets, all measured here first: the gloo link (latency and
 bandwidth from a ping-pong between two processes), the optimizer step time per parameter
 byte (the profiles leave it out), and time-sharing: with more workers than cores, each
-worker computes at cores / workers of its speed (``compute_factor``). GPipe is profiled at
-its microbatch size (no linear scaling); everything else at the minibatch size.
+worker computes at cores / workers of its speed (``compute_factor``). Profiles are scaled
+so their layers add up to a measured whole step (timing layers one by one adds overhead).
+GPipe is profiled at its microbatch size (no linear scaling); everything else at the
+minibatch size; DDP at its per-worker slice of the global minibatch. DDP's all-reduce
+overlaps the backward only when a core is spare; our runtime's shape header is one more
+message per send unless shapes are static; building a batch (measured) is paid by stage
+0's forward and by the last stage's (which builds it again to read the targets).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import statistics
 import tempfile
@@ -29,7 +35,8 @@ from harness.progress import Progress
 from harness.simulator import plan_groups, simulate_system
 from pipedream_impl.cluster import Cluster, Level
 from pipedream_impl.plan import Plan, plan_profile
-from pipedream_impl.profiler import profile_workload
+from pipedream_impl.profile import Profile
+from pipedream_impl.profiler import profile_workload, whole_step_ms
 from workloads import registry
 from workloads.recipe import load_splits, make_optimizer
 
@@ -94,6 +101,36 @@ def measure_link(reps: int = 50) -> tuple[float, float]:
     return latency, sizes[1] / max(1e-9, times[sizes[1]] - latency)
 
 
+def calibrated_profile(name: str, batch: int) -> tuple[Profile, float]:
+    """Per-layer profile here, scaled so its layers add up to a measured whole step
+    (timing layers one by one adds per-layer overhead the real step does not pay).
+    Returns (profile, the scale applied)."""
+    wl = registry.get(name)
+    prof = profile_workload(wl, "tiny", batch, torch.device("cpu"), steps=5)
+    splits = wl.default_data("tiny", 0)
+    model = wl.build("tiny", {**splits.train.meta, "init_seed": 0})
+    b = wl.make_batch(splits.train, torch.arange(min(batch, len(splits.train))))
+    whole = whole_step_ms(model, b, wl.loss, torch.device("cpu"), warmup=3, steps=10)
+    scale = whole / sum(n.forward_ms + n.backward_ms for n in prof.layers)
+    layers = tuple(dataclasses.replace(n, forward_ms=n.forward_ms * scale,
+                                       backward_ms=n.backward_ms * scale)
+                   for n in prof.layers)
+    return dataclasses.replace(prof, layers=layers), scale
+
+
+def batch_seconds(name: str, batch: int) -> float:
+    """Median time to build one batch of ``batch`` samples (``make_batch``), here."""
+    wl = registry.get(name)
+    data = wl.default_data("tiny", 0).train
+    times = []
+    for i in range(12):
+        idx = torch.arange(i * batch, (i + 1) * batch) % len(data)
+        t0 = time.perf_counter()
+        wl.make_batch(data, idx)
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times[2:])
+
+
 def update_seconds_per_byte(workload: str, scale: str, batch: int) -> float:
     """One optimizer step of the whole model, per parameter byte (median of 10)."""
     wl = registry.get(workload)
@@ -131,7 +168,8 @@ def validate(workloads: tuple[str, ...], worker_counts: tuple[int, ...],
             n_train = len(load_splits(wl, "tiny", None, 0).train)
             upd = update_seconds_per_byte(name, "tiny", b)
             machine[f"update_s_per_byte.{name}"] = upd
-            prof = profile_workload(wl, "tiny", b, torch.device("cpu"), steps=5)
+            prof, scale = calibrated_profile(name, b)
+            machine[f"profile_scale.{name}"] = scale
             for w in worker_counts:
                 cluster = Cluster((Level(w, bandwidth),))
                 factor = min(1.0, cores / w)
@@ -153,9 +191,13 @@ def _one(name, system, w, b, n_train, steps, epochs, prof, straight: Plan,  # no
     m = 4 * w if system == "gpipe" else 1
     k = min(steps, n_train // b)
     unit_prof, unit = prof, False
+    unit_batch = b // m
     if system == "gpipe":
-        unit_prof = profile_workload(wl, "tiny", b // m, torch.device("cpu"), steps=5)
+        unit_prof, _ = calibrated_profile(name, b // m)
         unit = True
+    elif system == "dp":  # global minibatch b: each replica trains b / w of it
+        unit_prof, _ = calibrated_profile(name, b // w)
+        unit_batch = b // w
     if system == "dp":
         groups, replicas, placement = [tuple(prof.graph().nodes)], (w,), None
     else:
@@ -170,8 +212,12 @@ def _one(name, system, w, b, n_train, steps, epochs, prof, straight: Plan,  # no
     progress.note(f"validation: {name} {label} on {w} worker(s)")
     summary = run(cfg, progress)
     sim = simulate_system(unit_prof, cluster, sim_system, groups, replicas, placement,
-                          minibatches=k, microbatches=m, compute_factor=factor,
-                          latency_s=latency, unit_profiled=unit, update_s_per_byte=upd)
+                          minibatches=k * w if system == "dp" else k, microbatches=m,
+                          compute_factor=factor,
+                          latency_s=latency, unit_profiled=unit, update_s_per_byte=upd,
+                          dp_overlap=(os.cpu_count() or 1) > w,  # a spare core to overlap on
+                          header_messages=0 if wl.static_shapes else 1,
+                          batch_prep_s=batch_seconds(name, unit_batch))
     # the runtime drains its pipeline at every epoch end: an epoch is k minibatches
     simulated = k * b / sim.total_s
     return ValidationRow(name, label, w, "-".join(map(str, replicas)), summary.throughput,
@@ -188,6 +234,9 @@ def markdown(rows: list[ValidationRow], machine: dict[str, float], command: str)
              f" bandwidth {machine['bandwidth_Bps'] / 1e9:.2f} GB/s, {machine['cores']:.0f} "
              "cores (workers beyond that share them: compute factor cores / workers)."]
     for k, v in machine.items():
+        if k.startswith("profile_scale."):
+            lines.append(f"Profile scale, {k.split('.', 1)[1]}: x{v:.2f} (layers timed one by "
+                         "one vs a whole step).")
         if k.startswith("update_s_per_byte."):
             lines.append(f"Optimizer step, {k.split('.', 1)[1]}: {v * 1e9:.2f} ns per "
                          "parameter byte.")

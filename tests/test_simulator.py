@@ -160,3 +160,38 @@ def test_config_split_is_the_best_contiguous_split_by_brute_force() -> None:
             bounds.append((a, a + len(g)))
             a += len(g)
         assert _bottleneck(nodes, replicas, cl, costs, bounds) == pytest.approx(best), trial
+
+
+@pytest.mark.skipif(not (PROFILES / "vgg16" / "graph.txt").exists(),
+                    reason="needs ../shared/pipedream-profiles")
+def test_reproduce_rows_quote_the_paper_and_simulate_our_plan() -> None:
+    from harness import reproduce as rp
+    from harness.progress import quiet
+    from pipedream_impl.plan import plan_profile
+
+    row = rp.PaperRow("VGG-16", "A:1x4", "2-1-1", 2.13, 0.90)
+    dp_row = rp.PaperRow("VGG-16", "A:1x4", "4", 1.00, 0.0)
+    src = rp.ProfileSource(str(PROFILES), quiet())
+    out = rp.table_rows((row, dp_row), src, 64, quiet())
+    assert out[0][3:6] == ["2-1-1", "2.13x", "90%"]
+    prof = load_profile(PROFILES / "vgg16" / "graph.txt")
+    assert out[0][6] == plan_profile(prof, parse_cluster("A:1x4")).config
+    # the paper's own data-parallel rows are 1x against data parallelism by definition
+    assert out[1][10:13] == ["1.00x", "1.00x", "0%"]
+
+
+def test_simulate_cli_rejects_an_unknown_system(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    prof = chain([1.0, 1.0], [1.0, 1.0], [1.0, 1.0])
+    path = tmp_path / "profile.json"
+    path.write_text(prof.to_json())
+    r = subprocess.run([sys.executable, "-m", "harness.cli", "simulate", "--profile",
+                        str(path), "--cluster", "2", "--system", "horovod"],
+                       capture_output=True, text=True, timeout=120)
+    ok = subprocess.run([sys.executable, "-m", "harness.cli", "simulate", "--profile",
+                         str(path), "--cluster", "2", "--system", "mp", "--config", "1-1"],
+                        capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "unknown simulated system 'horovod'" in r.stderr
+    assert ok.returncode == 0 and "time per minibatch" in ok.stdout
