@@ -171,10 +171,15 @@ def bench(
     names = tuple(s.strip() for s in systems.split(",") if s.strip())
     rows = bench_lib.bench(base, names, steps, Progress(enabled=not quiet))
     text = bench_lib.markdown(rows, base, " ".join(["pipebench"] + sys.argv[1:]))
+    _emit(text, output)
+
+
+def _emit(text: str, output: str | None) -> None:
+    """Print a generated markdown report and write it to ``output`` when given."""
+    from pathlib import Path
+
     console.print(text)
     if output:
-        from pathlib import Path
-
         Path(output).write_text(text)
         console.print(f"wrote {output}")
 
@@ -289,10 +294,7 @@ def reproduce(
         series, ylabel = rp.PLOTS[table]
         rp.plot(rows, series, ylabel, png, f"{table}: paper vs simulated")
         text += f"\n![paper vs simulated]({Path(png).name})\n"
-    console.print(text)
-    if output:
-        Path(output).write_text(text)
-        console.print(f"wrote {output}")
+    _emit(text, output)
 
 
 @app.command()

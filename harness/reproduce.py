@@ -188,9 +188,9 @@ def table_rows(rows: tuple[PaperRow, ...], source: ProfileSource, minibatches: i
         comm = "" if r.paper_comm_reduction is None else f"{100 * r.paper_comm_reduction:.0f}%"
         out.append([r.model, r.cluster, prov, r.paper_config, f"{r.paper_speedup:.2f}x", comm,
                     _label(str(ours["config"])), f"{ours['vs_dp']:.2f}x",
-                    f"{ours['vs_dp_flat']:.2f}x", f"{100 * ours['comm']:.0f}%",
+                    f"{ours['vs_dp_flat']:.2f}x", f"{round(100 * ours['comm']):d}%",
                     f"{theirs['vs_dp']:.2f}x", f"{theirs['vs_dp_flat']:.2f}x",
-                    f"{100 * theirs['comm']:.0f}%"])
+                    f"{round(100 * theirs['comm']):d}%"])
     return out
 
 
