@@ -13,6 +13,10 @@ Weight modes: ``stash`` and ``vertical-sync`` keep the forward's autograd graph 
 the version's snapshot) until the backward; ``none`` (naive pipelining) runs the forward
 with the current weights and, at backward time, recomputes it with the then-current
 weights on the stored input, so the gradient mixes versions as naive pipelining does.
+A forward with no update before its own backward on that worker (every GPipe forward, the
+last stage's in 1F1B) and using the current weights runs on the module itself, without a
+snapshot: the weights cannot change under its graph. Gradients accumulate (on snapshots or
+the module) until the all-reduce or update reads them, once per update.
 
 Gradient clipping, where a workload asks for it, is applied per stage (a global norm would
 need another all-reduce across stages). Parameters tied across two stages (AWD-LM's
