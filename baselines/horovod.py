@@ -76,9 +76,9 @@ class HorovodExecutor(DataParallelExecutor):
         hvd_optimizer.allreduce_async_ = counted  # what DistributedOptimizer reduces
         pristine_weights = {k: v.clone() for k, v in model.state_dict().items()}
         pristine_state = optimizer.state_dict()
-        hvd.broadcast_parameters(model.state_dict(), root_rank=0)
         hvd.broadcast_optimizer_state(optimizer, root_rank=0)
-        # undo the zero-gradient step broadcast_optimizer_state takes on a fresh optimizer
+        # undo the zero-gradient step broadcast_optimizer_state takes on a fresh optimizer,
+        # then broadcast rank 0's initial weights (once, after the undo)
         with torch.no_grad():
             for k, v in model.state_dict().items():
                 v.copy_(pristine_weights[k])

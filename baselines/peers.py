@@ -30,7 +30,7 @@ from torch import nn
 from pipedream_impl.runtime import EpochReport, WorkerSpec
 from pipedream_impl.schedule import Layout
 from workloads import registry
-from workloads.base import Workload, WorkloadError
+from workloads.base import Dataset, Workload, WorkloadError
 from workloads.recipe import (
     epoch_order,
     load_splits,
@@ -75,11 +75,11 @@ class EngineStage(nn.Module):
 
 
 def check_peer_boundaries(system: str, workload: Workload, scale: str,
-                          bounds: tuple[tuple[int, int], ...], batch_size: int) -> None:
-    """Reject splits whose inter-stage tuples hold non-floating tensors (see module doc)."""
-    splits = workload.default_data(scale, 0)
-    model = workload.build(scale, {**splits.train.meta, "init_seed": 0})
-    x = workload.make_batch(splits.train, torch.arange(min(2, batch_size))).inputs
+                          bounds: tuple[tuple[int, int], ...], data: Dataset) -> None:
+    """Reject splits whose inter-stage tuples hold non-floating tensors (see module doc).
+    ``data``: the run's training split (two of its samples go through the stages)."""
+    model = workload.build(scale, {**data.meta, "init_seed": 0})
+    x = workload.make_batch(data, torch.arange(min(2, len(data)))).inputs
     with torch.no_grad():
         for s, (a, b) in enumerate(bounds[:-1]):
             x = model.stage(a, b)(x)

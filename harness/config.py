@@ -13,6 +13,7 @@ SYSTEMS = ("single", "pipedream", "gpipe", "model-parallel", "ddp", "horovod",
 PIPELINE_SYSTEMS = SYSTEMS[1:]  # all run in the shared multi-process launcher
 DATA_PARALLEL = ("ddp", "horovod")  # one stage, the whole model on every worker
 STRAIGHT = ("gpipe", "model-parallel", "torch-gpipe", "torch-1f1b", "deepspeed-pipe")
+OWN_RUNTIME = ("pipedream", "gpipe", "model-parallel")  # our executor: idle time per action
 MICROBATCHED = ("gpipe", "torch-gpipe", "torch-1f1b", "deepspeed-pipe")  # flush pipelines
 WEIGHT_MODES = ("stash", "vertical-sync", "none")
 

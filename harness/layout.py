@@ -11,15 +11,16 @@ from pipedream_impl.plan import Plan, balanced_bounds, plan_profile
 from pipedream_impl.profiler import profile_workload
 from pipedream_impl.runtime import check_ties
 from pipedream_impl.schedule import Layout
-from workloads.base import Workload, WorkloadError
+from workloads.base import Dataset, Workload, WorkloadError
 
 LOCAL_BANDWIDTH = 1e9  # bytes/s assumed between local worker processes when planning
 
 
 def pipeline_layout(cfg: RunConfig, workload: Workload, batch_size: int,
-                    device: torch.device) -> tuple[tuple[int, ...], tuple[tuple[int, int], ...],
-                                                   str]:
-    """(replicas per stage, layer range per stage, how it was chosen)."""
+                    device: torch.device, data: Dataset) \
+        -> tuple[tuple[int, ...], tuple[tuple[int, int], ...], str]:
+    """(replicas per stage, layer range per stage, how it was chosen). ``data``: the run's
+    training split (the peer engines' boundary check runs two of its samples)."""
     if cfg.system in DATA_PARALLEL:  # one stage, every worker a replica of the whole model
         if cfg.plan or cfg.config:
             raise WorkloadError(f"{cfg.system} replicates the whole model: drop "
@@ -58,5 +59,5 @@ def pipeline_layout(cfg: RunConfig, workload: Workload, batch_size: int,
                             f"has {len(model.layers)}: was it made for another workload?")
     check_ties(model, bounds)
     if cfg.system in PEERS:
-        check_peer_boundaries(cfg.system, workload, cfg.scale, bounds, batch_size)
+        check_peer_boundaries(cfg.system, workload, cfg.scale, bounds, data)
     return replicas, bounds, how

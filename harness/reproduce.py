@@ -156,18 +156,13 @@ def _speedups(prof: Profile, cluster_spec: str, factor: float, config: str | Non
     if config and config.isdigit():  # the paper ran data parallelism: 1x by definition
         return {"config": config, "vs_dp": 1.0, "vs_dp_flat": 1.0, "comm": 0.0,
                 "pd_tput": dp.throughput_samples_s}
-    else:
-        if config == "straight":
-            config = "-".join(["1"] * w)
-        if config is None:
-            plan = plan_profile(prof, cl)
-            groups, reps, placement, _ = layout_for(prof, cl, "pipedream", plan=plan)
-        else:
-            groups, reps, placement, _ = layout_for(prof, cl, "pipedream", config=config)
-        pd = simulate_system(prof, cl, "pipedream", groups, reps, placement,
-                             minibatches=minibatches, compute_factor=factor)
-        label = pd.config
-    return {"config": label, "vs_dp": pd.throughput_samples_s / dp.throughput_samples_s,
+    if config == "straight":
+        config = "-".join(["1"] * w)
+    # config None: layout_for plans on the profile and cluster
+    groups, reps, placement, _ = layout_for(prof, cl, "pipedream", config=config)
+    pd = simulate_system(prof, cl, "pipedream", groups, reps, placement,
+                         minibatches=minibatches, compute_factor=factor)
+    return {"config": pd.config, "vs_dp": pd.throughput_samples_s / dp.throughput_samples_s,
             "vs_dp_flat": pd.throughput_samples_s / dp_flat.throughput_samples_s,
             "comm": 1 - pd.bytes_per_sample / dp.bytes_per_sample if dp.bytes_per_sample
             else 0.0, "pd_tput": pd.throughput_samples_s}

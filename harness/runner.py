@@ -8,7 +8,13 @@ import time
 import torch
 
 from harness import tracking
-from harness.config import DATA_PARALLEL, MICROBATCHED, PIPELINE_SYSTEMS, RunConfig
+from harness.config import (
+    DATA_PARALLEL,
+    MICROBATCHED,
+    OWN_RUNTIME,
+    PIPELINE_SYSTEMS,
+    RunConfig,
+)
 from harness.progress import Progress
 from harness.training import (
     EpochStats,
@@ -46,7 +52,8 @@ def run(cfg: RunConfig, progress: Progress | None = None,
     if cfg.system in PIPELINE_SYSTEMS:
         from harness.layout import pipeline_layout
 
-        replicas, bounds, how = pipeline_layout(cfg, workload, batch_size, device)
+        replicas, bounds, how = pipeline_layout(cfg, workload, batch_size, device,
+                                                splits.train)
         progress.note(f"pipeline {'-'.join(map(str, replicas))} on {cfg.workers} workers, "
                       f"layers {list(bounds)}: {how}")
         trainer, layout_params = _pipeline_trainer(cfg, workload, splits, replicas, bounds,
@@ -117,7 +124,6 @@ def run(cfg: RunConfig, progress: Progress | None = None,
     return summary
 
 
-OWN_RUNTIME = ("pipedream", "gpipe", "model-parallel")  # idle time measured per action
 EXECUTORS = {"ddp": "baselines.ddp:DDPExecutor", "horovod": "baselines.horovod:HorovodExecutor",
              "torch-gpipe": "baselines.peers:TorchPipeExecutor",
              "torch-1f1b": "baselines.peers:TorchPipeExecutor",

@@ -102,23 +102,13 @@ def stage_costs(profile: Profile, groups: list[tuple[str, ...]]) -> list[StageCo
     return out
 
 
-class ClusterCosts:
-    """The cost model the schedule engine asks (see ``pipedream_impl.schedule.TickCosts``)."""
+class Topology:
+    """Where schedule ranks sit on the cluster: which level two ranks share, and the rings
+    a hierarchical all-reduce over a set of ranks runs at each level."""
 
-    def __init__(self, layout: Layout, stages: list[StageCost], cluster: Cluster,
-                 placement: list[int], unit_share: float, compute_factor: float,
-                 latency_s: float, allreduce: str, overlap_allreduce: bool,
-                 update_s_per_byte: float = 0.0, header_messages: int = 0,
-                 batch_prep_s: float = 0.0) -> None:
-        self.layout, self.stages, self.cluster = layout, stages, cluster
+    def __init__(self, cluster: Cluster, placement: list[int]) -> None:
+        self.cluster = cluster
         self.placement = placement  # schedule rank -> worker index on the cluster
-        self.unit_share, self.factor = unit_share, compute_factor
-        self.latency, self.mode, self.overlap = latency_s, allreduce, overlap_allreduce
-        self.update_s_per_byte = update_s_per_byte
-        self.header_messages = header_messages
-        self.batch_prep_s = batch_prep_s
-        self.link_free: dict[tuple[int, int], float] = defaultdict(float)
-        self.bytes_per_level: dict[int, float] = defaultdict(float)
         sizes, acc = [], 1
         for lv in cluster.levels:
             acc *= lv.workers
@@ -131,6 +121,40 @@ class ClusterCosts:
             if wa // size == wb // size:
                 return i
         return len(self.group_sizes) - 1
+
+    def ring_levels(self, ranks: tuple[int, ...]) -> list[tuple[int, int]]:
+        """(level, k) of a hierarchical ring all-reduce over ``ranks``: at each level, a
+        ring among the k groups of the level below (k = 1: nothing to do there)."""
+        out = []
+        below = [self.placement[r] for r in ranks]  # level -1 groups: the workers
+        for lv, size in enumerate(self.group_sizes):
+            inner = size // self.cluster.levels[lv].workers  # workers per level-(lv-1) group
+            groups: dict[int, set[int]] = defaultdict(set)
+            for w in below:
+                groups[w // size].add(w // inner)
+            k = max(len(g) for g in groups.values())
+            if k > 1:
+                out.append((lv, k))
+        return out
+
+
+class ClusterCosts:
+    """The cost model the schedule engine asks (see ``pipedream_impl.schedule.TickCosts``)."""
+
+    def __init__(self, layout: Layout, stages: list[StageCost], cluster: Cluster,
+                 placement: list[int], unit_share: float, compute_factor: float,
+                 latency_s: float, allreduce: str, overlap_allreduce: bool,
+                 update_s_per_byte: float = 0.0, header_messages: int = 0,
+                 batch_prep_s: float = 0.0) -> None:
+        self.layout, self.stages, self.cluster = layout, stages, cluster
+        self.topology = Topology(cluster, placement)
+        self.unit_share, self.factor = unit_share, compute_factor
+        self.latency, self.mode, self.overlap = latency_s, allreduce, overlap_allreduce
+        self.update_s_per_byte = update_s_per_byte
+        self.header_messages = header_messages
+        self.batch_prep_s = batch_prep_s
+        self.link_free: dict[tuple[int, int], float] = defaultdict(float)
+        self.bytes_per_level: dict[int, float] = defaultdict(float)
 
     def compute(self, rank: int, a: Action) -> float:
         st = self.stages[self.layout.stage_of(rank)[0]]
@@ -148,38 +172,23 @@ class ClusterCosts:
         cut = self.stages[s] if a.kind == "SF" else self.stages[s - 1]
         nbytes = cut.send_bytes * self.unit_share
         messages = cut.send_tensors + self.header_messages
-        lv = self.level(src, dst)
+        lv = self.topology.level(src, dst)
         self.bytes_per_level[lv] += nbytes
         start = max(t, self.link_free[(src, dst)])
         done = start + messages * self.latency + nbytes / self.cluster.levels[lv].bandwidth
         self.link_free[(src, dst)] = done
         return done
 
-    def ring_levels(self, ranks: tuple[int, ...]) -> list[tuple[int, int]]:
-        """(level, k) of a hierarchical ring all-reduce over ``ranks``: at each level, a
-        ring among the k groups of the level below (k = 1: nothing to do there)."""
-        out = []
-        below = [self.placement[r] for r in ranks]  # level -1 groups: the workers
-        for lv, size in enumerate(self.group_sizes):
-            inner = size // self.cluster.levels[lv].workers  # workers per level-(lv-1) group
-            groups: dict[int, set[int]] = defaultdict(set)
-            for w in below:
-                groups[w // size].add(w // inner)
-            k = max(len(g) for g in groups.values())
-            if k > 1:
-                out.append((lv, k))
-        return out
-
     def allreduce(self, stage: int, ranks: tuple[int, ...], t: float) -> float:
         r = len(ranks)
         nbytes = self.stages[stage].parameter_bytes
         dur = 0.0
         if self.mode == "ps":
-            lv = max(self.level(ranks[0], x) for x in ranks[1:])
+            lv = max(self.topology.level(ranks[0], x) for x in ranks[1:])
             self.bytes_per_level[lv] += 2 * nbytes  # per replica: gradient in, weights out
             dur = 2 * r * nbytes / self.cluster.levels[lv].bandwidth + 2 * self.latency
         else:
-            for lv, k in self.ring_levels(ranks):  # per rank, as the planner models it
+            for lv, k in self.topology.ring_levels(ranks):  # per rank, as the planner models it
                 self.bytes_per_level[lv] += 2 * (k - 1) / k * nbytes
                 dur += 2 * (k - 1) / k * nbytes / self.cluster.levels[lv].bandwidth \
                     + 2 * (k - 1) * self.latency
@@ -353,21 +362,20 @@ def config_groups(profile: Profile, replicas: tuple[int, ...],
         last = max((pos[m] for m in g.edges.get(x, [])), default=pos[x])
         for c in range(pos[x] + 1, last + 1):
             live[c] += g.nodes[x].activation_bytes
-    costs = ClusterCosts(Layout(replicas), [], cluster, list(range(sum(replicas))), 1.0,
-                         1.0, 0.0, "ring", False)
+    topo = Topology(cluster, list(range(sum(replicas))))
     offsets = [sum(replicas[:i]) for i in range(k)]
     ar = []  # seconds per byte of one all-reduce for each stage's replica set
     for i, r in enumerate(replicas):
         ranks = tuple(range(offsets[i], offsets[i] + r))
         ar.append(sum(2 * (kk - 1) / kk / cluster.levels[lv].bandwidth
-                      for lv, kk in costs.ring_levels(ranks)) if r > 1 else 0.0)
+                      for lv, kk in topo.ring_levels(ranks)) if r > 1 else 0.0)
     inf = float("inf")
     best = [[inf] * (n + 1) for _ in range(k + 1)]
     cut = [[0] * (n + 1) for _ in range(k + 1)]
     best[0][0] = 0.0
     for i in range(1, k + 1):
         r = replicas[i - 1]
-        bw_in = cluster.levels[costs.level(offsets[i - 1] - 1, offsets[i - 1])].bandwidth \
+        bw_in = cluster.levels[topo.level(offsets[i - 1] - 1, offsets[i - 1])].bandwidth \
             if i > 1 else inf
         links = min(r, replicas[i - 2]) if i > 1 else 1
         for b in range(i, n - (k - i) + 1):

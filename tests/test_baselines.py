@@ -108,10 +108,12 @@ def test_peer_engine_equals_single_process_on_whole_minibatches(splits, sequenti
 @pytest.mark.parametrize("workload", ["gnmt8", "s2vt"])
 def test_peers_refuse_splits_that_send_integer_tensors(workload: str) -> None:
     wl = get(workload)
-    n = len(wl.build("tiny", wl.default_data("tiny", 0).train.meta).layers)
+    train = wl.default_data("tiny", 0).train
+    n = len(wl.build("tiny", train.meta).layers)
     with pytest.raises(WorkloadError, match="only floating-point activations"):
-        check_peer_boundaries("torch-gpipe", wl, "tiny", ((0, n // 2), (n // 2, n)), 8)
-    check_peer_boundaries("torch-gpipe", WL, "tiny", ((0, 12), (12, 40)), 8)  # VGG is fine
+        check_peer_boundaries("torch-gpipe", wl, "tiny", ((0, n // 2), (n // 2, n)), train)
+    vgg = WL.default_data("tiny", 0).train
+    check_peer_boundaries("torch-gpipe", WL, "tiny", ((0, 12), (12, 40)), vgg)  # VGG is fine
 
 
 def test_bench_targets_compare_the_right_rows() -> None:

@@ -117,14 +117,14 @@ def test_vgg16_on_cluster_a_simulation_agrees_with_the_planner(tmp_path) -> None
     assert (tmp_path / "g.png").stat().st_size > 10_000
 
 
-def _bottleneck(nodes, replicas, cl, costs, bounds) -> float:  # noqa: ANN001
+def _bottleneck(nodes, replicas, cl, topo, bounds) -> float:  # noqa: ANN001
     """The slowest stage of a split, written out directly (the reference)."""
     worst, off = 0.0, 0
     for i, ((a, b), r) in enumerate(zip(bounds, replicas, strict=True)):
         c = sum(x.forward_ms + x.backward_ms for x in nodes[a:b]) / 1e3
         p = sum(x.parameter_bytes for x in nodes[a:b])
         ar = sum(2 * (k - 1) / k * p / cl.levels[lv].bandwidth
-                 for lv, k in costs.ring_levels(tuple(range(off, off + r))))
+                 for lv, k in topo.ring_levels(tuple(range(off, off + r))))
         t = (c + ar) / r
         if i:
             t = max(t, 2 * nodes[a - 1].activation_bytes / cl.levels[0].bandwidth
@@ -137,8 +137,7 @@ def test_config_split_is_the_best_contiguous_split_by_brute_force() -> None:
     import itertools
     import random
 
-    from harness.simulator import ClusterCosts, config_groups
-    from pipedream_impl.schedule import Layout
+    from harness.simulator import Topology, config_groups
 
     rng = random.Random(3)
     for trial in range(20):
@@ -148,18 +147,17 @@ def test_config_split_is_the_best_contiguous_split_by_brute_force() -> None:
                      [rng.uniform(0, 50) * MB for _ in range(n)])
         replicas = rng.choice([(1, 1), (2, 1), (1, 2, 1), (3, 1), (2, 1, 1)])
         cl = Cluster((Level(sum(replicas), rng.choice([BW, 10 * BW])),))
-        costs = ClusterCosts(Layout(replicas), [], cl, list(range(sum(replicas))), 1.0, 1.0,
-                             0.0, "ring", False)
+        topo = Topology(cl, list(range(sum(replicas))))
         nodes = list(prof.layers)
         k = len(replicas)
-        best = min(_bottleneck(nodes, replicas, cl, costs,
+        best = min(_bottleneck(nodes, replicas, cl, topo,
                                list(zip((0, *cuts), (*cuts, n), strict=True)))
                    for cuts in itertools.combinations(range(1, n), k - 1))
         bounds, a = [], 0
         for g in config_groups(prof, replicas, cl):
             bounds.append((a, a + len(g)))
             a += len(g)
-        assert _bottleneck(nodes, replicas, cl, costs, bounds) == pytest.approx(best), trial
+        assert _bottleneck(nodes, replicas, cl, topo, bounds) == pytest.approx(best), trial
 
 
 @pytest.mark.skipif(not (PROFILES / "vgg16" / "graph.txt").exists(),
