@@ -46,6 +46,7 @@ class PipelineMetrics:
     samples: int = 0
     busy: dict[int, float] | None = None
     idle: dict[int, float] | None = None
+    action_s: dict[int, dict[str, float]] | None = None  # our runtime: seconds per action kind
     peak_memory: dict[int, int] | None = None
     stash_weights: dict[int, int] | None = None
     stash_activations: dict[int, int] | None = None
@@ -178,6 +179,10 @@ class PipelineTrainer:
         m.bytes_sent = total
         m.busy = {r.rank: (m.busy or {}).get(r.rank, 0.0) + r.busy_s for r in reports}
         m.idle = {r.rank: (m.idle or {}).get(r.rank, 0.0) + r.idle_s for r in reports}
+        before = m.action_s or {}
+        m.action_s = {r.rank: {k: before.get(r.rank, {}).get(k, 0.0) + r.action_s.get(k, 0.0)
+                               for k in {*r.action_s, *before.get(r.rank, {})}}
+                      for r in reports}
         m.peak_memory = {r.rank: r.peak_memory for r in reports}
         m.stash_weights = {r.rank: r.stash_weight_bytes for r in reports}
         m.stash_activations = {r.rank: r.stash_activation_bytes for r in reports}

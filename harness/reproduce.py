@@ -322,14 +322,15 @@ EXPLANATION = """
   main reason our speedups are lower. The non-overlapped column is the fairer comparison
   with the paper's optimizer; it reproduces our planner's own predictions (checked in
   tests/test_simulator.py on VGG-16, A:4x4: within 10%).
-- **Our planner's cross-server replication.** Where our planned configuration replicates a
-  stage across servers without replicating it inside them (e.g. VGG-16 6-2 on A:2x4, or
-  ResNet-50 8-4-4), the simulated speedup falls far below the planner's prediction
-  (results/planner.md): the planner's `pipebench` cost model divides outer-level weight
-  synchronisation by the workers per server, while the runtime (and so the simulator)
-  all-reduces a replicated stage's full weights over the slow link after every round.
-  The simulator is the closer model of our runtime; the planner's term is a known flaw
-  to fix, and in those rows the paper's configuration simulates better than ours.
+- **Our planner's cross-server replication.** An earlier `pipebench` cost model divided
+  the weight synchronisation of a stage replicated across servers by the workers per
+  server, so it planned configurations such as VGG-16 6-2 on A:2x4 (predicted 1.04x over
+  DP) that simulate at 0.3-0.5x. It now charges each stage the bytes its server really
+  pushes per minibatch (the range's parameters over its replicas inside the server, or
+  the data-parallel-inside-the-server candidate, whichever is faster) and, checked by
+  brute force in tests/test_optimizer.py, still has data parallelism as a candidate. Where
+  it now plans plain data parallelism (e.g. VGG-16 on A:2x4), it predicts no gain over an
+  ideal ring DP, unlike the paper.
 - **Splits.** The paper gives configurations, not layer ranges; its configurations are
   simulated with the split an exact DP picks for them under the simulator's costs.
 - **Profiles.** Rows on the shared V100 profiles use the authors' measurements at their

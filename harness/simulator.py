@@ -10,17 +10,19 @@ stage) with the schedule module's event engine and this cost model:
 - compute: a stage's forward (backward) time is the sum of its layers' profiled times,
   scaled by the unit's share of the profiled batch (a GPipe microbatch of b/M samples
   takes 1/M of the minibatch time: linear scaling) and divided by ``compute_factor``
-  (e.g. 2.0 for a device twice as fast as the profiled one); the optimizer step costs
-  ``update_s_per_byte`` x the stage's parameter bytes (0 by default: the paper's profiles
-  do not measure it);
+  (e.g. 2.0 for a device twice as fast as the profiled one); the optimizer step is free
+  (the paper's profiles do not measure it) unless a ``MachineModel`` gives measured
+  per-action costs, which then replace the profile's compute altogether;
 - point-to-point: asynchronous sends, as in the runtime; each directed link carries one
   message at a time (FIFO), a send of t tensors (+ ``header_messages``) takes
   ``(t + header) x latency_s + bytes / bandwidth`` of the innermost level the two ranks
-  share; a receive waits for arrival;
+  share; a receive waits for arrival; ``MachineModel.sends_block``: the sender is busy
+  until its message is delivered (no spare core to move it in the background);
 - all-reduce of a replicated stage (our runtime: after the backward, not overlapped):
   hierarchical ring, as the planner models it: at each level a ring among the k groups
   the replicas form there, ``2 (k-1)/k x bytes / bandwidth`` of that level plus
-  ``2 (k-1)`` latencies, summed over levels; ``allreduce="ps"``: one parameter server
+  ``2 (k-1)`` latencies, summed over levels (``MachineModel.allreduce_fit``: a measured
+  fixed + per-byte time instead); ``allreduce="ps"``: one parameter server
   outside the workers, whose link carries every replica's gradient in and weights out:
   ``2 r x bytes / bw``;
 - data parallelism (``dp``): DDP/Horovod overlap the all-reduce with the backward, so
@@ -48,6 +50,18 @@ from pipedream_impl.schedule import Action, Layout, Schedule, gpipe, one_f_one_b
 from workloads.base import WorkloadError
 
 SYSTEMS = ("pipedream", "gpipe", "mp", "dp")
+
+
+@dataclass(frozen=True)
+class MachineModel:
+    """What a validation measured on the machine it simulates; the defaults are the
+    paper's setting (profile compute only, transfers in the background, ring formula)."""
+    # per stage: seconds per unit of each action kind (F, B, U), measured on the runtime's
+    # own code path (``pipedream_impl.local``); replaces the profile's compute when given
+    action_s: dict[int, dict[str, float]] | None = None
+    header_messages: int = 0  # extra messages per send (our shape header, unless static)
+    sends_block: bool = False  # the sender is busy until its message is delivered
+    allreduce_fit: tuple[float, float] | None = None  # measured: fixed s + s per byte
 
 
 @dataclass(frozen=True)
@@ -144,46 +158,46 @@ class ClusterCosts:
     def __init__(self, layout: Layout, stages: list[StageCost], cluster: Cluster,
                  placement: list[int], unit_share: float, compute_factor: float,
                  latency_s: float, allreduce: str, overlap_allreduce: bool,
-                 update_s_per_byte: float = 0.0, header_messages: int = 0,
-                 batch_prep_s: float = 0.0) -> None:
+                 machine: MachineModel | None = None) -> None:
         self.layout, self.stages, self.cluster = layout, stages, cluster
         self.topology = Topology(cluster, placement)
         self.unit_share, self.factor = unit_share, compute_factor
         self.latency, self.mode, self.overlap = latency_s, allreduce, overlap_allreduce
-        self.update_s_per_byte = update_s_per_byte
-        self.header_messages = header_messages
-        self.batch_prep_s = batch_prep_s
+        self.machine = machine or MachineModel()
         self.link_free: dict[tuple[int, int], float] = defaultdict(float)
         self.bytes_per_level: dict[int, float] = defaultdict(float)
 
     def compute(self, rank: int, a: Action) -> float:
-        st = self.stages[self.layout.stage_of(rank)[0]]
-        if a.kind == "U":
-            return st.parameter_bytes * self.update_s_per_byte / self.factor
-        t = {"F": st.forward_s, "B": st.backward_s}.get(a.kind, 0.0) * self.unit_share
         s = self.layout.stage_of(rank)[0]
-        if a.kind == "F" and s in (0, len(self.layout.replicas) - 1):
-            t += self.batch_prep_s  # stage 0 reads inputs, the last stage its targets
-        return t / self.factor
+        if self.machine.action_s is not None:
+            return self.machine.action_s[s].get(a.kind, 0.0) / self.factor
+        st = self.stages[s]
+        return {"F": st.forward_s, "B": st.backward_s}.get(a.kind, 0.0) * self.unit_share \
+            / self.factor
 
-    def arrival(self, src: int, dst: int, a: Action, t: float) -> float:
+    def send(self, src: int, dst: int, a: Action, t: float) -> tuple[float, float]:
         s = self.layout.stage_of(src)[0]
         # forward: this stage's live outputs; backward: gradients of the previous cut
         cut = self.stages[s] if a.kind == "SF" else self.stages[s - 1]
         nbytes = cut.send_bytes * self.unit_share
-        messages = cut.send_tensors + self.header_messages
+        messages = cut.send_tensors + self.machine.header_messages
         lv = self.topology.level(src, dst)
         self.bytes_per_level[lv] += nbytes
         start = max(t, self.link_free[(src, dst)])
         done = start + messages * self.latency + nbytes / self.cluster.levels[lv].bandwidth
         self.link_free[(src, dst)] = done
-        return done
+        return (done if self.machine.sends_block else t), done
 
     def allreduce(self, stage: int, ranks: tuple[int, ...], t: float) -> float:
         r = len(ranks)
         nbytes = self.stages[stage].parameter_bytes
         dur = 0.0
-        if self.mode == "ps":
+        fit = self.machine.allreduce_fit
+        if fit is not None:
+            for lv, k in self.topology.ring_levels(ranks):
+                self.bytes_per_level[lv] += 2 * (k - 1) / k * nbytes
+            dur = fit[0] + fit[1] * nbytes
+        elif self.mode == "ps":
             lv = max(self.topology.level(ranks[0], x) for x in ranks[1:])
             self.bytes_per_level[lv] += 2 * nbytes  # per replica: gradient in, weights out
             dur = 2 * r * nbytes / self.cluster.levels[lv].bandwidth + 2 * self.latency
@@ -193,7 +207,7 @@ class ClusterCosts:
                 dur += 2 * (k - 1) / k * nbytes / self.cluster.levels[lv].bandwidth \
                     + 2 * (k - 1) * self.latency
         if self.overlap:  # hidden behind the backward that produced the gradients
-            dur = max(0.0, dur - self.stages[stage].backward_s * self.unit_share / self.factor)
+            dur = max(0.0, dur - self.compute(ranks[0], Action("B", 0)))
         return dur
 
 
@@ -241,14 +255,11 @@ def simulate_system(profile: Profile, cluster: Cluster, system: str,
                     microbatches: int | None = None, compute_factor: float = 1.0,
                     latency_s: float = 0.0, allreduce: str = "ring",
                     optimizer_slots: int = 1, dp_overlap: bool = True,
-                    unit_profiled: bool = False, update_s_per_byte: float = 0.0,
-                    header_messages: int = 0, batch_prep_s: float = 0.0) -> SimResult:
+                    unit_profiled: bool = False,
+                    machine: MachineModel | None = None) -> SimResult:
     """Simulate ``minibatches`` of ``system``. ``unit_profiled``: the profile was measured
-    at the unit size (a GPipe microbatch), so no linear scaling; ``update_s_per_byte``:
-    optimizer step time per parameter byte (the paper's profiles leave it out: 0);
-    ``header_messages``: extra messages per send (our runtime's shape header: 1 unless the
-    workload has static shapes); ``batch_prep_s``: time to build one unit's batch, paid
-    by the forward of stage 0 (inputs) and of the last stage (targets), as in our runtime."""
+    at the unit size (a GPipe microbatch), so no linear scaling; ``machine``: measured
+    facts about the machine simulated (see ``MachineModel``; default: none)."""
     if system not in SYSTEMS:
         raise WorkloadError(f"unknown simulated system {system!r}; choose {', '.join(SYSTEMS)}")
     if allreduce not in ("ring", "ps"):
@@ -264,8 +275,7 @@ def simulate_system(profile: Profile, cluster: Cluster, system: str,
     share = 1.0 if unit_profiled else 1.0 / m
     costs = ClusterCosts(sched.layout, stages, cluster, placement, share, compute_factor,
                          latency_s, allreduce, overlap_allreduce=system == "dp" and dp_overlap,
-                         update_s_per_byte=update_s_per_byte,
-                         header_messages=header_messages, batch_prep_s=batch_prep_s)
+                         machine=machine)
     timeline = simulate(sched, costs=costs)
     total = max((e for row in timeline for _, e, _ in row), default=0.0)
     n = sched.minibatches

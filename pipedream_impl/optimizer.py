@@ -46,12 +46,17 @@ its bandwidth:
   on the same cluster is computed level by level, t <- (t + AR_level / G_prev) / n_level.
   Compute and all-reduce are summed, transfers overlapped (max).
 - ``pipebench`` (default): our model of the runtime: AR is a ring all-reduce,
-  AR(m, P) = 2 (m-1)/m * P / B, divided by G in *both* branches. Why G: at an outer level a
-  unit is a server whose time C is per minibatch while it processes G minibatches per
-  synchronisation round, and its G workers share one link (Cluster-A: one 10 Gbps NIC per 4
-  GPUs), so a round costs G*C + AR and a minibatch (C + AR/G). With this, a single stage
-  replicated on every unit costs exactly what data parallelism costs, which the original's
-  split branch (no /G) breaks. Data parallelism: (total compute + sum over levels of
+  AR(m, P) = 2 (m-1)/m * P / B, in *both* branches over the range's *effective* parameter
+  bytes P_eff: the bytes its units push through their shared link (Cluster-A: one 10 Gbps
+  NIC per 4 GPUs) per minibatch. At the innermost level P_eff = P. At an outer level a unit
+  runs the range as the level below planned it, stages s with P_s bytes on r_s replicas,
+  and a replica synchronises once per minibatch it processes, so a unit moves
+  P_eff = sum_s P_eff,s / r_s per minibatch (``effective_params``): P / G when the range is
+  data parallel on all G workers of the unit (then a single stage replicated on every
+  unit costs exactly what data parallelism costs, which the original's split branch
+  breaks), P when the unit pipelines it unreplicated (dividing by G there, as an earlier
+  version did, made cross-server replication of straight pipelines look G times cheaper
+  than the simulator finds it). Data parallelism: (total compute + sum over levels of
   2 (n-1)/n * P / B_level) / workers. Like the runtime, weight synchronisation is not
   overlapped with compute; point-to-point transfers are (max).
 
@@ -80,6 +85,9 @@ class LevelSolution:
     split: np.ndarray  # [R, N, M] k of the last split, -1 for a single stage
     prev_m: np.ndarray  # [R, N, M] index m - m' of the pipeline before the split
     replicas: np.ndarray  # [R, N, M] m' (replicas of the last stage at this level)
+    # [R, N, M] the last stage runs data parallel on every worker of its units instead of
+    # the level below's fastest plan (``pipebench`` model; always False at level 0)
+    inner_dp: np.ndarray | None = None
 
 
 def allreduce_time(model: str, replicas: int | np.ndarray, params: np.ndarray,
@@ -108,35 +116,54 @@ def range_tables(states: States) -> tuple[np.ndarray, np.ndarray, np.ndarray, np
 def solve_level(compute: np.ndarray, params: np.ndarray, acts: np.ndarray, valid: np.ndarray,
                 out: np.ndarray, precedes: np.ndarray, units: int, bandwidth: float,
                 inner_units: int, model: str, straight: bool, memory_limit: float | None,
-                final: bool, chunk_elems: int = 1 << 23) -> LevelSolution:
+                final: bool, chunk_elems: int = 1 << 23,
+                sync_params: np.ndarray | None = None,
+                dp_inner: tuple[np.ndarray, np.ndarray] | None = None) -> LevelSolution:
+    """One level's DP. ``sync_params``: the ``pipebench`` model's P_eff table (default P);
+    ``dp_inner``: (C, P_eff) of each range run data parallel inside a unit, a second
+    candidate for every stage; ``inner_units``: G, used only by ``pipedream-2019``."""
     rows_total, n = compute.shape
+    if sync_params is None:
+        sync_params = params
     rows = 1 if final else rows_total
     time = np.full((rows, n, units), INF)
     split = np.full((rows, n, units), -1, dtype=np.int32)
     prev_m = np.full((rows, n, units), -1, dtype=np.int16)
     reps = np.zeros((rows, n, units), dtype=np.int16)
+    inner_dp = np.zeros((rows, n, units), dtype=bool)
     C, P, Act, V = compute[:rows], params[:rows], acts[:rows], valid[:rows]
+    orig = model == "pipedream-2019"
+    PE = P / inner_units if orig else sync_params[:rows]
+
+    def stage_time(c: np.ndarray, pe: np.ndarray, dp: tuple | None, r: int,
+                   sl: slice) -> tuple[np.ndarray, np.ndarray]:
+        """(c + AR(r, pe)) / r, or the data-parallel-inside candidate where faster."""
+        t = (c + allreduce_time(model, r, pe, bandwidth)) / r
+        t = np.where(np.isfinite(t), t, INF)
+        if dp is None:
+            return t, np.zeros(t.shape, dtype=bool)
+        t_dp = (dp[0][sl] + allreduce_time(model, r, dp[1][sl], bandwidth)) / r
+        t_dp = np.where(np.isfinite(t_dp), t_dp, INF)
+        return np.minimum(t, t_dp), t_dp < t
 
     for m in range(1 if straight else units):
         r = m + 1
-        ar = allreduce_time(model, r, P, bandwidth) / inner_units  # both models here
-        t = (C + ar) / r
+        t, use_dp = stage_time(C, PE, dp_inner, r, slice(0, rows))
         ok = V & np.isfinite(t)
         if memory_limit is not None:
             ok &= (Act + P) * math.ceil((units - r) / r) <= memory_limit
         time[:, :, m] = np.where(ok, t, INF)
         reps[:, :, m] = r
+        inner_dp[:, :, m] = ok & use_dp
 
     # Last-stage tables for each m': L[k, j] over ranges (k, j], i.e. rows k+1 of the tables.
     last_c, last_p, last_a = compute[1:], params[1:], acts[1:]  # [N, N]
+    last_pe = last_p if orig else sync_params[1:]  # the original omits /G in this branch
     out_t = 2.0 * out.copy()
     out_t[-1] = 0.0  # no output transfer after the last state
     for m in range(1, units):
         for mp in range(1, 2 if straight else m + 1):
-            sync = allreduce_time(model, mp, last_p, bandwidth)
-            if model != "pipedream-2019":  # the original omits /G in this branch
-                sync = sync / inner_units
-            L = (last_c + sync) / mp
+            L, last_dp = stage_time(last_c, last_pe, dp_inner, mp, slice(1, None))
             L = np.maximum(L, 2.0 * out[:, None] / (bandwidth * mp))
             L = np.maximum(L, out_t[None, :] / (bandwidth * mp))
             ok = precedes & np.isfinite(L)
@@ -159,7 +186,9 @@ def solve_level(compute: np.ndarray, params: np.ndarray, acts: np.ndarray, valid
                 split[r0:r1, lo:, m] = np.where(better, k_best + lo, split[r0:r1, lo:, m])
                 prev_m[r0:r1, lo:, m] = np.where(better, m - mp, prev_m[r0:r1, lo:, m])
                 reps[r0:r1, lo:, m] = np.where(better, mp, reps[r0:r1, lo:, m])
-    return LevelSolution(time, split, prev_m, reps)
+                chosen = last_dp[lo:, lo:][k_best, np.arange(n - lo)[None, :]]
+                inner_dp[r0:r1, lo:, m] = np.where(better, chosen, inner_dp[r0:r1, lo:, m])
+    return LevelSolution(time, split, prev_m, reps, inner_dp)
 
 
 @dataclass(frozen=True)
@@ -181,17 +210,54 @@ def solve(states: States, cluster: Cluster, model: str = "pipebench", straight: 
     compute, params, acts, valid = range_tables(states)
     sols = []
     inner = 1
+    peff = params
+    dp_c, dp_pe = compute, params  # each range data parallel on every worker of a unit
     for i, level in enumerate(cluster.levels):
         final = i == len(cluster.levels) - 1
+        use_dp = model == "pipebench" and i > 0 and not straight
         sol = solve_level(compute, params, acts, valid, states.output_bytes, states.precedes,
                           level.workers, level.bandwidth, inner, model, straight,
-                          memory_limit, final)
+                          memory_limit, final, sync_params=peff,
+                          dp_inner=(dp_c, dp_pe) if use_dp else None)
         sols.append(sol)
         if not final:
             compute = np.where(valid, sol.time[:, :, -1], np.nan)
             compute[~np.isfinite(compute)] = np.nan
+            peff = effective_params(sol, peff, dp_pe, valid)
+            n_w = level.workers
+            dp_c = (dp_c + allreduce_time(model, n_w, dp_pe, level.bandwidth)) / n_w
+            dp_pe = dp_pe / n_w
         inner = level.workers
     return Solution(tuple(sols), cluster, states, model)
+
+
+def effective_params(sol: LevelSolution, peff: np.ndarray, dp_pe: np.ndarray,
+                     valid: np.ndarray) -> np.ndarray:
+    """P_eff [R, N] one level up: for every range, the sum over the stages of its best plan
+    on all units of this level of (their P_eff / their replicas), vectorised over ranges;
+    ``dp_pe``: P_eff of a stage data parallel inside its units (``inner_dp``)."""
+    rows, n, units = sol.time.shape
+    r0, j0 = np.nonzero(valid[:rows] & np.isfinite(sol.time[:, :, -1]))
+    jj, mm = j0.copy(), np.full(r0.shape, units - 1)
+    acc = np.zeros(r0.shape)
+    live = np.ones(r0.shape, dtype=bool)
+    for _ in range(units):  # a plan has at most ``units`` stages
+        idx = np.flatnonzero(live)
+        if not idx.size:
+            break
+        r, j, m = r0[idx], jj[idx], mm[idx]
+        k = sol.split[r, j, m].astype(int)
+        single = k < 0
+        # the last stage is (k, j] (table row k + 1); a single stage is the whole range
+        first = np.where(single, r, k + 1)
+        pe = np.where(sol.inner_dp[r, j, m], dp_pe[first, j], peff[first, j])
+        acc[idx] += pe / sol.replicas[r, j, m]
+        mm[idx] = np.where(single, m, sol.prev_m[r, j, m])
+        jj[idx] = np.where(single, j, k)
+        live[idx[single]] = False
+    out = np.full((rows, n), np.nan)
+    out[r0, j0] = acc
+    return out
 
 
 def data_parallel_time(states: States, cluster: Cluster, model: str) -> float:

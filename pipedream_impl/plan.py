@@ -106,16 +106,18 @@ class Plan:
 
 
 def _segments(sol: Solution, level: int, row: int, end: int, m: int) -> list[tuple]:
-    """[(start_row, end_state, units)] of the pipeline A(row, end, m) at ``level``."""
+    """[(start_row, end_state, units, inner_dp)] of the pipeline A(row, end, m) at
+    ``level``; ``inner_dp``: the stage is data parallel on every worker of its units."""
     ls = sol.levels[level]
     out = []
     while True:  # (the final level stores row 0 only, the only row asked of it)
         k = int(ls.split[row, end, m])
         reps = int(ls.replicas[row, end, m])
+        dp = ls.inner_dp is not None and bool(ls.inner_dp[row, end, m])
         if k < 0:
-            out.append((row, end, reps))
+            out.append((row, end, reps, dp))
             break
-        out.append((k + 1, end, reps))
+        out.append((k + 1, end, reps, dp))
         end, m = k, int(ls.prev_m[row, end, m])
     return out[::-1]
 
@@ -123,9 +125,12 @@ def _segments(sol: Solution, level: int, row: int, end: int, m: int) -> list[tup
 def _flatten(sol: Solution, level: int, row: int, end: int, m: int) -> list[tuple]:
     """[(start_row, end_state, replicas_per_unit_chain)] down to the innermost level."""
     stages = []
-    for start, stop, reps in _segments(sol, level, row, end, m):
+    for start, stop, reps, inner_dp in _segments(sol, level, row, end, m):
         if level == 0:
             stages.append((start, stop, [reps]))
+        elif inner_dp:
+            stages.append((start, stop, [lv.workers for lv in sol.cluster.levels[:level]]
+                           + [reps]))
         else:
             inner_units = sol.cluster.levels[level - 1].workers
             for s, e, inner in _flatten(sol, level - 1, start, stop, inner_units - 1):

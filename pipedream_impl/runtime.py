@@ -89,6 +89,7 @@ class EpochReport:
     losses: list[float] = field(default_factory=list)
     busy_s: float = 0.0
     idle_s: float = 0.0
+    action_s: dict = field(default_factory=dict)  # seconds per action kind (F, B, SF, ...)
     payload: dict = field(default_factory=dict)
     header: dict = field(default_factory=dict)
     allreduce_bytes: int = 0
@@ -174,6 +175,15 @@ class StageExecutor:
         return one_f_one_b(self.layout, self.n_steps, self.spec.weights, self.spec.in_flight)
 
     def run_epoch(self, epoch: int) -> EpochReport:
+        acts = self.begin_epoch(epoch)
+        for pos, act in enumerate(acts):
+            self.step(act, pos)
+        return self.finish_epoch()
+
+    def begin_epoch(self, epoch: int) -> tuple[Action, ...]:
+        """Set up an epoch; returns this rank's actions (``step`` runs them in order).
+        ``run_epoch`` is begin, every step, finish; ``pipedream_impl.local`` interleaves the
+        steps of all ranks in one process with the same calls."""
         acts = self.schedule().actions[self.spec.rank]
         self.order = epoch_order(len(self.splits.train), self.spec.seed, epoch)
         self.report = EpochReport(self.spec.rank, self.stage, self.replica)
@@ -185,16 +195,21 @@ class StageExecutor:
         self.grads: list[Tensor] | None = None  # gathered at A/U, summed over microbatches
         self.pending: dict[int, dict] = {}  # snapshots holding not yet gathered gradients
         self.act_bytes_peak = 0
-        for pos, act in enumerate(acts):
-            t0 = time.perf_counter()
-            waited = self.handlers[act.kind](act, pos)
-            if self.device.type == "cuda":
-                torch.cuda.synchronize(self.device)
-            dt = time.perf_counter() - t0
-            if waited:
-                self.report.idle_s += dt
-            else:
-                self.report.busy_s += dt
+        return acts
+
+    def step(self, act: Action, pos: int) -> None:
+        t0 = time.perf_counter()
+        waited = self.handlers[act.kind](act, pos)
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        dt = time.perf_counter() - t0
+        self.report.action_s[act.kind] = self.report.action_s.get(act.kind, 0.0) + dt
+        if waited:
+            self.report.idle_s += dt
+        else:
+            self.report.busy_s += dt
+
+    def finish_epoch(self) -> EpochReport:
         self.comm.flush()
         r = self.report
         r.end_at = time.time()

@@ -233,7 +233,8 @@ class TickCosts:
 
     A cost model answers three questions (``harness.simulator.ClusterCosts`` answers them
     from a profile and a cluster): how long a rank's compute action takes, when a message
-    sent at ``t`` arrives, and how long an all-reduce among a stage's replicas takes.
+    sent at ``t`` leaves the sender free and when it arrives, and how long an all-reduce
+    among a stage's replicas takes.
     """
 
     def __init__(self, ticks: dict[str, int] | None = None) -> None:
@@ -242,8 +243,8 @@ class TickCosts:
     def compute(self, rank: int, a: Action) -> float:
         return self.ticks.get(a.kind, 0)
 
-    def arrival(self, src: int, dst: int, a: Action, t: float) -> float:
-        return t
+    def send(self, src: int, dst: int, a: Action, t: float) -> tuple[float, float]:
+        return t, t  # (sender free again, message arrives)
 
     def allreduce(self, stage: int, ranks: tuple[int, ...], t: float) -> float:
         return 0
@@ -254,8 +255,9 @@ def simulate(sched: Schedule, ticks: dict[str, int] | None = None, costs=None) \
     """Run every worker's list with blocking receives and all-reduce barriers.
 
     The one event engine for schedules: the validator and grid use ``TickCosts``; the
-    cluster simulator passes its own cost model. Sends are asynchronous (the sender goes
-    on; the message arrives when the cost model says), receives block until arrival, an
+    cluster simulator passes its own cost model. Sends are asynchronous unless the cost
+    model keeps the sender busy (it says when the sender is free and when the message
+    arrives), receives block until arrival, an
     all-reduce starts when the last replica reaches it. Returns, per rank, (start, end,
     action) of its F, B, A and U actions. Raises ScheduleError on a deadlock or a receive
     that does not match the oldest pending send.
@@ -275,8 +277,8 @@ def simulate(sched: Schedule, ticks: dict[str, int] | None = None, costs=None) \
             while pc[rank] < len(acts):
                 a = acts[pc[rank]]
                 if a.kind in ("SF", "SB"):
-                    channels.setdefault((rank, a.peer, a.kind[1]), []).append(
-                        (a.mb, costs.arrival(rank, a.peer, a, clock[rank])))
+                    clock[rank], arrives = costs.send(rank, a.peer, a, clock[rank])
+                    channels.setdefault((rank, a.peer, a.kind[1]), []).append((a.mb, arrives))
                 elif a.kind in ("RF", "RB"):
                     q = channels.get((a.peer, rank, a.kind[1]), [])
                     if not q:

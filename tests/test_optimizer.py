@@ -38,35 +38,51 @@ def brute_force(times_ms, params, acts, levels, model, straight=False) -> float:
         return 2 * (r - 1) / r * p / bw
 
     @cache
-    def best(level: int, a: int, b: int, units: int) -> float:
+    def data_parallel(level: int, a: int, b: int) -> tuple[float, float]:
+        """(time, P_eff) of layers a..b data parallel on all workers of a level unit."""
+        c, pe = sum(times_ms[a:b + 1]) / 1000, sum(params[a:b + 1])
+        for w, bw in levels[:level + 1]:
+            c, pe = (c + ar(w, pe, bw)) / w, pe / w
+        return c, pe
+
+    @cache
+    def best(level: int, a: int, b: int, units: int) -> tuple[float, float]:
+        """(time, P_eff) of the fastest plan of layers a..b on ``units`` units."""
         m_units, bw = levels[level]
         inner = levels[level - 1][0] if level > 0 else 1
-        result = math.inf
+        result = (math.inf, 0.0)
         for q in range(1, b - a + 2):
             for cuts in itertools.combinations(range(a + 1, b + 1), q - 1):
                 bounds = [a, *cuts, b + 1]
                 for reps in compositions(units, q):
                     if straight and any(r != 1 for r in reps):
                         continue
-                    worst = 0.0
+                    worst, peff = 0.0, 0.0
                     for t in range(q):
                         s, e, r = bounds[t], bounds[t + 1] - 1, reps[t]
-                        c = sum(times_ms[s:e + 1]) / 1000 if level == 0 \
-                            else best(level - 1, s, e, inner)
                         p = sum(params[s:e + 1])
-                        sync = ar(r, p, bw)
-                        if t == 0 or model != "pipedream-2019":
-                            sync /= inner
-                        worst = max(worst, (c + sync) / r)
+                        c, pe = (sum(times_ms[s:e + 1]) / 1000, p) if level == 0 \
+                            else best(level - 1, s, e, inner)
+                        if model == "pipedream-2019":
+                            stage = (c + ar(r, p, bw) / (inner if t == 0 else 1)) / r
+                        else:  # bytes a unit moves per minibatch: P_eff of its inner plan,
+                            # or of the range data parallel on all of a unit's workers
+                            options = [((c + ar(r, pe, bw)) / r, pe)]
+                            if level > 0 and not straight:
+                                dc, dpe = data_parallel(level - 1, s, e)
+                                options.append(((dc + ar(r, dpe, bw)) / r, dpe))
+                            stage, pe = min(options)
+                        peff += pe / r
+                        worst = max(worst, stage)
                         if t > 0:
                             worst = max(worst, 2 * out[s - 1] / (bw * r))
                             if e < n - 1:
                                 worst = max(worst, 2 * out[e] / (bw * r))
-                    result = min(result, worst)
+                    result = min(result, (worst, peff))
         return result
 
     top = len(levels) - 1
-    return best(top, 0, n - 1, levels[top][0])
+    return best(top, 0, n - 1, levels[top][0])[0]
 
 
 def random_chain(rng: random.Random, n: int):

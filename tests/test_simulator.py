@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.simulator import layout_for, simulate_system
+from harness.simulator import MachineModel, layout_for, simulate_system
 from pipedream_impl.cluster import Cluster, Level, parse_cluster
 from pipedream_impl.graph import Node
 from pipedream_impl.profile import Profile, load_profile
@@ -55,6 +55,39 @@ def test_pipedream_reaches_the_slowest_stage_in_steady_state() -> None:
     # period is (its F + B + the round trip F1 + B1 + 2 transfers) / 2 minibatches
     slow = simulate_system(PROF, FLAT2, "pipedream", GROUPS, (1, 1), minibatches=n)
     assert slow.time_per_minibatch_s == pytest.approx((0.030 + 0.030 + 0.020) / 2, rel=0.01)
+
+
+def test_measured_action_costs_and_blocking_sends() -> None:
+    """A MachineModel replaces the profile's compute by measured per-action costs (update
+    included) and, with sends_block, keeps the sender busy for the whole transfer."""
+    n = 200
+    costs = {0: {"F": 0.010, "B": 0.020, "U": 0.002}, 1: {"F": 0.012, "B": 0.022, "U": 0.004}}
+    fast = Cluster((Level(2, 1e15),))
+    free = simulate_system(PROF, fast, "pipedream", GROUPS, (1, 1), minibatches=n,
+                           machine=MachineModel(action_s=costs))
+    # 1F1B in steady state: the slowest stage's F + B + U per minibatch
+    assert free.time_per_minibatch_s == pytest.approx(0.038, rel=0.01)
+    # a 1 MB cut at 1 GB/s: 1 ms each way, and stage 1 pays its backward send
+    gig = Cluster((Level(2, 1000 * MB),))
+    block = simulate_system(PROF, gig, "pipedream", GROUPS, (1, 1), minibatches=n,
+                            machine=MachineModel(action_s=costs, sends_block=True))
+    assert block.time_per_minibatch_s == pytest.approx(0.038 + 0.001, rel=0.01)
+    background = simulate_system(PROF, gig, "pipedream", GROUPS, (1, 1), minibatches=n,
+                                 machine=MachineModel(action_s=costs))
+    assert background.time_per_minibatch_s == pytest.approx(0.038, rel=0.01)
+
+
+def test_a_measured_all_reduce_replaces_the_ring_formula() -> None:
+    prof = chain([10.0, 10.0], [0.0, 0.0], [40 * MB, 40 * MB])
+    four = Cluster((Level(4, BW),))
+    groups, replicas, _, _ = layout_for(prof, four, "dp")
+    model = MachineModel(action_s={0: {"F": 0.020, "B": 0.040, "U": 0.005}},
+                         allreduce_fit=(0.003, 1e-9))
+    r = simulate_system(prof, four, "dp", groups, replicas, minibatches=40,
+                        dp_overlap=False, machine=model)
+    # one round (4 minibatches): F + B + U + 3 ms + 1 ns x 80 MB
+    assert r.time_per_minibatch_s == pytest.approx((0.065 + 0.003 + 0.080) / 4)
+    assert r.bytes_per_level == {0: pytest.approx(10 * 2 * 3 / 4 * 80 * MB * 4)}
 
 
 def test_gpipe_bubble_follows_the_flush_formula() -> None:

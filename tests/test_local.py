@@ -1,0 +1,52 @@
+"""pipedream_impl/local.py: every rank in one process, with the runtime's own handlers."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from pipedream_impl.local import action_costs, local_executors, run_local
+from pipedream_impl.runtime import WorkerSpec
+from pipedream_impl.schedule import Layout, one_f_one_b
+from tests.pipeline_reference import simulate_pipedream
+from workloads.base import WorkloadError
+from workloads.registry import get
+
+WL = get("vgg16")
+STEPS = 6
+BOUNDS = ((0, 10), (10, 25), (25, 40))
+
+
+def _spec(replicas=(1, 1, 1), bounds=BOUNDS, **kw) -> WorkerSpec:
+    return WorkerSpec(0, replicas, bounds, "vgg16", "tiny", 0, 32, None, "stash", None, None,
+                      STEPS, "", 60.0, 1, "cpu", **kw)
+
+
+def test_in_process_run_follows_pipedreams_update_rule() -> None:
+    """The same handlers, interleaved in one process, give the weights the update rule
+    defines (as the multi-process runtime does in test_runtime.py), and the action costs
+    count every action of the schedule."""
+    torch.set_num_threads(1)
+    executors = local_executors(_spec())
+    reports = run_local(executors, 0)
+    splits = WL.default_data("tiny", 0)
+    model = WL.build("tiny", {**splits.train.meta, "init_seed": 0})
+    sched = one_f_one_b(Layout((1, 1, 1)), STEPS, "stash")
+    ref = simulate_pipedream(WL, "tiny", splits, model, BOUNDS, sched, 32, 0)
+    for ex, (a, b) in zip(executors, BOUNDS, strict=True):
+        for (name, p), (_, q) in zip(ex.module.named_parameters(),
+                                     ref.stage(a, b).named_parameters(), strict=True):
+            assert torch.allclose(p, q, rtol=1e-4, atol=1e-5), name
+    assert len(reports[-1].losses) == STEPS
+    costs = action_costs(reports, executors)
+    for stage, rep in enumerate(reports):
+        assert set(costs[stage]) >= {"F", "B", "U"}
+        # mean cost x count of each kind adds up to the time the report measured
+        counts = {k: sum(a.kind == k for a in sched.actions[stage]) for k in costs[stage]}
+        total = sum(costs[stage][k] * counts[k] for k in costs[stage])
+        assert total == pytest.approx(rep.busy_s + rep.idle_s, rel=1e-9)
+
+
+def test_replicated_stages_are_refused() -> None:
+    with pytest.raises(WorkloadError, match="unreplicated"):
+        local_executors(_spec(replicas=(2, 1), bounds=((0, 20), (20, 40))))
