@@ -16,8 +16,10 @@ stage) with the schedule module's event engine and this cost model:
 - point-to-point: asynchronous sends, as in the runtime; each directed link carries one
   message at a time (FIFO), a send of t tensors (+ ``header_messages``) takes
   ``(t + header) x latency_s + bytes / bandwidth`` of the innermost level the two ranks
-  share; a receive waits for arrival; ``MachineModel.sends_block``: the sender is busy
-  until its message is delivered (no spare core to move it in the background);
+  share; a receive waits for arrival. A ``MachineModel`` may give measured one-way times
+  per stage and direction (``transfer_s``), the sender's own time in the send call
+  (``send_s``), and ``rendezvous``: the message moves only once the receiver posts its
+  receive (gloo);
 - all-reduce of a replicated stage (our runtime: after the backward, not overlapped):
   hierarchical ring, as the planner models it: at each level a ring among the k groups
   the replicas form there, ``2 (k-1)/k x bytes / bandwidth`` of that level plus
@@ -59,9 +61,20 @@ class MachineModel:
     # per stage: seconds per unit of each action kind (F, B, U), measured on the runtime's
     # own code path (``pipedream_impl.local``); replaces the profile's compute when given
     action_s: dict[int, dict[str, float]] | None = None
+    # (sending stage, "F" or "B") -> measured one-way seconds of its message (replaces
+    # latency and bandwidth for that link; bytes are still counted from the profile)
+    transfer_s: dict[tuple[int, str], float] | None = None
+    send_s: dict[tuple[int, str], float] | None = None  # the sender's own time per send
     header_messages: int = 0  # extra messages per send (our shape header, unless static)
-    sends_block: bool = False  # the sender is busy until its message is delivered
+    # gloo's point-to-point: the payload moves only once the receiver has posted its
+    # receive (measured here: a message sent a second earlier still takes its full
+    # transfer time after the receive is posted); default: eager, moving at send time
+    rendezvous: bool = False
     allreduce_fit: tuple[float, float] | None = None  # measured: fixed s + s per byte
+    # CPU cores the workers share (None: one device each). The schedule runs at full speed
+    # and the run then takes at least (busy time of all ranks) / cores: a rank only slows
+    # others while it computes (model parallelism on 4 workers and 2 cores is not halved)
+    cores: int | None = None
 
 
 @dataclass(frozen=True)
@@ -166,6 +179,7 @@ class ClusterCosts:
         self.machine = machine or MachineModel()
         self.link_free: dict[tuple[int, int], float] = defaultdict(float)
         self.bytes_per_level: dict[int, float] = defaultdict(float)
+        self.send_busy_s = 0.0  # senders' own time in their send calls
 
     def compute(self, rank: int, a: Action) -> float:
         s = self.layout.stage_of(rank)[0]
@@ -176,17 +190,33 @@ class ClusterCosts:
             / self.factor
 
     def send(self, src: int, dst: int, a: Action, t: float) -> tuple[float, float]:
+        own = (self.machine.send_s or {}).get((self.layout.stage_of(src)[0], a.kind[1]), 0.0)
+        t += own / self.factor
+        self.send_busy_s += own / self.factor
+        if self.machine.rendezvous:  # moves when the receiver asks: see ``receive``
+            return t, t
+        return t, self._transfer(src, dst, a, t)
+
+    def receive(self, src: int, dst: int, a: Action, token: float, posted: float) -> float:
+        if self.machine.rendezvous:
+            return self._transfer(src, dst, a, max(token, posted))
+        return token
+
+    def _transfer(self, src: int, dst: int, a: Action, t: float) -> float:
+        """When a message that may start at ``t`` is in (FIFO per directed link)."""
         s = self.layout.stage_of(src)[0]
         # forward: this stage's live outputs; backward: gradients of the previous cut
-        cut = self.stages[s] if a.kind == "SF" else self.stages[s - 1]
+        cut = self.stages[s] if a.kind in ("SF", "RF") else self.stages[s - 1]
         nbytes = cut.send_bytes * self.unit_share
         messages = cut.send_tensors + self.machine.header_messages
         lv = self.topology.level(src, dst)
         self.bytes_per_level[lv] += nbytes
         start = max(t, self.link_free[(src, dst)])
-        done = start + messages * self.latency + nbytes / self.cluster.levels[lv].bandwidth
+        measured = (self.machine.transfer_s or {}).get((s, a.kind[1]))
+        done = start + (measured if measured is not None else
+                        messages * self.latency + nbytes / self.cluster.levels[lv].bandwidth)
         self.link_free[(src, dst)] = done
-        return (done if self.machine.sends_block else t), done
+        return done
 
     def allreduce(self, stage: int, ranks: tuple[int, ...], t: float) -> float:
         r = len(ranks)
@@ -285,6 +315,12 @@ def simulate_system(profile: Profile, cluster: Cluster, system: str,
                   if a.kind == "B" and (a.mb + 1) % m == 0)
     lo, hi = n // 4, (3 * n) // 4
     steady = (done[hi] - done[lo]) / (hi - lo) if hi > lo else total / n
+    cores = costs.machine.cores
+    if cores is not None and sched.layout.workers > cores:  # the CPU's capacity bound
+        busy = costs.send_busy_s + sum(e - s for row in timeline for s, e, a in row
+                                     if a.kind in ("F", "B", "U", "A"))
+        total = max(total, busy / cores)
+        steady = max(steady, busy / cores / n)
     util = {r: sum(e - s for s, e, a in row if a.kind in ("F", "B")) / total if total else 0.0
             for r, row in enumerate(timeline)}
     moved = sum(costs.bytes_per_level.values())

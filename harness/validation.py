@@ -14,11 +14,19 @@ off the runs it is compared with:
   stashing, optimizer, batch building, loss), two epochs, the second one's mean seconds per
   forward, backward and update of each stage; DDP: the whole model at its per-worker slice
   of the global minibatch. Measured just before the run it predicts (the machine drifts);
-- the gloo link: latency and bandwidth from a ping-pong between two processes;
-- the gloo all-reduce among W processes, fitted as fixed + per-byte time at two sizes;
-- cores: with no spare core a sender is busy until its message is delivered (gloo moves
-  it on the CPU the workers compute on), DDP cannot overlap its all-reduce with the
-  backward, and W workers on C < W cores compute at C / W of their speed.
+- transfers: each stage's typical message each way (the tensors' shapes and dtypes, read
+  off the in-process run) sent through the runtime's ``Comm`` in a ping-pong between two
+  processes: its one-way time, with the cores kept busy by as many computing processes as
+  there are cores unless the system computes on one rank at a time (model parallelism):
+  gloo's threads then wait for the scheduler, as in a run where every worker computes.
+  gloo moves a message only once its receive is posted (``MachineModel.rendezvous``);
+  the sender's own time in the send call is charged to the sender (``send_s``);
+  the plain ping-pong's latency and bandwidth are reported beside;
+- the gloo all-reduce among W processes, fitted as fixed + per-byte time at two sizes,
+  with the cores kept busy (DDP reduces while every worker computes);
+- cores: with no spare core DDP cannot overlap its all-reduce with the backward; with
+  more workers than cores a run takes at least all ranks' busy time divided by the cores
+  (``MachineModel.cores``).
 """
 
 from __future__ import annotations
@@ -27,6 +35,8 @@ import os
 import statistics
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -60,12 +70,62 @@ class ValidationRow:
         return self.simulated / self.measured - 1.0
 
 
-def _pingpong(rank: int, port: int, sizes: list[int], reps: int, out) -> None:  # noqa: ANN001
+def _bench_worker(rank: int, world: int, port: int, out, fn, args) -> None:  # noqa: ANN001
+    """One process of a microbenchmark: a gloo group of ``world``, then ``fn``; rank 0
+    puts what ``fn`` returns on ``out``."""
     import torch.distributed as dist
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                            world_size=2)
+                            world_size=world)
+    try:
+        result = fn(rank, *args)
+        if rank == 0:
+            out.put(result)
+    finally:
+        dist.destroy_process_group()
+
+
+def _bench(fn, world: int, args: tuple, load: int = 0):  # noqa: ANN001, ANN202
+    """Run ``fn(rank, *args)`` in ``world`` spawned processes joined by gloo, with ``load``
+    other processes computing meanwhile; returns rank 0's result. A process that dies is
+    an error at once, not a timeout."""
+    import queue
+
+    import torch.multiprocessing as mp
+
+    from harness.pipeline_system import free_port
+
+    ctx = mp.get_context("spawn")
+    out = ctx.Queue()
+    port = free_port()
+    procs = [ctx.Process(target=_bench_worker, args=(r, world, port, out, fn, args),
+                         daemon=True) for r in range(world)]
+    with _busy_cores(ctx, load):
+        for p in procs:
+            p.start()
+        try:
+            deadline = time.monotonic() + 300
+            while True:
+                try:
+                    result = out.get(timeout=1.0)
+                    break
+                except queue.Empty:
+                    dead = [p.exitcode for p in procs if p.exitcode not in (None, 0)]
+                    if dead or time.monotonic() > deadline:
+                        raise RuntimeError(f"microbenchmark {fn.__name__} failed (exit codes "
+                                           f"{[p.exitcode for p in procs]})") from None
+        finally:
+            for p in procs:
+                p.join(timeout=60)
+                if p.is_alive():
+                    p.kill()
+    return result
+
+
+def _pingpong(rank: int, sizes: list[int], reps: int) -> dict[int, float]:
+    import torch.distributed as dist
+
     times = {}
     for n in sizes:
         t = torch.zeros(max(1, n // 4))
@@ -79,38 +139,20 @@ def _pingpong(rank: int, port: int, sizes: list[int], reps: int, out) -> None:  
                 dist.recv(t, 0)
                 dist.send(t, 0)
         times[n] = (time.perf_counter() - t0) / (2 * reps)  # one way
-    if rank == 0:
-        out.put(times)
-    dist.destroy_process_group()
+    return times
 
 
 def measure_link(reps: int = 50) -> tuple[float, float]:
     """(latency s, bandwidth bytes/s) of gloo between two local processes."""
-    import torch.multiprocessing as mp
-
-    from harness.pipeline_system import free_port
-
-    ctx = mp.get_context("spawn")
-    out = ctx.Queue()
     sizes = [4, 4 << 20]
-    port = free_port()
-    procs = [ctx.Process(target=_pingpong, args=(r, port, sizes, reps, out)) for r in (0, 1)]
-    for p in procs:
-        p.start()
-    times = out.get(timeout=300)
-    for p in procs:
-        p.join(timeout=60)
+    times = _bench(_pingpong, 2, (sizes, reps))
     latency = times[sizes[0]]
     return latency, sizes[1] / max(1e-9, times[sizes[1]] - latency)
 
 
-def _allreduce_bench(rank: int, world: int, port: int, sizes: list[int], reps: int,
-                     out) -> None:  # noqa: ANN001
+def _allreduce_bench(rank: int, sizes: list[int], reps: int) -> dict[int, float]:
     import torch.distributed as dist
 
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                            world_size=world)
     times = {}
     for n in sizes:
         t = torch.ones(max(1, n // 4))
@@ -120,39 +162,92 @@ def _allreduce_bench(rank: int, world: int, port: int, sizes: list[int], reps: i
         for _ in range(reps):
             dist.all_reduce(t)
         times[n] = (time.perf_counter() - t0) / reps
-    if rank == 0:
-        out.put(times)
-    dist.destroy_process_group()
+    return times
 
 
-def measure_allreduce(world: int, reps: int = 20) -> tuple[float, float]:
+def measure_allreduce(world: int, reps: int = 20, load: int = 0) -> tuple[float, float]:
     """(fixed s, s per byte) of a gloo all-reduce among ``world`` local processes, from a
-    4-byte and a 4 MiB all-reduce."""
-    import torch.multiprocessing as mp
-
-    from harness.pipeline_system import free_port
-
-    ctx = mp.get_context("spawn")
-    out = ctx.Queue()
+    4-byte and a 4 MiB all-reduce; ``load``: that many other processes computing
+    meanwhile."""
     sizes = [4, 4 << 20]
-    port = free_port()
-    procs = [ctx.Process(target=_allreduce_bench, args=(r, world, port, sizes, reps, out))
-             for r in range(world)]
-    for p in procs:
-        p.start()
-    times = out.get(timeout=300)
-    for p in procs:
-        p.join(timeout=60)
+    times = _bench(_allreduce_bench, world, (sizes, reps), load)
     fixed = times[sizes[0]]
     return fixed, max(0.0, times[sizes[1]] - fixed) / sizes[1]
 
 
+def _transfer_bench(rank: int, messages: list, static: bool, reps: int) \
+        -> list[tuple[float, float]]:
+    from pipedream_impl.comm import Comm
+
+    peer = 1 - rank
+    times = []
+    for kind, shapes in messages:  # a fresh Comm each: its own shape header state
+        comm = Comm(rank, torch.device("cpu"), 60.0, static)
+        tensors = tuple(torch.ones(shape, dtype=dtype) for dtype, shape in shapes)
+        trips, in_send = [], []
+        for rep in range(reps + 3):
+            t0 = time.perf_counter()
+            if rank == 0:
+                comm.send(tensors, peer, kind)
+                t1 = time.perf_counter()
+                comm.recv(peer, kind)
+            else:
+                comm.send(comm.recv(peer, kind), peer, kind)
+                t1 = t0
+            if rep >= 3:
+                trips.append(time.perf_counter() - t0)
+                in_send.append(t1 - t0)
+        comm.flush()
+        # medians: (one way, the sender's own time in the send call)
+        times.append((statistics.median(trips) / 2, statistics.median(in_send)))
+    return times
+
+
+def _spin(stop) -> None:  # noqa: ANN001
+    torch.set_num_threads(1)
+    x = torch.randn(128, 128)
+    while not stop.is_set():
+        x @ x
+
+
+@contextmanager
+def _busy_cores(ctx, n: int) -> Iterator[None]:  # noqa: ANN001
+    """``n`` processes computing (one thread each) for the duration of the block."""
+    stop = ctx.Event()
+    spinners = [ctx.Process(target=_spin, args=(stop,), daemon=True) for _ in range(n)]
+    for p in spinners:
+        p.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        for p in spinners:
+            p.join(timeout=60)
+
+
+def measure_transfers(messages: dict[tuple[int, str], list[tuple]], static: bool,
+                      reps: int = 30, load: int = 0) \
+        -> dict[tuple[int, str], tuple[float, float]]:
+    """One-way seconds of each message through the runtime's ``Comm`` (gloo, shape header
+    as the workload uses it) between two local processes: a ping-pong of the real
+    tensors' shapes and dtypes; ``load``: that many other processes computing meanwhile
+    (the cores as busy as in a run where every worker computes). Values: (one-way
+    seconds, seconds the sender spends in the send call itself)."""
+    if not messages:
+        return {}
+    keys = sorted(messages)
+    args = [(kind, messages[(stage, kind)]) for stage, kind in keys]
+    return dict(zip(keys, _bench(_transfer_bench, 2, (args, static, reps), load), strict=True))
+
+
 def measured_actions(name: str, replicas: tuple[int, ...], bounds: tuple[tuple[int, int], ...],
                      batch: int, steps: int, schedule: str = "1f1b", in_flight: int | None = None,
-                     microbatches: int = 1) -> dict[int, dict[str, float]]:
+                     microbatches: int = 1) \
+        -> tuple[dict[int, dict[str, float]], dict[tuple[int, str], list[tuple]]]:
     """Seconds per action kind of each stage, on the runtime's code path in this process
-    (``pipedream_impl.local``); the first epoch warms up, the second is measured."""
-    from pipedream_impl.local import action_costs, local_executors, run_local
+    (``pipedream_impl.local``; the first epoch warms up, the second is measured), and the
+    typical message each stage sends each way."""
+    from pipedream_impl.local import action_costs, local_executors, run_local, typical_messages
     from pipedream_impl.runtime import WorkerSpec
 
     spec = WorkerSpec(0, replicas, bounds, name, "tiny", 0, batch, None, "stash", in_flight,
@@ -160,7 +255,7 @@ def measured_actions(name: str, replicas: tuple[int, ...], bounds: tuple[tuple[i
                       microbatches=microbatches)
     executors = local_executors(spec)
     run_local(executors, 0)
-    return action_costs(run_local(executors, 1), executors)
+    return action_costs(run_local(executors, 1), executors), typical_messages(executors)
 
 
 @dataclass
@@ -187,7 +282,9 @@ def validate(workloads: tuple[str, ...], worker_counts: tuple[int, ...],
     machine = {"latency_s": latency, "bandwidth_Bps": bandwidth, "cores": cores}
     progress.note(f"gloo link here: latency {latency * 1e6:.0f} us, "
                   f"{bandwidth / 1e9:.2f} GB/s")
-    allreduce = {w: measure_allreduce(w) for w in worker_counts if w > 1 and "dp" in systems}
+    # DDP's all-reduce runs while every core computes: measured with the cores kept busy
+    allreduce = {w: measure_allreduce(w, load=cores) for w in worker_counts
+                 if w > 1 and "dp" in systems}
     for w, (fixed, per_byte) in allreduce.items():
         machine[f"allreduce_fixed_s.{w}"] = fixed
         machine[f"allreduce_s_per_byte.{w}"] = per_byte
@@ -223,15 +320,25 @@ def _one(setup: _Setup, prof: Profile, system: str, w: int, progress: Progress) 
     spare = setup.cores > w  # a core left over for communication
     if system == "dp":  # global minibatch b: each replica trains b / w of it
         groups, replicas, placement = [tuple(prof.graph().nodes)], (w,), None
-        actions = measured_actions(name, (1,), ((0, bounds[-1][1]),), b // w, k * w)
+        actions, _ = measured_actions(name, (1,), ((0, bounds[-1][1]),), b // w, k * w)
+        transfers = {}
     else:
         groups, replicas, placement = plan_groups(straight)
-        actions = measured_actions(name, replicas, bounds, b, k,
-                                   "gpipe" if system == "gpipe" else "1f1b",
-                                   1 if system == "mp" else None, m)
-    model = MachineModel(action_s=actions, header_messages=0 if wl.static_shapes else 1,
-                         sends_block=not spare,
-                         allreduce_fit=setup.allreduce.get(w) if system == "dp" else None)
+        actions, messages = measured_actions(name, replicas, bounds, b, k,
+                                             "gpipe" if system == "gpipe" else "1f1b",
+                                             1 if system == "mp" else None, m)
+        # model parallelism computes on one rank at a time; the others keep every core busy
+        # (the sender's own time in a send is taken unloaded: its CPU work, not the wait)
+        transfers = measure_transfers(messages, wl.static_shapes)
+        if system != "mp":
+            loaded = measure_transfers(messages, wl.static_shapes, load=setup.cores)
+            transfers = {k: (loaded[k][0], v[1]) for k, v in transfers.items()}
+    model = MachineModel(action_s=actions,
+                         transfer_s={k: v[0] for k, v in transfers.items()} or None,
+                         send_s={k: v[1] for k, v in transfers.items()} or None,
+                         header_messages=0 if wl.static_shapes else 1, rendezvous=True,
+                         allreduce_fit=setup.allreduce.get(w) if system == "dp" else None,
+                         cores=setup.cores)
     sim_system = system if w > 1 else "mp"
     cfg = RunConfig(system=RUN_SYSTEM[system] if w > 1 else "single", workload=name,
                     scale="tiny", epochs=setup.epochs,
@@ -243,12 +350,15 @@ def _one(setup: _Setup, prof: Profile, system: str, w: int, progress: Progress) 
     summary = run(cfg, progress)
     sim = simulate_system(prof, cluster, sim_system, groups, replicas, placement,
                           minibatches=k * w if system == "dp" else k, microbatches=m,
-                          compute_factor=min(1.0, setup.cores / w), latency_s=setup.latency,
+                          latency_s=setup.latency,
                           dp_overlap=spare, machine=model)
     # the runtime drains its pipeline at every epoch end: an epoch is k minibatches
     simulated = k * b / sim.total_s
-    costs = " / ".join(" ".join(f"{kind} {1e3 * actions[st][kind]:.2f}"
-                                for kind in ("F", "B", "U") if kind in actions[st])
+    costs = " / ".join(" ".join([f"{kind} {1e3 * actions[st][kind]:.2f}"
+                                 for kind in ("F", "B", "U") if kind in actions[st]]
+                                + [f"S{kind} {1e3 * transfers[(st, kind)][0]:.2f}"
+                                   f" ({1e3 * transfers[(st, kind)][1]:.2f})"
+                                   for kind in ("F", "B") if (st, kind) in transfers])
                        for st in sorted(actions))
     return ValidationRow(name, cfg.system, w, "-".join(map(str, replicas)),
                          summary.throughput, simulated, costs)
@@ -264,8 +374,12 @@ def markdown(rows: list[ValidationRow], machine: dict[str, float], command: str)
              "before the run, transfers and all-reduces from gloo microbenchmarks.", "",
              f"Machine model (measured here): gloo latency {machine['latency_s'] * 1e6:.0f} us,"
              f" bandwidth {machine['bandwidth_Bps'] / 1e9:.2f} GB/s, {machine['cores']:.0f} "
-             "cores (with no spare core, senders are busy until delivery and DDP does not "
-             "overlap; workers beyond the cores share them: compute factor cores / workers)."]
+             "cores (with no spare core DDP does not overlap; with more workers than cores, a "
+             "run takes at least all ranks' busy time over the cores). Transfers (S F/B "
+             "below): one-way time of each stage's typical message through the runtime's "
+             "Comm, measured with the cores busy except for model parallelism, and in "
+             "parentheses the sender's own time in the send call; a message moves once its "
+             "receive is posted (gloo)."]
     for k, v in machine.items():
         if k.startswith("allreduce_fixed_s."):
             w = k.split(".", 1)[1]

@@ -7,7 +7,8 @@ receive finds nothing waiting. Every forward, backward and update is the real ru
 on the real data, so the epoch report's ``action_s`` is what each action costs on this
 machine with no transfer, no waiting and no other process competing for the CPU: the
 simulator's validation uses it as the measured cost of each action (its
-"runtime-path profile"), and the tests use it as an in-process reference run.
+"runtime-path profile"), and the messages each stage sent (``typical_messages``) as the
+ones to time through the real transport; the tests use it as an in-process reference.
 
 Replicated stages are not covered (an all-reduce needs every replica): give a straight
 plan or a single stage.
@@ -15,6 +16,7 @@ plan or a single stage.
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 
 import torch
@@ -32,8 +34,11 @@ class LocalComm:
     def __init__(self, rank: int, mailbox: dict) -> None:
         self.rank, self.mailbox = rank, mailbox
         self.stats = LinkStats()
+        # (dst, kind) -> the (dtype, shape) of every message's tensors, in order
+        self.messages: dict[tuple[int, str], list[list[tuple]]] = defaultdict(list)
 
     def send(self, tensors: tuple[Tensor, ...], dst: int, kind: str) -> None:
+        self.messages[(dst, kind)].append([(t.dtype, tuple(t.shape)) for t in tensors])
         self.mailbox[(self.rank, dst, kind)].append(tuple(t.detach().clone() for t in tensors))
         self.stats.payload[(self.rank, dst)] += sum(t.numel() * t.element_size()
                                                    for t in tensors)
@@ -91,6 +96,17 @@ def run_local(executors: list[StageExecutor], epoch: int) -> list[EpochReport]:
         raise ScheduleError("deadlock in the in-process run: " + ", ".join(
             f"rank {r} at {acts[r][pc[r]]}" for r in stuck))
     return [ex.finish_epoch() for ex in executors]
+
+
+def typical_messages(executors: list[StageExecutor]) -> dict[tuple[int, str], list[tuple]]:
+    """(sending stage, "F" or "B") -> the tensors ((dtype, shape) each) of the median-sized
+    message that stage sent that way (shapes vary per batch for text workloads)."""
+    out = {}
+    for ex in executors:
+        for (_, kind), msgs in ex.comm.messages.items():
+            by_size = sorted(msgs, key=lambda m: sum(math.prod(s) * d.itemsize for d, s in m))
+            out[(ex.stage, kind)] = by_size[len(by_size) // 2]
+    return out
 
 
 def action_costs(reports: list[EpochReport], executors: list[StageExecutor]) \

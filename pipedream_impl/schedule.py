@@ -233,8 +233,10 @@ class TickCosts:
 
     A cost model answers three questions (``harness.simulator.ClusterCosts`` answers them
     from a profile and a cluster): how long a rank's compute action takes, when a message
-    sent at ``t`` leaves the sender free and when it arrives, and how long an all-reduce
-    among a stage's replicas takes.
+    sent at ``t`` leaves the sender free, when it is in once the receiver posts its receive
+    (``send`` returns a token ``receive`` reads: an eager transfer's arrival time, or a
+    rendezvous transfer's ready time), and how long an all-reduce among a stage's replicas
+    takes.
     """
 
     def __init__(self, ticks: dict[str, int] | None = None) -> None:
@@ -244,7 +246,10 @@ class TickCosts:
         return self.ticks.get(a.kind, 0)
 
     def send(self, src: int, dst: int, a: Action, t: float) -> tuple[float, float]:
-        return t, t  # (sender free again, message arrives)
+        return t, t  # (sender free again, token: here the time the message arrives)
+
+    def receive(self, src: int, dst: int, a: Action, token: float, posted: float) -> float:
+        return token  # when the message is in: the receiver posted its receive at ``posted``
 
     def allreduce(self, stage: int, ranks: tuple[int, ...], t: float) -> float:
         return 0
@@ -277,18 +282,19 @@ def simulate(sched: Schedule, ticks: dict[str, int] | None = None, costs=None) \
             while pc[rank] < len(acts):
                 a = acts[pc[rank]]
                 if a.kind in ("SF", "SB"):
-                    clock[rank], arrives = costs.send(rank, a.peer, a, clock[rank])
-                    channels.setdefault((rank, a.peer, a.kind[1]), []).append((a.mb, arrives))
+                    clock[rank], token = costs.send(rank, a.peer, a, clock[rank])
+                    channels.setdefault((rank, a.peer, a.kind[1]), []).append((a.mb, token))
                 elif a.kind in ("RF", "RB"):
                     q = channels.get((a.peer, rank, a.kind[1]), [])
                     if not q:
                         break
-                    mb, arrives = q[0]
+                    mb, token = q[0]
                     if mb != a.mb:
                         raise ScheduleError(f"rank {rank} expects {a} but the next message "
                                             f"from rank {a.peer} is minibatch {mb}")
                     q.pop(0)
-                    clock[rank] = max(clock[rank], arrives)
+                    clock[rank] = max(clock[rank],
+                                      costs.receive(a.peer, rank, a, token, clock[rank]))
                 elif a.kind == "A":  # a barrier among the stage's replicas
                     s, _ = sched.layout.stage_of(rank)
                     arrivals = allreduce_wait.setdefault((s, a.mb), {})

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from pipedream_impl.local import action_costs, local_executors, run_local
+from pipedream_impl.local import action_costs, local_executors, run_local, typical_messages
 from pipedream_impl.runtime import WorkerSpec
 from pipedream_impl.schedule import Layout, one_f_one_b
 from tests.pipeline_reference import simulate_pipedream
@@ -45,6 +45,12 @@ def test_in_process_run_follows_pipedreams_update_rule() -> None:
         counts = {k: sum(a.kind == k for a in sched.actions[stage]) for k in costs[stage]}
         total = sum(costs[stage][k] * counts[k] for k in costs[stage])
         assert total == pytest.approx(rep.busy_s + rep.idle_s, rel=1e-9)
+    # the messages each stage sent: its output forward, its input's gradient backward
+    msgs = typical_messages(executors)
+    assert set(msgs) == {(0, "F"), (1, "F"), (1, "B"), (2, "B")}
+    for s in (0, 1):
+        assert msgs[(s, "F")] == msgs[(s + 1, "B")]  # a cut's activations and gradients
+        assert all(shape[0] == 32 for _, shape in msgs[(s, "F")])
 
 
 def test_replicated_stages_are_refused() -> None:

@@ -57,9 +57,11 @@ def test_pipedream_reaches_the_slowest_stage_in_steady_state() -> None:
     assert slow.time_per_minibatch_s == pytest.approx((0.030 + 0.030 + 0.020) / 2, rel=0.01)
 
 
-def test_measured_action_costs_and_blocking_sends() -> None:
+def test_measured_action_costs_and_rendezvous_transfers() -> None:
     """A MachineModel replaces the profile's compute by measured per-action costs (update
-    included) and, with sends_block, keeps the sender busy for the whole transfer."""
+    included); with measured transfers that move only once the receive is posted
+    (rendezvous), each stage also waits one transfer per minibatch, and the sender pays
+    its own time in the send call."""
     n = 200
     costs = {0: {"F": 0.010, "B": 0.020, "U": 0.002}, 1: {"F": 0.012, "B": 0.022, "U": 0.004}}
     fast = Cluster((Level(2, 1e15),))
@@ -67,14 +69,40 @@ def test_measured_action_costs_and_blocking_sends() -> None:
                            machine=MachineModel(action_s=costs))
     # 1F1B in steady state: the slowest stage's F + B + U per minibatch
     assert free.time_per_minibatch_s == pytest.approx(0.038, rel=0.01)
-    # a 1 MB cut at 1 GB/s: 1 ms each way, and stage 1 pays its backward send
-    gig = Cluster((Level(2, 1000 * MB),))
-    block = simulate_system(PROF, gig, "pipedream", GROUPS, (1, 1), minibatches=n,
-                            machine=MachineModel(action_s=costs, sends_block=True))
-    assert block.time_per_minibatch_s == pytest.approx(0.038 + 0.001, rel=0.01)
-    background = simulate_system(PROF, gig, "pipedream", GROUPS, (1, 1), minibatches=n,
-                                 machine=MachineModel(action_s=costs))
-    assert background.time_per_minibatch_s == pytest.approx(0.038, rel=0.01)
+    moves = {(0, "F"): 0.001, (1, "B"): 0.001}
+    eager = simulate_system(PROF, fast, "pipedream", GROUPS, (1, 1), minibatches=n,
+                            machine=MachineModel(action_s=costs, transfer_s=moves))
+    assert eager.time_per_minibatch_s == pytest.approx(0.038, rel=0.01)  # hidden by NOAM
+    # stage 1 posts its receive when it is done with the previous minibatch, then waits
+    # 1 ms for the activations: 38 + 1 ms
+    rdv = simulate_system(PROF, fast, "pipedream", GROUPS, (1, 1), minibatches=n,
+                          machine=MachineModel(action_s=costs, transfer_s=moves,
+                                               rendezvous=True))
+    assert rdv.time_per_minibatch_s == pytest.approx(0.039, rel=0.01)
+    own = simulate_system(PROF, fast, "pipedream", GROUPS, (1, 1), minibatches=n,
+                          machine=MachineModel(action_s=costs, transfer_s=moves,
+                                               rendezvous=True,
+                                               send_s={(0, "F"): 0.0, (1, "B"): 0.002}))
+    assert own.time_per_minibatch_s == pytest.approx(0.041, rel=0.01)
+
+
+def test_more_workers_than_cores_are_bounded_by_the_cpu_capacity() -> None:
+    """Four ranks on two cores: 1F1B keeps all four busy, so it takes their summed work
+    over two cores; model parallelism keeps one busy at a time and is not slowed."""
+    n = 200
+    prof = chain([10.0] * 4, [0.0] * 4, [0.0] * 4)
+    groups = [(f"n{i}",) for i in range(4)]
+    costs = {s: {"F": 0.010, "B": 0.020} for s in range(4)}
+    flat4 = Cluster((Level(4, 1e15),))
+    shared = MachineModel(action_s=costs, cores=2)
+    pd = simulate_system(prof, flat4, "pipedream", groups, (1,) * 4, minibatches=n,
+                         machine=shared)
+    assert pd.time_per_minibatch_s == pytest.approx(4 * 0.030 / 2, rel=0.01)
+    mp = simulate_system(prof, flat4, "mp", groups, (1,) * 4, minibatches=n, machine=shared)
+    alone = simulate_system(prof, flat4, "mp", groups, (1,) * 4, minibatches=n,
+                            machine=MachineModel(action_s=costs))
+    assert mp.time_per_minibatch_s == pytest.approx(alone.time_per_minibatch_s)
+    assert mp.time_per_minibatch_s == pytest.approx(4 * 0.030)
 
 
 def test_a_measured_all_reduce_replaces_the_ring_formula() -> None:
