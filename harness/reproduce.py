@@ -329,8 +329,11 @@ EXPLANATION = """
   pushes per minibatch (the range's parameters over its replicas inside the server, or
   the data-parallel-inside-the-server candidate, whichever is faster) and, checked by
   brute force in tests/test_optimizer.py, still has data parallelism as a candidate. Where
-  it now plans plain data parallelism (e.g. VGG-16 on A:2x4), it predicts no gain over an
-  ideal ring DP, unlike the paper.
+  it now plans plain data parallelism (VGG-16 on A:2x4 and B:2x8, ResNet-50), it predicts
+  no gain over an ideal ring DP. Some of the paper's configurations simulate better than
+  ours (VGG-16 7-1 on A:2x4: 1.43x vs DP not overlapped): a stage that takes part of a
+  server (7 = 4 + 3 workers) is outside our hierarchical planner's search space, whose
+  outer level hands whole servers to stages.
 - **Splits.** The paper gives configurations, not layer ranges; its configurations are
   simulated with the split an exact DP picks for them under the simulator's costs.
 - **Profiles.** Rows on the shared V100 profiles use the authors' measurements at their
@@ -348,5 +351,7 @@ all-reduce each stage's gradients after the flush (lockstep, ring over the outer
 Its slowdown against PipeDream comes from the flush bubble ((S-1)/(M+S-1) of each
 minibatch) and, at maximum depth, from the cross-server activation transfers of a
 16-stage pipeline; against the paper the same caveats as for the speedup tables apply
-(ideal links, the planner's cross-server replication, our choice of split).
+(ideal links, our planner's configurations, our choice of split). Where our planner picks
+plain data parallelism (VGG-16 on B:2x8), "PipeDream's depth" is 1: GPipe there is one
+stage with data-parallel copies, slower only by its microbatching.
 """

@@ -13,7 +13,8 @@ off the runs it is compared with:
   runtime's own handlers (``pipedream_impl.local``: real data, real stage modules, weight
   stashing, optimizer, batch building, loss), two epochs, the second one's mean seconds per
   forward, backward and update of each stage; DDP: the whole model at its per-worker slice
-  of the global minibatch. Measured just before the run it predicts (the machine drifts);
+  of the global minibatch on the same handlers (DDP's own bucketing is not timed).
+  Measured just before the run it predicts (the machine drifts);
 - transfers: each stage's typical message each way (the tensors' shapes and dtypes, read
   off the in-process run) sent through the runtime's ``Comm`` in a ping-pong between two
   processes: its one-way time, with the cores kept busy by as many computing processes as
