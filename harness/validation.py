@@ -333,10 +333,10 @@ def _one(setup: _Setup, prof: Profile, system: str, w: int, progress: Progress) 
         transfers = measure_transfers(messages, wl.static_shapes)
         if system != "mp":
             loaded = measure_transfers(messages, wl.static_shapes, load=setup.cores)
-            transfers = {k: (loaded[k][0], v[1]) for k, v in transfers.items()}
+            transfers = {key: (loaded[key][0], t[1]) for key, t in transfers.items()}
     model = MachineModel(action_s=actions,
-                         transfer_s={k: v[0] for k, v in transfers.items()} or None,
-                         send_s={k: v[1] for k, v in transfers.items()} or None,
+                         transfer_s={key: t[0] for key, t in transfers.items()} or None,
+                         send_s={key: t[1] for key, t in transfers.items()} or None,
                          header_messages=0 if wl.static_shapes else 1, rendezvous=True,
                          allreduce_fit=setup.allreduce.get(w) if system == "dp" else None,
                          cores=setup.cores)
