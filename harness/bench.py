@@ -18,15 +18,14 @@ every flush-based pipeline.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 from harness import tracking
-from harness.compare import shared_plans
-from harness.config import DATA_PARALLEL, MICROBATCHED, RunConfig
+from harness.compare import shared_plans, system_config
+from harness.config import MICROBATCHED, RunConfig
 from harness.progress import Progress
 from workloads import registry
 from workloads.base import WorkloadError
@@ -73,20 +72,14 @@ def bench(base: RunConfig, systems: tuple[str, ...], steps: int, progress: Progr
                                 f"{m} x {b}: lower --batch-size or --microbatches")
         for system in systems:
             progress.note(f"bench: {system}")
-            per = base.threads_per_worker()
-            common = dict(system=system, target=impossible,
-                          max_steps_per_epoch=k if system in MICROBATCHED else k * m,
-                          threads=per * base.workers if system == "single" else per)
-            if system == "single":
-                cfg = dataclasses.replace(base, **common, workers=1, batch_size=b)
-            elif system in MICROBATCHED:
-                cfg = dataclasses.replace(base, **common, plan=plan, batch_size=m * b,
-                                          microbatches=m)
-            elif system in DATA_PARALLEL:
-                cfg = dataclasses.replace(base, **common, batch_size=b)
-            else:
-                cfg = dataclasses.replace(base, **common, plan=plan, batch_size=b)
             try:
+                if system in MICROBATCHED:  # minibatches of m microbatches of b
+                    cfg = system_config(base, system, plan, target=impossible,
+                                        max_steps_per_epoch=k, batch_size=m * b,
+                                        microbatches=m)
+                else:
+                    cfg = system_config(base, system, plan, target=impossible,
+                                        max_steps_per_epoch=k * m, batch_size=b)
                 s = run(cfg, progress, parent_run_id=parent.run_id)
             except (WorkloadError, PipelineFailure) as e:
                 rows.append(BenchRow(system, note=str(e).splitlines()[0]))

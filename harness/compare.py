@@ -156,29 +156,35 @@ def compare(base: RunConfig, systems: tuple[str, ...], progress: Progress,
             parent.text(Path(path).read_text(), f"plan-{name}.json")
         for i, system in enumerate(systems):
             progress.note(f"[{i + 1}/{len(systems)}] {system}")
-            cmp.rows.append(_run_one(base, system, plans, per_worker, parent.run_id,
-                                     progress))
+            cmp.rows.append(_run_one(base, system, plans, parent.run_id, progress))
         parent.text(cmp.markdown(command), "comparison.md")
         parent.metrics({f"samples_per_s.{r.system}": r.throughput
                         for r in cmp.rows if r.summary})
     return cmp
 
 
-def _run_one(base: RunConfig, system: str, plans: dict[str, str], per_worker: int,
-             parent_id: str, progress: Progress) -> Row:
+def system_config(base: RunConfig, system: str, plan: str | None, **changes) -> RunConfig:
+    """``system``'s run in a comparison (compare-run, bench): ``single`` gets one worker
+    with the whole thread budget (workers x threads per worker), the data-parallel systems
+    no plan, every other system ``plan`` on ``base.workers`` workers; ``changes`` on top."""
+    per_worker = base.threads_per_worker()
+    if system == "single":
+        return dataclasses.replace(base, system=system, workers=1,
+                                   threads=per_worker * base.workers, **changes)
+    if system not in PIPELINE_SYSTEMS:
+        raise WorkloadError(f"no comparison knows how to run {system!r}")
+    uses_plan = base.workers > 1 and system not in DATA_PARALLEL
+    return dataclasses.replace(base, system=system, plan=plan if uses_plan else None,
+                               threads=per_worker, **changes)
+
+
+def _run_one(base: RunConfig, system: str, plans: dict[str, str], parent_id: str,
+             progress: Progress) -> Row:
     from harness.pipeline_system import PipelineFailure
     from harness.runner import run
 
-    if system == "single":
-        cfg = dataclasses.replace(base, system=system, workers=1,
-                                  threads=per_worker * base.workers)
-    elif system not in PIPELINE_SYSTEMS:
-        raise WorkloadError(f"compare-run does not know how to run {system!r}")
-    else:
-        plan = None
-        if base.workers > 1 and system not in DATA_PARALLEL:
-            plan = plans["pipedream" if system == "pipedream" else "straight"]
-        cfg = dataclasses.replace(base, system=system, plan=plan, threads=per_worker)
+    cfg = system_config(base, system, plans.get("pipedream" if system == "pipedream"
+                                                else "straight"))
     try:
         return Row(system, run(cfg, progress, parent_run_id=parent_id))
     except WorkloadError as e:

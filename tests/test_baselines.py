@@ -8,6 +8,7 @@ import torch
 from baselines.horovod import HorovodTrainer
 from baselines.peers import check_peer_boundaries
 from harness.bench import BenchRow, checks
+from harness.compare import system_config
 from harness.config import RunConfig
 from harness.pipeline_system import PipelineTrainer
 from harness.progress import quiet
@@ -128,3 +129,21 @@ def test_bench_targets_compare_the_right_rows() -> None:
     got = {what: ok for what, ok, _ in checks(rows)}
     assert got == {"gpipe >= 0.95x torch-gpipe": True,
                    "pipedream faster than every flush pipeline": False}
+
+
+def test_one_rule_gives_every_compared_system_its_config(tmp_path) -> None:  # noqa: ANN001
+    """compare-run and bench share system_config: single gets one worker and the whole
+    thread budget, data parallelism no plan, every pipeline the plan."""
+    plan = tmp_path / "plan.json"
+    plan.write_text("{}")
+    plan = str(plan)
+    base = RunConfig(system="pipedream", workload="vgg16", scale="tiny", workers=2, threads=1)
+    single = system_config(base, "single", plan, batch_size=8)
+    assert (single.workers, single.threads, single.batch_size) == (1, 2, 8)
+    assert system_config(base, "ddp", plan).plan is None
+    for system in ("gpipe", "torch-1f1b", "pipedream", "horovod"):
+        cfg = system_config(base, system, plan)
+        assert (cfg.workers, cfg.threads) == (2, 1)
+        assert cfg.plan == (None if system == "horovod" else plan)
+    with pytest.raises(WorkloadError, match="no comparison knows"):
+        system_config(base, "mystery", None)
