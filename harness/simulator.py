@@ -221,21 +221,18 @@ class ClusterCosts:
     def allreduce(self, stage: int, ranks: tuple[int, ...], t: float) -> float:
         r = len(ranks)
         nbytes = self.stages[stage].parameter_bytes
-        dur = 0.0
         fit = self.machine.allreduce_fit
-        if fit is not None:
-            for lv, k in self.topology.ring_levels(ranks):
-                self.bytes_per_level[lv] += 2 * (k - 1) / k * nbytes
-            dur = fit[0] + fit[1] * nbytes
-        elif self.mode == "ps":
+        if self.mode == "ps" and fit is None:
             lv = max(self.topology.level(ranks[0], x) for x in ranks[1:])
             self.bytes_per_level[lv] += 2 * nbytes  # per replica: gradient in, weights out
             dur = 2 * r * nbytes / self.cluster.levels[lv].bandwidth + 2 * self.latency
-        else:
-            for lv, k in self.topology.ring_levels(ranks):  # per rank, as the planner models it
+        else:  # ring bytes per rank, as the planner models them; time measured or modelled
+            rings = self.topology.ring_levels(ranks)
+            for lv, k in rings:
                 self.bytes_per_level[lv] += 2 * (k - 1) / k * nbytes
-                dur += 2 * (k - 1) / k * nbytes / self.cluster.levels[lv].bandwidth \
-                    + 2 * (k - 1) * self.latency
+            dur = fit[0] + fit[1] * nbytes if fit is not None else sum(
+                2 * (k - 1) / k * nbytes / self.cluster.levels[lv].bandwidth
+                + 2 * (k - 1) * self.latency for lv, k in rings)
         if self.overlap:  # hidden behind the backward that produced the gradients
             dur = max(0.0, dur - self.compute(ranks[0], Action("B", 0)))
         return dur

@@ -24,7 +24,7 @@ from torch import Tensor
 
 from pipedream_impl.comm import LinkStats
 from pipedream_impl.runtime import EpochReport, StageExecutor, WorkerSpec
-from pipedream_impl.schedule import Layout, ScheduleError
+from pipedream_impl.schedule import Action, Layout, interleave
 from workloads.base import WorkloadError
 
 
@@ -79,22 +79,15 @@ def local_executors(spec: WorkerSpec, device: torch.device | None = None) \
 def run_local(executors: list[StageExecutor], epoch: int) -> list[EpochReport]:
     """One epoch of every rank, interleaved in this process; reports in rank order."""
     acts = [ex.begin_epoch(epoch) for ex in executors]
-    pc = [0] * len(executors)
-    progress = True
-    while progress:
-        progress = False
-        for rank, ex in enumerate(executors):
-            while pc[rank] < len(acts[rank]):
-                a = acts[rank][pc[rank]]
-                if a.kind in ("RF", "RB") and not ex.comm.ready(a.peer, a.kind[1]):
-                    break
-                ex.step(a, pc[rank])
-                pc[rank] += 1
-                progress = True
-    stuck = [r for r in range(len(executors)) if pc[r] < len(acts[r])]
-    if stuck:
-        raise ScheduleError("deadlock in the in-process run: " + ", ".join(
-            f"rank {r} at {acts[r][pc[r]]}" for r in stuck))
+
+    def step(rank: int, pos: int, a: Action) -> bool:
+        ex = executors[rank]
+        if a.kind in ("RF", "RB") and not ex.comm.ready(a.peer, a.kind[1]):
+            return False
+        ex.step(a, pos)
+        return True
+
+    interleave(acts, step)
     return [ex.finish_epoch() for ex in executors]
 
 

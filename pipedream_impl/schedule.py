@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 
 WEIGHT_MODES = ("stash", "vertical-sync", "none")
@@ -255,66 +256,77 @@ class TickCosts:
         return 0
 
 
+def interleave(actions: tuple[tuple[Action, ...], ...] | list,
+               step: Callable[[int, int, Action], bool]) -> None:
+    """Drive every rank's action list in rounds: a rank goes on while ``step(rank, pos,
+    action)`` returns True and stops at the first False (blocked: a receive with nothing
+    waiting, an all-reduce another replica has not reached); rounds repeat while any rank
+    moved. Raises ScheduleError on a deadlock. The event engine below and the in-process
+    runtime (``pipedream_impl.local``) both run on it."""
+    pc = [0] * len(actions)
+    progress = True
+    while progress:
+        progress = False
+        for rank, acts in enumerate(actions):
+            while pc[rank] < len(acts) and step(rank, pc[rank], acts[pc[rank]]):
+                pc[rank] += 1
+                progress = True
+    stuck = [r for r in range(len(actions)) if pc[r] < len(actions[r])]
+    if stuck:
+        at = ", ".join(f"rank {r} at {actions[r][pc[r]]}" for r in stuck)
+        raise ScheduleError(f"deadlock: {at}")
+
+
 def simulate(sched: Schedule, ticks: dict[str, int] | None = None, costs=None) \
         -> list[list[tuple[float, float, Action]]]:  # noqa: ANN001 - any cost model
     """Run every worker's list with blocking receives and all-reduce barriers.
 
     The one event engine for schedules: the validator and grid use ``TickCosts``; the
-    cluster simulator passes its own cost model. Sends are asynchronous unless the cost
-    model keeps the sender busy (it says when the sender is free and when the message
-    arrives), receives block until arrival, an
-    all-reduce starts when the last replica reaches it. Returns, per rank, (start, end,
-    action) of its F, B, A and U actions. Raises ScheduleError on a deadlock or a receive
-    that does not match the oldest pending send.
+    cluster simulator passes its own cost model. A send returns when the cost model says
+    the sender is free again; a receive blocks until the cost model says the message is
+    in (an eager transfer's arrival, or a rendezvous transfer that starts once the
+    receive is posted); an all-reduce starts when the last replica reaches it. Returns,
+    per rank, (start, end, action) of its F, B, A and U actions. Raises ScheduleError on a
+    deadlock or a receive that does not match the oldest pending send.
     """
     costs = costs or TickCosts(ticks)
     n = sched.layout.workers
-    pc = [0] * n
     clock = [0] * n
     channels: dict[tuple[int, int, str], list[tuple[int, float]]] = {}
     allreduce_wait: dict[tuple[int, int], dict[int, float]] = {}
     timeline: list[list[tuple[float, float, Action]]] = [[] for _ in range(n)]
-    progress = True
-    while progress:
-        progress = False
-        for rank in range(n):
-            acts = sched.actions[rank]
-            while pc[rank] < len(acts):
-                a = acts[pc[rank]]
-                if a.kind in ("SF", "SB"):
-                    clock[rank], token = costs.send(rank, a.peer, a, clock[rank])
-                    channels.setdefault((rank, a.peer, a.kind[1]), []).append((a.mb, token))
-                elif a.kind in ("RF", "RB"):
-                    q = channels.get((a.peer, rank, a.kind[1]), [])
-                    if not q:
-                        break
-                    mb, token = q[0]
-                    if mb != a.mb:
-                        raise ScheduleError(f"rank {rank} expects {a} but the next message "
-                                            f"from rank {a.peer} is minibatch {mb}")
-                    q.pop(0)
-                    clock[rank] = max(clock[rank],
-                                      costs.receive(a.peer, rank, a, token, clock[rank]))
-                elif a.kind == "A":  # a barrier among the stage's replicas
-                    s, _ = sched.layout.stage_of(rank)
-                    arrivals = allreduce_wait.setdefault((s, a.mb), {})
-                    arrivals[rank] = clock[rank]
-                    if len(arrivals) < sched.layout.replicas[s]:
-                        break
-                    ranks = tuple(sorted(arrivals))
-                    start = max(arrivals.values())
-                    clock[rank] = start + costs.allreduce(s, ranks, start)
-                    timeline[rank].append((arrivals[rank], clock[rank], a))
-                elif a.kind in ("F", "B", "U"):
-                    start = clock[rank]
-                    clock[rank] += costs.compute(rank, a)
-                    timeline[rank].append((start, clock[rank], a))
-                pc[rank] += 1
-                progress = True
-    stuck = [r for r in range(n) if pc[r] < len(sched.actions[r])]
-    if stuck:
-        at = ", ".join(f"rank {r} at {sched.actions[r][pc[r]]}" for r in stuck)
-        raise ScheduleError(f"deadlock: {at}")
+
+    def step(rank: int, pos: int, a: Action) -> bool:
+        if a.kind in ("SF", "SB"):
+            clock[rank], token = costs.send(rank, a.peer, a, clock[rank])
+            channels.setdefault((rank, a.peer, a.kind[1]), []).append((a.mb, token))
+        elif a.kind in ("RF", "RB"):
+            q = channels.get((a.peer, rank, a.kind[1]), [])
+            if not q:
+                return False
+            mb, token = q[0]
+            if mb != a.mb:
+                raise ScheduleError(f"rank {rank} expects {a} but the next message "
+                                    f"from rank {a.peer} is minibatch {mb}")
+            q.pop(0)
+            clock[rank] = max(clock[rank], costs.receive(a.peer, rank, a, token, clock[rank]))
+        elif a.kind == "A":  # a barrier among the stage's replicas
+            s, _ = sched.layout.stage_of(rank)
+            arrivals = allreduce_wait.setdefault((s, a.mb), {})
+            arrivals[rank] = clock[rank]
+            if len(arrivals) < sched.layout.replicas[s]:
+                return False
+            ranks = tuple(sorted(arrivals))
+            start = max(arrivals.values())
+            clock[rank] = start + costs.allreduce(s, ranks, start)
+            timeline[rank].append((arrivals[rank], clock[rank], a))
+        elif a.kind in ("F", "B", "U"):
+            start = clock[rank]
+            clock[rank] += costs.compute(rank, a)
+            timeline[rank].append((start, clock[rank], a))
+        return True
+
+    interleave(sched.actions, step)
     return timeline
 
 
