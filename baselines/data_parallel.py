@@ -11,39 +11,29 @@ import time
 
 import torch
 
-from pipedream_impl.runtime import EpochReport, WorkerSpec
-from pipedream_impl.schedule import Layout
-from workloads import registry
-from workloads.recipe import (
-    epoch_order,
-    load_splits,
-    make_optimizer,
-    microbatch,
-    peak_memory_bytes,
-)
+from core.collectives import ring_allreduce_bytes
+from pipedream_impl.runtime.contract import EpochReport, Executor, WorkerPieces
+from workloads.recipe import microbatch
+
+__all__ = ["DataParallelExecutor"]
 
 
-class DataParallelExecutor:
-    def __init__(self, spec: WorkerSpec, layout: Layout, device: torch.device) -> None:
-        self.spec, self.device = spec, device
-        self.world = layout.workers
-        self.wl = registry.get(spec.workload)
-        self.scale_spec = self.wl.spec(spec.scale)
-        self.splits = load_splits(self.wl, spec.scale, spec.data, spec.seed)
-        model = self.wl.build(spec.scale, {**self.splits.train.meta, "init_seed": spec.seed})
-        self.model = model.to(device).train()
+class DataParallelExecutor(Executor):
+    def __init__(self, pieces: WorkerPieces) -> None:
+        super().__init__(pieces)
+        self.world = self.layout.workers
+        self.model = pieces.model.to(self.device).train()
         self.sent = 0  # bytes this rank sends in gradient all-reduces (ring formula)
-        optimizer = make_optimizer(self.scale_spec, self.model.parameters(), spec.lr)
-        self.net, self.optimizer = self._wrap(self.model, optimizer)
-        n = len(self.splits.train) // spec.batch_size
-        self.n_steps = n if spec.max_steps is None else min(n, spec.max_steps)
+        self.net, self.optimizer = self._wrap(self.model, pieces.optimizer(
+            self.model.parameters()))
+        self.n_steps = pieces.steps_per_epoch()
 
     def _wrap(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer):  # noqa: ANN202
         raise NotImplementedError
 
     def ring_bytes(self, tensor: torch.Tensor) -> int:
-        """Bytes one rank sends to all-reduce ``tensor`` with a ring: 2 (W-1)/W per byte."""
-        return int(2 * (self.world - 1) / self.world * tensor.numel() * tensor.element_size())
+        """Bytes one rank sends to all-reduce ``tensor`` with a ring."""
+        return int(ring_allreduce_bytes(tensor.numel() * tensor.element_size(), self.world))
 
     def _step(self, batch) -> float:  # noqa: ANN001
         self.optimizer.zero_grad(set_to_none=True)
@@ -55,25 +45,16 @@ class DataParallelExecutor:
         return float(loss.detach())
 
     def run_epoch(self, epoch: int) -> EpochReport:
-        rank = self.spec.rank
-        order = epoch_order(len(self.splits.train), self.spec.seed, epoch)
-        report = EpochReport(rank, 0, rank)
-        torch.manual_seed(self.spec.seed * 7919 + epoch * 131 + rank)
+        report = self.start_epoch(epoch, 0, self.rank)
         for k in range(self.n_steps):
-            if self.spec.fail_at is not None and self.spec.fail_at == (rank, k):
-                raise RuntimeError(f"injected failure at minibatch {k}")
+            self.check_injected_failure(k)
             t0 = time.perf_counter()
-            b = microbatch(self.splits.train, self.wl, order, k, rank, self.spec.batch_size,
-                           self.world).to(self.device)
+            b = microbatch(self.splits.train, self.wl, self.order, k, self.rank,
+                           self.run.batch_size, self.world).to(self.device)
             loss = self._step(b)
-            if self.device.type == "cuda":
-                torch.cuda.synchronize(self.device)
+            self.synchronize()
             report.busy_s += time.perf_counter() - t0
             report.losses.append(loss)
-            if k == min(self.n_steps, 2) - 1:
-                report.warm_done_at = time.time()
-        report.end_at = time.time()
+            self.mark_warm(report, k)
         report.allreduce_bytes = self.sent
-        report.peak_memory = peak_memory_bytes(self.device)
-        report.state = {k: v.detach().cpu().clone() for k, v in self.model.state_dict().items()}
-        return report
+        return self.close_report(report, self.model)

@@ -18,7 +18,7 @@ Communication volume: every tensor ``DistributedOptimizer`` hands to Horovod's
 ``allreduce_async_`` is counted at 2 (W-1)/W x its bytes (ring all-reduce), per rank.
 Fusion changes how many messages carry them, not how many bytes.
 
-Launcher side (``HorovodTrainer``): the shared launcher (``harness.pipeline_system``) with
+Launcher side (``HorovodLauncher``): the shared launcher (``pipedream_impl.runtime.launcher``) with
 workers started by ``horovodrun -np W -H localhost:W --gloo`` instead of
 ``torch.multiprocessing``; they connect back to the launcher over a local authenticated
 socket that carries the same control messages and epoch reports as the spawn queues.
@@ -45,15 +45,13 @@ from pathlib import Path
 import torch
 
 from baselines.data_parallel import DataParallelExecutor
-from harness.pipeline_system import PipelineFailure, PipelineTrainer
-from pipedream_impl.runtime import WorkerSpec, worker_main
+from pipedream_impl.runtime.contract import WorkerSpec, worker_main
+from pipedream_impl.runtime.launcher import Launcher, PipelineFailure
+
+__all__ = ["HOROVOD_ENV", "HorovodExecutor", "HorovodLauncher"]
 
 REPO = Path(__file__).resolve().parent.parent
 HOROVOD_ENV = {"HOROVOD_AUTOTUNE": "0"}  # fusion threshold and cycle time: defaults
-HOROVOD_PARAMS = {"gradient_sync": "hvd.DistributedOptimizer(op=Average, compression=none)",
-                  "broadcast": "parameters and optimizer state from rank 0",
-                  "tensor_fusion": "default (HOROVOD_FUSION_THRESHOLD unset: 64 MiB)",
-                  "autotune": "off", "launcher": "horovodrun --gloo"}
 
 
 class HorovodExecutor(DataParallelExecutor):
@@ -155,7 +153,7 @@ def horovodrun() -> str:
     return found
 
 
-class HorovodTrainer(PipelineTrainer):
+class HorovodLauncher(Launcher):
     def _start(self, specs: list[WorkerSpec]) -> None:
         n = len(specs)
         authkey = os.urandom(16)
@@ -196,7 +194,7 @@ class HorovodTrainer(PipelineTrainer):
                 end = _ConnEnd(accepted.get(timeout=0.5))
             except queue.Empty:
                 if popen.poll() is not None or time.monotonic() > deadline:
-                    self._fail(f"horovodrun ended (exit code {popen.poll()}) before all "
+                    self.fail(f"horovodrun ended (exit code {popen.poll()}) before all "
                                f"{n} ranks connected:\n{self.log_tail()}")
                 continue
             rank = end.get(timeout=30)
@@ -217,11 +215,11 @@ class HorovodTrainer(PipelineTrainer):
         except OSError:
             return ""
 
-    def _fail(self, message: str) -> None:
+    def fail(self, message: str) -> None:
         tail = self.log_tail()
         if tail and tail not in message:
             message += f"\n--- horovodrun output (last lines) ---\n{tail}"
-        super()._fail(message)
+        super().fail(message)
 
     def close(self, kill: bool = False) -> None:
         super().close(kill)

@@ -27,19 +27,14 @@ import time
 import torch
 from torch import nn
 
-from pipedream_impl.runtime import EpochReport, WorkerSpec
-from pipedream_impl.schedule import Layout
-from workloads import registry
-from workloads.base import Dataset, Workload, WorkloadError
-from workloads.recipe import (
-    epoch_order,
-    load_splits,
-    make_optimizer,
-    microbatch,
-    peak_memory_bytes,
-)
+from core.errors import WorkloadError
+from pipedream_impl.runtime.contract import EpochReport, Executor, WorkerPieces
+from workloads.base import Dataset, Workload
+from workloads.recipe import microbatch
 
-PEERS = ("torch-gpipe", "torch-1f1b", "deepspeed-pipe")
+__all__ = ["DeepSpeedPipeExecutor", "EngineStage", "TorchPipeExecutor",
+           "check_peer_boundaries"]
+
 
 
 def _tup(x) -> tuple:  # noqa: ANN001
@@ -93,28 +88,23 @@ def check_peer_boundaries(system: str, workload: Workload, scale: str,
                     f"decoder where only floating tensors cross.")
 
 
-class PeerExecutor:
+class PeerExecutor(Executor):
     """The shared loop; subclasses build the engine (``_build``) and run a step (``_step``)."""
 
     star = True
 
-    def __init__(self, spec: WorkerSpec, layout: Layout, device: torch.device) -> None:
-        self.spec, self.layout, self.device = spec, layout, device
-        self.stage, _ = layout.stage_of(spec.rank)
-        self.n_stages = len(layout.replicas)
+    def __init__(self, pieces: WorkerPieces) -> None:
+        super().__init__(pieces)
+        self.stage, _ = self.layout.stage_of(self.rank)
+        self.n_stages = len(self.layout.replicas)
         self.first, self.last = self.stage == 0, self.stage == self.n_stages - 1
-        self.wl = registry.get(spec.workload)
-        self.scale_spec = self.wl.spec(spec.scale)
-        self.splits = load_splits(self.wl, spec.scale, spec.data, spec.seed)
-        full = self.wl.build(spec.scale, {**self.splits.train.meta, "init_seed": spec.seed})
-        a, b = spec.bounds[self.stage]
-        self.module = EngineStage(full.stage(a, b).to(device).train(), self.star, self.first,
-                                  self.last)
-        n = len(self.splits.train) // spec.batch_size
-        self.n_steps = n if spec.max_steps is None else min(n, spec.max_steps)
-        self.m = spec.microbatches
+        a, b = self.system.bounds[self.stage]
+        self.module = EngineStage(pieces.model.stage(a, b).to(self.device).train(), self.star,
+                                  self.first, self.last)
+        self.n_steps = pieces.steps_per_epoch()
+        self.m = self.system.microbatches
         self.done = 0  # microbatches trained so far
-        self._build(full)
+        self._build(pieces.model)
 
     def _build(self, full: nn.Module) -> None:
         raise NotImplementedError
@@ -126,27 +116,21 @@ class PeerExecutor:
         return self.wl.loss(_tup(out), targets)
 
     def _micro(self, k: int) -> list:
-        return [microbatch(self.splits.train, self.wl, self.order, k, j, self.spec.batch_size,
+        return [microbatch(self.splits.train, self.wl, self.order, k, j, self.run.batch_size,
                            self.m).to(self.device) for j in range(self.m)]
 
     def run_epoch(self, epoch: int) -> EpochReport:
-        self.order = epoch_order(len(self.splits.train), self.spec.seed, epoch)
-        report = EpochReport(self.spec.rank, self.stage, 0)
-        torch.manual_seed(self.spec.seed * 7919 + epoch * 131 + self.spec.rank)
+        report = self.start_epoch(epoch, self.stage, 0)
         for k in range(self.n_steps):
-            if self.spec.fail_at is not None and self.spec.fail_at == (self.spec.rank, k):
-                raise RuntimeError(f"injected failure at minibatch {k}")
+            self.check_injected_failure(k)
             t0 = time.perf_counter()
             losses = self._step(k)
-            if self.device.type == "cuda":
-                torch.cuda.synchronize(self.device)
+            self.synchronize()
             report.busy_s += time.perf_counter() - t0
             if self.last:
                 report.losses.extend(losses)
-                if k == min(self.n_steps, 2) - 1:
-                    report.warm_done_at = time.time()
-        report.end_at = time.time()
-        r = self.spec.rank
+                self.mark_warm(report, k)
+        r = self.rank
         self.done += self.n_steps * self.m
         fwd, back = self.module.sent(self.done)
         report.payload = {}
@@ -154,10 +138,7 @@ class PeerExecutor:
             report.payload[(r, r + 1)] = fwd
         if not self.first:
             report.payload[(r, r - 1)] = back
-        report.peak_memory = peak_memory_bytes(self.device)
-        report.state = {k: v.detach().cpu().clone()
-                        for k, v in self.module.inner.state_dict().items()}
-        return report
+        return self.close_report(report, self.module.inner)
 
 
 class TorchPipeExecutor(PeerExecutor):
@@ -167,11 +148,10 @@ class TorchPipeExecutor(PeerExecutor):
         from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 
         self.pipe_stage = PipelineStage(self.module, self.stage, self.n_stages, self.device)
-        cls = ScheduleGPipe if self.spec.schedule == "gpipe" else Schedule1F1B
+        cls = ScheduleGPipe if self.system.schedule == "flush" else Schedule1F1B
         # scale_grads: gradients averaged over microbatches = the minibatch's mean loss
         self.schedule = cls(self.pipe_stage, self.m, loss_fn=self.loss_fn, scale_grads=True)
-        self.optimizer = make_optimizer(self.scale_spec, self.module.parameters(),
-                                        self.spec.lr)
+        self.optimizer = self.pieces.optimizer(self.module.parameters())
 
     def _step(self, k: int) -> list[float]:
         self.optimizer.zero_grad(set_to_none=True)
@@ -199,7 +179,7 @@ class DeepSpeedPipeExecutor(PeerExecutor):
         if self.device.type == "cpu":
             os.environ.setdefault("DS_ACCELERATOR", "cpu")
         host, port = self.spec.init_method.removeprefix("tcp://").rsplit(":", 1)
-        os.environ.update(RANK=str(self.spec.rank), LOCAL_RANK=str(self.spec.local_rank),
+        os.environ.update(RANK=str(self.rank), LOCAL_RANK=str(self.spec.local_rank),
                           WORLD_SIZE=str(self.layout.workers), MASTER_ADDR=host,
                           MASTER_PORT=port)  # DeepSpeed reads these; the group exists
         import deepspeed
@@ -208,15 +188,15 @@ class DeepSpeedPipeExecutor(PeerExecutor):
         deepspeed.init_distributed(dist_backend="nccl" if self.device.type == "cuda"
                                    else "gloo")
         layers = []
-        for s, (a, b) in enumerate(self.spec.bounds):  # one layer per stage, uniform split
+        for s, (a, b) in enumerate(self.system.bounds):  # one layer per stage, uniform split
             layers.append(self.module if s == self.stage else
                           EngineStage(full.stage(a, b), False, s == 0,
                                       s == self.n_stages - 1))
         pipe = PipelineModule(layers=layers, num_stages=self.n_stages, loss_fn=self.loss_fn,
                               partition_method="uniform", activation_checkpoint_interval=0)
-        optimizer = make_optimizer(self.scale_spec, self.module.parameters(), self.spec.lr)
-        config = {"train_batch_size": self.spec.batch_size,
-                  "train_micro_batch_size_per_gpu": self.spec.batch_size // self.m,
+        optimizer = self.pieces.optimizer(self.module.parameters())
+        config = {"train_batch_size": self.run.batch_size,
+                  "train_micro_batch_size_per_gpu": self.run.batch_size // self.m,
                   "gradient_accumulation_steps": self.m, "steps_per_print": 1 << 30,
                   "gradient_clipping": self.scale_spec.grad_clip or 0.0,
                   "pipeline": {"activation_checkpoint_interval": 0}}

@@ -6,16 +6,10 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from workloads.base import SCALES, WorkloadError
-
-SYSTEMS = ("single", "pipedream", "gpipe", "model-parallel", "ddp", "horovod",
-           "torch-gpipe", "torch-1f1b", "deepspeed-pipe")
-PIPELINE_SYSTEMS = SYSTEMS[1:]  # all run in the shared multi-process launcher
-DATA_PARALLEL = ("ddp", "horovod")  # one stage, the whole model on every worker
-STRAIGHT = ("gpipe", "model-parallel", "torch-gpipe", "torch-1f1b", "deepspeed-pipe")
-OWN_RUNTIME = ("pipedream", "gpipe", "model-parallel")  # our executor: idle time per action
-MICROBATCHED = ("gpipe", "torch-gpipe", "torch-1f1b", "deepspeed-pipe")  # flush pipelines
-WEIGHT_MODES = ("stash", "vertical-sync", "none")
+from core.errors import UserInputError
+from harness import systems
+from pipedream_impl.schedule import WEIGHT_MODES
+from workloads.base import SCALES
 
 
 @dataclass(frozen=True)
@@ -47,33 +41,36 @@ class RunConfig:
     recompute: bool = False  # gpipe: re-materialise activations in the backward
 
     def __post_init__(self) -> None:
-        if self.system not in SYSTEMS:
-            raise WorkloadError(f"unknown system {self.system!r}; choose one of: "
-                                f"{', '.join(SYSTEMS)}")
+        system = systems.get(self.system)  # unknown names: a clear error
         if self.scale not in SCALES:
-            raise WorkloadError(f"unknown scale {self.scale!r}; choose one of: "
+            raise UserInputError(f"unknown scale {self.scale!r}; choose one of: "
                                 f"{', '.join(SCALES)}")
         if self.epochs is not None and self.epochs < 1:
-            raise WorkloadError(f"--epochs must be at least 1 (got {self.epochs})")
+            raise UserInputError(f"--epochs must be at least 1 (got {self.epochs})")
         if self.batch_size is not None and self.batch_size < 1:
-            raise WorkloadError(f"--batch-size must be positive (got {self.batch_size})")
+            raise UserInputError(f"--batch-size must be positive (got {self.batch_size})")
         if self.workers < 1:
-            raise WorkloadError(f"--workers must be at least 1 (got {self.workers})")
+            raise UserInputError(f"--workers must be at least 1 (got {self.workers})")
         if self.threads is not None and self.threads < 1:
-            raise WorkloadError(f"--threads must be at least 1 (got {self.threads})")
+            raise UserInputError(f"--threads must be at least 1 (got {self.threads})")
         if self.device not in ("auto", "cpu", "cuda"):
-            raise WorkloadError(f"--device must be auto, cpu or cuda (got {self.device!r})")
+            raise UserInputError(f"--device must be auto, cpu or cuda (got {self.device!r})")
         if self.weights not in WEIGHT_MODES:
-            raise WorkloadError(f"--weights must be one of {', '.join(WEIGHT_MODES)}")
+            raise UserInputError(f"--weights must be one of {', '.join(WEIGHT_MODES)}")
         if self.plan is not None and self.config is not None:
-            raise WorkloadError("give --plan or --config, not both")
+            raise UserInputError("give --plan or --config, not both")
         if self.plan is not None and not Path(self.plan).exists():
-            raise WorkloadError(f"plan {self.plan} does not exist")
-        if self.system == "single" and (self.plan or self.config or self.workers > 1):
-            raise WorkloadError("--system single runs one worker; use --system pipedream "
-                                "with --workers/--plan/--config")
+            raise UserInputError(f"plan {self.plan} does not exist")
+        if not system.multi_process and (self.plan or self.config or self.workers > 1):
+            raise UserInputError(f"--system {system.name} runs one worker; use a pipeline or "
+                                 "data-parallel system with --workers/--plan/--config")
         if self.data is not None and not Path(self.data).exists():
-            raise WorkloadError(f"data path {self.data} does not exist")
+            raise UserInputError(f"data path {self.data} does not exist")
+
+    @property
+    def definition(self) -> systems.System:
+        """The registry's entry for ``system``."""
+        return systems.get(self.system)
 
     def threads_per_worker(self) -> int:
         if self.threads is not None:

@@ -44,12 +44,10 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from core.errors import ScheduleError
+
 WEIGHT_MODES = ("stash", "vertical-sync", "none")
 _ACTION = re.compile(r"^(RF|SF|RB|SB|F|B|A|U)(\d+)(?:v(\d+))?(?:([<>])(\d+))?$")
-
-
-class ScheduleError(ValueError):
-    pass
 
 
 @dataclass(frozen=True)
@@ -262,7 +260,7 @@ def interleave(actions: tuple[tuple[Action, ...], ...] | list,
     action)`` returns True and stops at the first False (blocked: a receive with nothing
     waiting, an all-reduce another replica has not reached); rounds repeat while any rank
     moved. Raises ScheduleError on a deadlock. The event engine below and the in-process
-    runtime (``pipedream_impl.local``) both run on it."""
+    runtime (``pipedream_impl.runtime.local``) both run on it."""
     pc = [0] * len(actions)
     progress = True
     while progress:

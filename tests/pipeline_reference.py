@@ -84,8 +84,8 @@ def single_process_reference(workload: Workload, splits: DataSplits, steps: int)
     """(model, epoch stats) of single-process training for ``steps`` minibatches of epoch 0:
     the reference that synchronous systems (model parallel, GPipe, DDP) must equal."""
     from harness.config import RunConfig
-    from harness.progress import quiet
-    from harness.training import SingleTrainer
+    from harness.experiments.training import SingleTrainer
+    from harness.reporting.progress import quiet
 
     ref = SingleTrainer(RunConfig(system="single", workload=workload.name, threads=1,
                                   max_steps_per_epoch=steps), workload, splits,

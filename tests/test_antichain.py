@@ -7,8 +7,8 @@ import random
 
 import numpy as np
 
-from pipedream_impl.antichain import build_states
-from pipedream_impl.graph import Graph, Node
+from pipedream_impl.planner.antichain import build_states
+from pipedream_impl.profiling.graph import Graph, Node
 
 
 def _graph(edges: list[tuple[str, str]], times: dict[str, float],
@@ -106,7 +106,7 @@ def test_too_many_antichains_fall_back_to_topological_prefixes() -> None:
 
 
 def test_coarsen_keeps_the_narrowest_cuts_and_the_end() -> None:
-    from pipedream_impl.antichain import _Bits, _prefix_states, coarsen, prepare
+    from pipedream_impl.planner.antichain import _Bits, _prefix_states, coarsen, prepare
 
     g = Graph.chain([Node(f"l{i}", "Op", 1.0, 1.0, (float(a),), 1.0)
                      for i, a in enumerate([5, 1, 7, 2, 9, 3])])

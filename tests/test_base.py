@@ -6,8 +6,9 @@ import pytest
 import torch
 from torch import nn
 
+from core.errors import WorkloadError
 from workloads.awd_lm import tied_parameters
-from workloads.base import LayerModel, WorkloadError, Wrap, count_parameters, run_layers
+from workloads.base import LayerModel, Wrap, count_parameters, run_layers
 from workloads.registry import WORKLOADS, get
 
 

@@ -5,16 +5,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-from baselines.horovod import HorovodTrainer
 from baselines.peers import check_peer_boundaries
-from harness.bench import BenchRow, checks
-from harness.compare import system_config
+from core.errors import WorkloadError
 from harness.config import RunConfig
-from harness.pipeline_system import PipelineTrainer
-from harness.progress import quiet
-from harness.runner import EXECUTORS
+from harness.experiments.bench import BenchRow, checks
+from harness.experiments.compare import system_config
+from harness.experiments.pipeline_trainer import PipelineTrainer
+from harness.reporting.progress import quiet
 from tests.pipeline_reference import single_process_reference
-from workloads.base import WorkloadError
 from workloads.registry import get
 
 WL = get("vgg16")
@@ -48,10 +46,9 @@ def test_data_parallel_equals_single_process_on_the_global_batch_and_counts_ring
         splits, sequential, system: str) -> None:
     n_layers = len(WL.build("tiny", splits.train.meta).layers)
     cfg = RunConfig(system=system, workload="vgg16", workers=2, threads=1,
-                    max_steps_per_epoch=STEPS, epochs=1)
-    cls = HorovodTrainer if system == "horovod" else PipelineTrainer
-    dp = cls(cfg, WL, splits, (2,), ((0, n_layers),), "stash", None, torch.device("cpu"),
-             quiet(), timeout_s=60, microbatches=2, executor=EXECUTORS[system])
+                    max_steps_per_epoch=STEPS, epochs=1, timeout_s=60)
+    dp = PipelineTrainer(cfg, WL, splits, (2,), ((0, n_layers),), torch.device("cpu"),
+                         quiet())
     stats = _one_epoch(dp)
     ref_model, ref_stats = sequential
     _assert_same(dp.model, ref_model)
@@ -64,21 +61,20 @@ def test_data_parallel_equals_single_process_on_the_global_batch_and_counts_ring
     # Horovod: the tensors DistributedOptimizer hands it); each of 2 ranks sends
     # 2 (2-1)/2 = 1 x their bytes in a ring all-reduce
     assert dp.metrics.bytes_sent == 2 * STEPS * param_bytes
-    assert all(not p.is_alive() for p in dp.procs)
+    assert all(not p.is_alive() for p in dp.launcher.procs)
 
 
 def test_horovod_worker_error_reaches_the_launcher(splits) -> None:
-    from harness.pipeline_system import PipelineFailure
+    from pipedream_impl.runtime.launcher import PipelineFailure
 
     n_layers = len(WL.build("tiny", splits.train.meta).layers)
     cfg = RunConfig(system="horovod", workload="vgg16", workers=2, threads=1,
-                    max_steps_per_epoch=STEPS, epochs=1)
-    hvd = HorovodTrainer(cfg, WL, splits, (2,), ((0, n_layers),), "stash", None,
-                         torch.device("cpu"), quiet(), timeout_s=30, fail_at=(1, 2),
-                         microbatches=2, executor=EXECUTORS["horovod"])
+                    max_steps_per_epoch=STEPS, epochs=1, timeout_s=30, fail_at=(1, 2))
+    hvd = PipelineTrainer(cfg, WL, splits, (2,), ((0, n_layers),), torch.device("cpu"),
+                          quiet())
     with pytest.raises(PipelineFailure, match="injected failure at minibatch 2"):
         hvd.train_epoch(0)
-    assert all(not p.is_alive() for p in hvd.procs)
+    assert all(not p.is_alive() for p in hvd.launcher.procs)
 
 
 @pytest.mark.parametrize("system", ["torch-gpipe", "torch-1f1b", "deepspeed-pipe"])
@@ -89,11 +85,8 @@ def test_peer_engine_equals_single_process_on_whole_minibatches(splits, sequenti
     exactly as the reference's), and its bytes are the boundary tensors, both ways."""
     bounds = ((0, 12), (12, 40))
     cfg = RunConfig(system=system, workload="vgg16", workers=2, threads=1,
-                    max_steps_per_epoch=STEPS, epochs=1)
-    pipe = PipelineTrainer(cfg, WL, splits, (1, 1), bounds, "stash", None,
-                           torch.device("cpu"), quiet(), timeout_s=60,
-                           schedule="gpipe" if system == "torch-gpipe" else "1f1b",
-                           microbatches=4, executor=EXECUTORS[system])
+                    max_steps_per_epoch=STEPS, epochs=1, timeout_s=60, microbatches=4)
+    pipe = PipelineTrainer(cfg, WL, splits, (1, 1), bounds, torch.device("cpu"), quiet())
     stats = _one_epoch(pipe)
     ref_model, ref_stats = sequential
     _assert_same(pipe.model, ref_model)

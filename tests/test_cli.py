@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from harness import tracking
+from harness.reporting import tracking
 
 PIPEBENCH = [sys.executable, "-m", "harness.cli"]
 

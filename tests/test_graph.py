@@ -6,8 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from pipedream_impl.graph import GraphFormatError, Node, parse_graph
-from pipedream_impl.profile import Profile, infer_batch_size, load_profile, save_profile
+from core.errors import GraphFormatError
+from pipedream_impl.profiling.graph import Node, parse_graph
+from pipedream_impl.profiling.profile import Profile, infer_batch_size, load_profile, save_profile
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "pipedream-profiles"
 TEXT = (

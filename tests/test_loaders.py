@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 import torch
 
+from core.errors import WorkloadError
 from workloads import data_images, data_seq2seq, data_text
-from workloads.base import WorkloadError
 from workloads.registry import get
 
 

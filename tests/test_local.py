@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from pipedream_impl.local import action_costs, local_executors, run_local, typical_messages
-from pipedream_impl.runtime import WorkerSpec
+from core.errors import UserInputError
+from pipedream_impl.runtime.contract import RunSettings, SystemSettings, WorkerSpec
+from pipedream_impl.runtime.local import action_costs, local_executors, run_local, typical_messages
 from pipedream_impl.schedule import Layout, one_f_one_b
 from tests.pipeline_reference import simulate_pipedream
-from workloads.base import WorkloadError
 from workloads.registry import get
 
 WL = get("vgg16")
@@ -18,8 +18,8 @@ BOUNDS = ((0, 10), (10, 25), (25, 40))
 
 
 def _spec(replicas=(1, 1, 1), bounds=BOUNDS, **kw) -> WorkerSpec:
-    return WorkerSpec(0, replicas, bounds, "vgg16", "tiny", 0, 32, None, "stash", None, None,
-                      STEPS, "", 60.0, 1, "cpu", **kw)
+    return WorkerSpec(0, RunSettings("vgg16", "tiny", 0, 32, max_steps=STEPS, timeout_s=60.0),
+                      SystemSettings(replicas, bounds, **kw))
 
 
 def test_in_process_run_follows_pipedreams_update_rule() -> None:
@@ -54,5 +54,5 @@ def test_in_process_run_follows_pipedreams_update_rule() -> None:
 
 
 def test_replicated_stages_are_refused() -> None:
-    with pytest.raises(WorkloadError, match="unreplicated"):
+    with pytest.raises(UserInputError, match="unreplicated"):
         local_executors(_spec(replicas=(2, 1), bounds=((0, 20), (20, 40))))

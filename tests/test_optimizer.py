@@ -10,11 +10,11 @@ from functools import cache
 
 import pytest
 
-from pipedream_impl.antichain import build_states
-from pipedream_impl.cluster import Cluster, Level
-from pipedream_impl.graph import Graph, Node
-from pipedream_impl.optimizer import COST_MODELS, data_parallel_time, solve
-from pipedream_impl.plan import build_plan
+from pipedream_impl.planner.antichain import build_states
+from pipedream_impl.planner.cluster import Cluster, Level
+from pipedream_impl.planner.optimizer import COST_MODELS, data_parallel_time, solve
+from pipedream_impl.planner.plan import build_plan
+from pipedream_impl.profiling.graph import Graph, Node
 
 
 def chain(times_ms: list[float], params: list[float], acts: list[float]) -> Graph:

@@ -7,13 +7,13 @@ from pathlib import Path
 
 import pytest
 
-from pipedream_impl.antichain import build_states
-from pipedream_impl.cluster import parse_bandwidth, parse_cluster
-from pipedream_impl.graph import Graph, Node
-from pipedream_impl.optimizer import solve
-from pipedream_impl.plan import Plan, build_plan, plan_profile
-from pipedream_impl.profile import Profile, load_profile
-from workloads.base import WorkloadError
+from core.errors import UserInputError
+from pipedream_impl.planner.antichain import build_states
+from pipedream_impl.planner.cluster import parse_bandwidth, parse_cluster
+from pipedream_impl.planner.optimizer import solve
+from pipedream_impl.planner.plan import Plan, build_plan, plan_profile
+from pipedream_impl.profiling.graph import Graph, Node
+from pipedream_impl.profiling.profile import Profile, load_profile
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "pipedream-profiles"
 
@@ -30,9 +30,9 @@ def test_cluster_presets_and_shapes() -> None:
     assert custom.levels[1].bandwidth == 25e9 / 8 and custom.levels[0].workers == 8
     assert parse_bandwidth("1.5e9") == 1.5e9 and parse_bandwidth("500MB/s") == 5e8
     for bad in ("Z:4x4", "4y4", "x"):
-        with pytest.raises(WorkloadError):
+        with pytest.raises(UserInputError):
             parse_cluster(bad)
-    with pytest.raises(WorkloadError, match="bandwidth"):
+    with pytest.raises(UserInputError, match="bandwidth"):
         parse_bandwidth("fast")
 
 
@@ -83,6 +83,6 @@ def test_every_shared_profile_plans_on_16_workers_in_two_levels(model: str) -> N
 
 def test_infeasible_memory_limit_is_a_clear_error() -> None:
     g = Graph.chain([Node(f"l{i}", "Op", 1, 1, (1e9,), 1e9) for i in range(3)])
-    with pytest.raises(WorkloadError, match="memory limit"):
+    with pytest.raises(UserInputError, match="memory limit"):
         plan_profile(Profile.from_graph(g), parse_cluster("2x2"), memory_limit=1.0,
                      straight=True)

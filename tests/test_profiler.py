@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from pipedream_impl.profiler import profile_workload, whole_step_ms
+from pipedream_impl.profiling.profiler import profile_workload, whole_step_ms
 from workloads.registry import get
 
 

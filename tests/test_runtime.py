@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from harness.config import RunConfig
-from harness.pipeline_system import PipelineFailure, PipelineTrainer
-from harness.progress import quiet
+from harness.experiments.pipeline_trainer import PipelineFailure, PipelineTrainer
+from harness.reporting.progress import quiet
 from pipedream_impl.schedule import Layout, one_f_one_b
 from tests.pipeline_reference import simulate_pipedream, single_process_reference
 from workloads.registry import get
@@ -24,14 +24,17 @@ def splits():
 
 
 def _cfg(workers: int, **kw) -> RunConfig:
-    return RunConfig(system="pipedream", workload="vgg16", scale="tiny", workers=workers,
-                     threads=1, max_steps_per_epoch=STEPS, epochs=1, **kw)
+    kw = {"system": "pipedream", "timeout_s": 60, **kw}
+    return RunConfig(workload="vgg16", scale="tiny", workers=workers, threads=1,
+                     max_steps_per_epoch=STEPS, epochs=1, **kw)
 
 
-def _train(splits, replicas, bounds, weights="stash", in_flight=None, fail_at=None, **kw):
-    cfg = _cfg(sum(replicas), weights=weights)
-    t = PipelineTrainer(cfg, WL, splits, replicas, bounds, weights, in_flight,
-                        torch.device("cpu"), quiet(), timeout_s=60, fail_at=fail_at, **kw)
+def _trainer(cfg: RunConfig, splits, replicas, bounds, wl=WL) -> PipelineTrainer:
+    return PipelineTrainer(cfg, wl, splits, replicas, bounds, torch.device("cpu"), quiet())
+
+
+def _train(splits, replicas, bounds, **kw):
+    t = _trainer(_cfg(sum(replicas), **kw), splits, replicas, bounds)
     try:
         stats = t.train_epoch(0)
     finally:
@@ -50,7 +53,7 @@ def sequential(splits):
 
 
 def test_one_minibatch_in_flight_equals_single_process_training(splits, sequential) -> None:
-    pipe, stats = _train(splits, (1, 1), ((0, 12), (12, 40)), in_flight=1)
+    pipe, stats = _train(splits, (1, 1), ((0, 12), (12, 40)), system="model-parallel")
     ref_model, ref_stats = sequential
     _assert_same(pipe.model, ref_model)
     assert stats.steps == STEPS
@@ -64,7 +67,7 @@ def test_gpipe_gradients_equal_the_whole_minibatch_in_one_process(splits, sequen
                                                                   recompute) -> None:
     """GPipe with 4 microbatches and a flush per minibatch is synchronous SGD: after
     STEPS minibatches the weights equal single-process training on whole minibatches."""
-    pipe, stats = _train(splits, (1, 1, 1), ((0, 10), (10, 25), (25, 40)), schedule="gpipe",
+    pipe, stats = _train(splits, (1, 1, 1), ((0, 10), (10, 25), (25, 40)), system="gpipe",
                          microbatches=4, recompute=recompute)
     ref_model, ref_stats = sequential
     _assert_same(pipe.model, ref_model)
@@ -75,7 +78,7 @@ def test_gpipe_gradients_equal_the_whole_minibatch_in_one_process(splits, sequen
 @pytest.mark.parametrize("weights", ["stash", "vertical-sync", "none"])
 def test_weights_follow_pipedreams_update_rule(splits, weights: str) -> None:
     replicas, bounds = (1, 1, 1), ((0, 10), (10, 25), (25, 40))
-    pipe, _ = _train(splits, replicas, bounds, weights)
+    pipe, _ = _train(splits, replicas, bounds, weights=weights)
     sched = one_f_one_b(Layout(replicas), STEPS, weights)
     model = WL.build("tiny", {**splits.train.meta, "init_seed": 0})
     ref = simulate_pipedream(WL, "tiny", splits, model, bounds, sched, 32, 0)
@@ -121,13 +124,12 @@ def test_bytes_on_every_link_equal_the_tensors_sent(splits) -> None:
 
 def test_a_failing_worker_ends_the_job_with_its_error(splits) -> None:
     t0 = time.monotonic()
-    cfg = _cfg(2)
-    trainer = PipelineTrainer(cfg, WL, splits, (1, 1), ((0, 12), (12, 40)), "stash", None,
-                              torch.device("cpu"), quiet(), timeout_s=20, fail_at=(1, 2))
+    trainer = _trainer(_cfg(2, timeout_s=20, fail_at=(1, 2)), splits, (1, 1),
+                       ((0, 12), (12, 40)))
     with pytest.raises(PipelineFailure, match="(?s)rank 1 failed.*injected failure at minibatch 2"):
         trainer.train_epoch(0)
     assert time.monotonic() - t0 < 60
-    assert all(not p.is_alive() for p in trainer.procs)
+    assert all(not p.is_alive() for p in trainer.launcher.procs)
 
 
 def test_sgd_momentum_and_batchnorm_follow_the_rule_too() -> None:
@@ -138,9 +140,8 @@ def test_sgd_momentum_and_batchnorm_follow_the_rule_too() -> None:
     data = wl.default_data("tiny", 0)
     replicas, bounds = (1, 1), ((0, 10), (10, 23))
     cfg = RunConfig(system="pipedream", workload="resnet50", scale="tiny", workers=2,
-                    threads=1, max_steps_per_epoch=STEPS, epochs=1)
-    t = PipelineTrainer(cfg, wl, data, replicas, bounds, "stash", None, torch.device("cpu"),
-                        quiet(), timeout_s=60)
+                    threads=1, max_steps_per_epoch=STEPS, epochs=1, timeout_s=60)
+    t = _trainer(cfg, data, replicas, bounds, wl)
     try:
         t.train_epoch(0)
     finally:
@@ -154,11 +155,10 @@ def test_sgd_momentum_and_batchnorm_follow_the_rule_too() -> None:
 def test_a_worker_that_dies_silently_ends_the_job(splits) -> None:
     """No traceback reported: the launcher notices the exit code and stops the others."""
     t0 = time.monotonic()
-    trainer = PipelineTrainer(_cfg(2), WL, splits, (1, 1), ((0, 12), (12, 40)), "stash", None,
-                              torch.device("cpu"), quiet(), timeout_s=20)
-    trainer.procs[1].kill()
-    trainer.procs[1].join()
+    trainer = _trainer(_cfg(2, timeout_s=20), splits, (1, 1), ((0, 12), (12, 40)))
+    trainer.launcher.procs[1].kill()
+    trainer.launcher.procs[1].join()
     with pytest.raises(PipelineFailure, match="rank 1 exit code -9"):
         trainer.train_epoch(0)
     assert time.monotonic() - t0 < 60
-    assert all(not p.is_alive() for p in trainer.procs)
+    assert all(not p.is_alive() for p in trainer.launcher.procs)

@@ -6,11 +6,11 @@ import dataclasses
 
 import pytest
 
+from core.errors import ScheduleError
 from pipedream_impl.schedule import (
     Action,
     Layout,
     Schedule,
-    ScheduleError,
     grid,
     one_f_one_b,
     parse_action,

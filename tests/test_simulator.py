@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from harness.simulator import MachineModel, layout_for, simulate_system
-from pipedream_impl.cluster import Cluster, Level, parse_cluster
-from pipedream_impl.graph import Node
-from pipedream_impl.profile import Profile, load_profile
+from harness.sim.simulator import MachineModel, layout_for, simulate_system
+from pipedream_impl.planner.cluster import Cluster, Level, parse_cluster
+from pipedream_impl.profiling.graph import Node
+from pipedream_impl.profiling.profile import Profile, load_profile
 
 PROFILES = Path(__file__).resolve().parents[2] / "shared" / "pipedream-profiles"
 MB = 1e6
@@ -159,8 +159,8 @@ def test_vgg16_on_cluster_a_simulation_agrees_with_the_planner(tmp_path) -> None
     """The planner's cost model and the simulator are two implementations of the same
     cluster model (the planner: a formula per stage; the simulator: the runtime's
     schedule, event by event): on the paper's VGG-16 profile they must agree."""
-    from harness.simulator import gantt
-    from pipedream_impl.plan import plan_profile
+    from harness.sim.simulator import gantt
+    from pipedream_impl.planner.plan import plan_profile
 
     prof = load_profile(PROFILES / "vgg16" / "graph.txt")
     cl = parse_cluster("A:4x4")
@@ -198,7 +198,7 @@ def test_config_split_is_the_best_contiguous_split_by_brute_force() -> None:
     import itertools
     import random
 
-    from harness.simulator import Topology, config_groups
+    from harness.sim.simulator import Topology, config_groups
 
     rng = random.Random(3)
     for trial in range(20):
@@ -224,9 +224,9 @@ def test_config_split_is_the_best_contiguous_split_by_brute_force() -> None:
 @pytest.mark.skipif(not (PROFILES / "vgg16" / "graph.txt").exists(),
                     reason="needs ../shared/pipedream-profiles")
 def test_reproduce_rows_quote_the_paper_and_simulate_our_plan() -> None:
-    from harness import reproduce as rp
-    from harness.progress import quiet
-    from pipedream_impl.plan import plan_profile
+    from harness.reporting.progress import quiet
+    from harness.sim import reproduce as rp
+    from pipedream_impl.planner.plan import plan_profile
 
     row = rp.PaperRow("VGG-16", "A:1x4", "2-1-1", 2.13, 0.90)
     dp_row = rp.PaperRow("VGG-16", "A:1x4", "4", 1.00, 0.0)
@@ -247,10 +247,17 @@ def test_simulate_cli_rejects_an_unknown_system(tmp_path: Path) -> None:
     path = tmp_path / "profile.json"
     path.write_text(prof.to_json())
     r = subprocess.run([sys.executable, "-m", "harness.cli", "simulate", "--profile",
-                        str(path), "--cluster", "2", "--system", "horovod"],
+                        str(path), "--cluster", "2", "--system", "fsdp"],
                        capture_output=True, text=True, timeout=120)
     ok = subprocess.run([sys.executable, "-m", "harness.cli", "simulate", "--profile",
                          str(path), "--cluster", "2", "--system", "mp", "--config", "1-1"],
                         capture_output=True, text=True, timeout=120)
-    assert r.returncode == 2 and "unknown simulated system 'horovod'" in r.stderr
+    assert r.returncode == 2 and "unknown simulated system 'fsdp'" in r.stderr
     assert ok.returncode == 0 and "time per minibatch" in ok.stdout
+    # every data-parallel system of the registry simulates as data parallelism
+    dp = [subprocess.run([sys.executable, "-m", "harness.cli", "simulate", "--profile",
+                          str(path), "--cluster", "2", "--system", name],
+                         capture_output=True, text=True,
+                         timeout=120).stdout.partition("time per minibatch")[2]
+          for name in ("dp", "ddp", "horovod")]
+    assert dp[0] == dp[1] == dp[2] and "samples/s" in dp[0]

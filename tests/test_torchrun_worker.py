@@ -7,18 +7,18 @@ import subprocess
 import sys
 from pathlib import Path
 
-from pipedream_impl.plan import Plan, Stage
+from pipedream_impl.planner.plan import Plan, Stage
 
 
 def test_two_ranks_under_torchrun_train_and_report(tmp_path: Path) -> None:
     plan = Plan((Stage((0, 12), 1, (0,), 0.0), Stage((12, 40), 1, (1,), 0.0)), 2, {})
     (tmp_path / "plan.json").write_text(plan.to_json())
-    from harness.pipeline_system import free_port
+    from harness.experiments.pipeline_trainer import free_port
 
     torchrun = Path(sys.executable).parent / "torchrun"
     r = subprocess.run(
         [str(torchrun), "--nproc-per-node", "2", "--master-port", str(free_port()), "-m",
-         "pipedream_impl.torchrun_worker", "--workload", "vgg16", "--plan",
+         "pipedream_impl.runtime.torchrun_worker", "--workload", "vgg16", "--plan",
          str(tmp_path / "plan.json"), "--max-steps", "4", "--epochs", "2", "--timeout", "60",
          "--out", str(tmp_path / "out")],
         capture_output=True, text=True, timeout=300, cwd=Path(__file__).resolve().parents[1])

@@ -18,17 +18,11 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
+from core.errors import WorkloadError
+
 Tuple = tuple[Tensor, ...]
 
 SCALES = ("tiny", "small", "full")
-
-
-class WorkloadError(ValueError):
-    """Wrong user input about a workload (unknown name, bad scale, missing data).
-
-    The CLI prints the message as one line and exits with code 2, so the message must say
-    what was wrong and how to fix it.
-    """
 
 
 class Layer(nn.Module):

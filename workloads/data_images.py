@@ -22,7 +22,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from workloads.base import Batch, Dataset, DataSplits, TensorData, WorkloadError
+from core.errors import WorkloadError
+from workloads.base import Batch, Dataset, DataSplits, TensorData
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)

@@ -34,7 +34,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from workloads.base import Batch, Dataset, DataSplits, TensorData, WorkloadError
+from core.errors import WorkloadError
+from workloads.base import Batch, Dataset, DataSplits, TensorData
 
 PAD, UNK, BOS, EOS = 0, 1, 2, 3
 SPECIALS = ["<pad>", "<unk>", "<s>", "</s>"]

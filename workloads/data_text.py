@@ -26,7 +26,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from workloads.base import Batch, Dataset, DataSplits, TensorData, WorkloadError
+from core.errors import WorkloadError
+from workloads.base import Batch, Dataset, DataSplits, TensorData
 
 MARKOV_SEED = 1150
 

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 
 from torch import Tensor
 
-from workloads.base import WorkloadError
+from core.errors import WorkloadError
 
 
 def top1(logits: Tensor, labels: Tensor) -> float:

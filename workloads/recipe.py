@@ -38,6 +38,14 @@ def epoch_order(n: int, seed: int, epoch: int) -> torch.Tensor:
     return torch.randperm(n, generator=torch.Generator().manual_seed(seed * 100_003 + epoch))
 
 
+def dropout_seed(seed: int, epoch: int, rank: int | None = None) -> int:
+    """The torch seed for an epoch's dropout masks: one process (``rank`` None) or one rank
+    of a multi-process system (each rank its own stream)."""
+    if rank is None:
+        return seed * 7919 + epoch
+    return seed * 7919 + epoch * 131 + rank
+
+
 def minibatch(data: Dataset, workload: Workload, order: torch.Tensor, k: int,
               batch_size: int) -> Batch:
     """Minibatch k of an epoch whose sample order is ``order``."""

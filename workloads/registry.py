@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from core.errors import WorkloadError
 from workloads.awd_lm import AWD_LM
-from workloads.base import Workload, WorkloadError
+from workloads.base import Workload
 from workloads.gnmt import GNMT8, GNMT16
 from workloads.s2vt import S2VT
 from workloads.vision import RESNET50, VGG16

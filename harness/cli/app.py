@@ -1,0 +1,67 @@
+"""The ``pipebench`` command line: flags become dataclasses, library functions do the work.
+
+This module holds the typer app, the console and ``main``; the commands live beside it
+(``train``: workloads, run, compare-run, bench; ``planning``: profile, plan,
+planner-table, schedule; ``simulation``: simulate, reproduce). Commands import what they
+need inside their bodies, so ``pipebench --help``, ``plan``, ``simulate``, ``schedule``
+and ``reproduce table1`` start without importing torch or mlflow (tests/test_cli_imports.py).
+
+Wrong input raises ``UserInputError``; ``main`` prints its message as one line and exits 2.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import typer
+from rich.console import Console
+
+from core.errors import UserInputError
+
+__all__ = ["app", "console", "emit", "main"]
+
+app = typer.Typer(add_completion=False, no_args_is_help=True,
+                  help="Benchmark harness: PipeDream, GPipe and data parallelism side by side.")
+console = Console()
+
+
+def emit(text: str, output: str | None) -> None:
+    """Print a generated markdown report and write it to ``output`` when given."""
+    console.print(text)
+    if output:
+        Path(output).write_text(text)
+        console.print(f"wrote {output}")
+
+
+def command_line() -> str:
+    """The command as the user typed it (recorded in generated reports)."""
+    return command_line()
+
+
+def main() -> None:
+    try:
+        app(standalone_mode=False)
+    except UserInputError as e:
+        Console(stderr=True).print(f"error: {e}", highlight=False, markup=False, soft_wrap=True)
+        sys.exit(2)
+    except RuntimeError as e:
+        from pipedream_impl.runtime.launcher import PipelineFailure
+
+        if not isinstance(e, PipelineFailure):
+            raise
+        Console(stderr=True).print(f"error: {e}", highlight=False, markup=False, soft_wrap=True)
+        sys.exit(1)
+    except typer.Exit as e:
+        sys.exit(e.exit_code)
+    except typer.Abort:
+        sys.exit(130)
+    except Exception as e:  # click usage errors (unknown option, missing value)
+        import click
+
+        if isinstance(e, click.ClickException):
+            e.show()
+            sys.exit(2)
+        raise
+
+

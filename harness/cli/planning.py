@@ -1,0 +1,135 @@
+"""Commands that profile and plan: ``profile``, ``plan``, ``planner-table``, ``schedule``."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from core.errors import UserInputError
+from harness.cli.app import app, console
+
+
+@app.command()
+def schedule(
+    config: Annotated[str, typer.Option(help="replicas per stage, e.g. 2-1-1")],
+    minibatches: Annotated[int, typer.Option(help="minibatches to schedule")] = 8,
+    weights: Annotated[str, typer.Option(help="stash, vertical-sync or none")] = "stash",
+    in_flight: Annotated[int | None, typer.Option(help="default NOAM; 1 = model "
+                                                  "parallelism")] = None,
+) -> None:
+    """Print PipeDream's 1F1B(-RR) schedule: action lists and a worker x time grid."""
+    from pipedream_impl.schedule import Layout, grid, one_f_one_b
+
+    sched = one_f_one_b(Layout.from_config(config), minibatches, weights, in_flight)
+    console.print(sched.text(), highlight=False, soft_wrap=True)
+    console.print(grid(sched), highlight=False, soft_wrap=True)
+
+
+@app.command()
+def profile(
+    workload: Annotated[str, typer.Option("--workload", "-w")],
+    scale: Annotated[str, typer.Option(help="tiny, small or full")] = "tiny",
+    batch_size: Annotated[int | None, typer.Option(help="default: the workload's")] = None,
+    steps: Annotated[int, typer.Option(help="timed repetitions (after warm-up)")] = 5,
+    warmup: Annotated[int, typer.Option(help="untimed repetitions first")] = 2,
+    device: Annotated[str, typer.Option(help="auto, cpu or cuda")] = "auto",
+    threads: Annotated[int, typer.Option(help="torch threads")] = 1,
+    output: Annotated[str, typer.Option("-o", "--output", help=".json, or .txt for "
+                                        "PipeDream's graph.txt")] = "profile.json",
+) -> None:
+    """Measure per-layer forward/backward time, activation bytes and parameter bytes."""
+    import torch
+
+    from harness.experiments.training import resolve_device
+    from harness.reporting.tracking import hardware
+    from harness.reporting.units import fmt_bytes
+    from pipedream_impl.profiling.profile import save_profile
+    from pipedream_impl.profiling.profiler import profile_workload
+    from workloads import registry
+
+    wl = registry.get(workload)
+    spec = wl.spec(scale)
+    dev = resolve_device(device)
+    torch.set_num_threads(threads)
+    prof = profile_workload(wl, scale, batch_size or spec.batch_size, dev, warmup=warmup,
+                            steps=steps, hardware=hardware(dev))
+    save_profile(prof, output)
+    total = sum(n.forward_ms + n.backward_ms for n in prof.layers)
+    params = sum(n.parameter_bytes for n in prof.layers)
+    console.print(f"{len(prof.layers)} layers of {wl.name}/{scale}, batch {prof.batch_size} "
+                  f"on {dev}: {total:.2f} ms per forward+backward, {fmt_bytes(params)} of "
+                  f"parameters -> {output}")
+
+
+@app.command()
+def plan(
+    cluster: Annotated[str, typer.Option(help="A:4x4, B:2x8, C:4x1, 4x4 or 16")],
+    profile_path: Annotated[str | None, typer.Option("--profile", help="profile JSON or "
+                                                     "PipeDream graph.txt")] = None,
+    workload: Annotated[str | None, typer.Option(help="profile this workload first")] = None,
+    scale: Annotated[str, typer.Option(help="with --workload")] = "tiny",
+    bandwidth: Annotated[str | None, typer.Option(help="bytes/s per level, innermost "
+                                                  "first: 15.75GB/s,1.25GB/s")] = None,
+    straight: Annotated[bool, typer.Option(help="no replication")] = False,
+    memory_limit: Annotated[str | None, typer.Option(help="per worker, e.g. 16GB")] = None,
+    cost_model: Annotated[str, typer.Option(help="pipebench or pipedream-2019")] = "pipebench",
+    batch_size: Annotated[int | None, typer.Option(help="samples per minibatch of the "
+                                                   "profile (for bytes per sample)")] = None,
+    output: Annotated[str | None, typer.Option("-o", "--output", help="plan JSON")] = None,
+) -> None:
+    """Partition a model over a cluster with PipeDream's dynamic program."""
+    from pathlib import Path
+
+    from harness.reporting.plans import plan_table
+    from pipedream_impl.planner.cluster import parse_bandwidth, parse_cluster
+    from pipedream_impl.planner.optimizer import COST_MODELS
+    from pipedream_impl.planner.plan import plan_profile
+    from pipedream_impl.profiling.profile import load_profile
+
+    if cost_model not in COST_MODELS:
+        raise UserInputError(f"unknown cost model {cost_model!r}; choose one of: "
+                            f"{', '.join(COST_MODELS)}")
+    if (profile_path is None) == (workload is None):
+        raise UserInputError("give exactly one of --profile FILE or --workload NAME")
+    if profile_path is not None:
+        prof = load_profile(profile_path)
+    else:
+        import torch
+
+        from harness.experiments.training import resolve_device
+        from pipedream_impl.profiling.profiler import profile_workload
+        from workloads import registry
+
+        wl = registry.get(workload)
+        torch.set_num_threads(1)
+        prof = profile_workload(wl, scale, wl.spec(scale).batch_size, resolve_device("auto"))
+    limit = parse_bandwidth(memory_limit) if memory_limit else None  # "16GB" -> bytes
+    result = plan_profile(prof, parse_cluster(cluster, bandwidth), cost_model, straight, limit,
+                          batch_size)
+    console.print(plan_table(result))
+    if output:
+        Path(output).write_text(result.to_json())
+        console.print(f"plan -> {output}")
+
+
+@app.command("planner-table")
+def planner_table(
+    profiles: Annotated[str, typer.Option(help="folder of <model>/graph.txt")]
+    = "../shared/pipedream-profiles",
+    output: Annotated[str, typer.Option("-o", "--output")] = "results/planner.md",
+) -> None:
+    """Regenerate results/planner.md: our plans beside the paper's configurations."""
+    from pathlib import Path
+
+    from harness.reporting.plans import planner_markdown
+
+    root = Path(profiles)
+    if not (root / "vgg16" / "graph.txt").exists():
+        raise UserInputError(f"{profiles}: expected <model>/graph.txt files (the PipeDream "
+                            "profiles, e.g. ../shared/pipedream-profiles)")
+    text = planner_markdown(root, f"pipebench planner-table --profiles {profiles} -o {output}")
+    Path(output).write_text(text)
+    console.print(text)
+
+

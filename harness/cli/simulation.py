@@ -1,0 +1,136 @@
+"""Commands that simulate: ``simulate`` and ``reproduce`` (the paper's tables, validation)."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from core.errors import UserInputError
+from harness import systems as system_registry
+from harness.cli.app import app, command_line, console, emit
+
+
+@app.command()
+def simulate(
+    profile_path: Annotated[str, typer.Option("--profile", help="profile JSON or PipeDream "
+                                              "graph.txt")],
+    cluster: Annotated[str, typer.Option(help="A:4x4, B:2x8, C:4x1, 4x4 or 16")] = "A:4x4",
+    system: Annotated[str, typer.Option(help=", ".join(
+        n for s in system_registry.SIMULATED for n in (s.name, *s.aliases)))]
+    = system_registry.PAPER["pipedream"],
+    config: Annotated[str | None, typer.Option(help="replicas per stage, e.g. 15-1")] = None,
+    plan_path: Annotated[str | None, typer.Option("--plan", help="plan JSON")] = None,
+    stages: Annotated[int | None, typer.Option(help="gpipe/mp: pipeline depth (default: "
+                                               "all workers)")] = None,
+    bandwidth: Annotated[str | None, typer.Option(help="bytes/s per level, innermost "
+                                                  "first")] = None,
+    minibatches: Annotated[int, typer.Option(help="minibatches to simulate")] = 256,
+    microbatches: Annotated[int | None, typer.Option(help="gpipe (default 4 x stages)")]
+    = None,
+    compute_factor: Annotated[float, typer.Option(help="device speed relative to the "
+                                                  "profiled one")] = 1.0,
+    latency: Annotated[float, typer.Option(help="seconds per message")] = 0.0,
+    allreduce: Annotated[str, typer.Option(help="ring or ps")] = "ring",
+    dp_overlap: Annotated[bool, typer.Option(help="dp: all-reduce overlapped with the "
+                                             "backward (DDP, Horovod)")] = True,
+    gantt_path: Annotated[str | None, typer.Option("--gantt", help="timeline PNG")] = None,
+) -> None:
+    """Simulate a system on a modelled cluster from a profile (same schedules as the
+    runtime); print time per minibatch, throughput, utilisation, bytes and memory."""
+    from harness.reporting.units import fmt_bytes
+    from harness.sim.simulator import gantt, layout_for, simulate_system
+    from pipedream_impl.planner.cluster import parse_cluster
+    from pipedream_impl.planner.plan import Plan
+    from pipedream_impl.profiling.profile import load_profile
+
+    prof = load_profile(profile_path)
+    cl = parse_cluster(cluster, bandwidth)
+    plan_obj = Plan.from_json(open(plan_path).read()) if plan_path else None
+    groups, replicas, placement, how = layout_for(prof, cl, system, config, plan_obj, stages)
+    r = simulate_system(prof, cl, system, groups, replicas, placement, minibatches,
+                        microbatches, compute_factor, latency, allreduce,
+                        dp_overlap=dp_overlap)
+    console.print(f"{system} {r.config} on {cl.describe()} ({how}); profile batch "
+                  f"{r.batch_size}, {r.minibatches} minibatches simulated")
+    console.print(f"time per minibatch {r.time_per_minibatch_s * 1e3:.2f} ms, throughput "
+                  f"{r.throughput_samples_s:.1f} samples/s, bytes per sample "
+                  f"{fmt_bytes(r.bytes_per_sample)}")
+    for lv, b in sorted(r.bytes_per_level.items()):
+        console.print(f"  level {lv} ({cl.levels[lv].bandwidth / 1e9:g} GB/s): "
+                      f"{fmt_bytes(b / r.minibatches)} per minibatch")
+    for rank, mem in r.peak_memory.items():
+        console.print(f"  worker {rank}: utilisation {r.utilisation[rank]:.0%}, memory "
+                      f"{fmt_bytes(mem['total'])} (weights+optimizer "
+                      f"{fmt_bytes(mem['weights'])}, stashed {fmt_bytes(mem['stashed_weights'])}"
+                      f", activations {fmt_bytes(mem['activations'])})")
+    if gantt_path:
+        gantt(r, gantt_path)
+        console.print(f"wrote {gantt_path}")
+
+
+@app.command()
+def reproduce(
+    table: Annotated[str, typer.Argument(help="table1, other-tasks, gpipe or validation")],
+    profiles: Annotated[str | None, typer.Option(help="folder of PipeDream graph.txt "
+                                                 "profiles, e.g. ../shared/pipedream-profiles")]
+    = None,
+    cpu_profiles: Annotated[str | None, typer.Option(
+        help="folder of the S2VT, AWD-LM and ResNet-50 profiles measured on this CPU: read "
+        "from here, or measured and saved here (default: the repository's results/profiles)")]
+    = None,
+    minibatches: Annotated[int, typer.Option(help="minibatches per simulation")] = 256,
+    output: Annotated[str | None, typer.Option("--output", "-o", help="markdown file")]
+    = None,
+    workloads: Annotated[str, typer.Option(help="validation: workloads (tiny scale)")]
+    = "vgg16,gnmt8",
+    workers: Annotated[str, typer.Option(help="validation: worker counts")] = "1,2,4",
+    systems: Annotated[str, typer.Option(help="validation: simulated systems")]
+    = ",".join(system_registry.VALIDATED),
+    steps: Annotated[int, typer.Option(help="validation: minibatches per epoch")] = 24,
+    epochs: Annotated[int, typer.Option(help="validation: epochs per run")] = 3,
+    quiet: Annotated[bool, typer.Option(help="no progress output")] = False,
+) -> None:
+    """The PipeDream paper's tables beside our plans and simulations (table1, other-tasks,
+    gpipe), or the simulator against runs on this machine (validation)."""
+    from pathlib import Path
+
+    from harness.reporting.progress import Progress
+    from harness.sim import reproduce as rp
+
+    progress = Progress(enabled=not quiet)
+    cpu_profiles = cpu_profiles or str(Path(__file__).resolve().parents[2] / "results"
+                                       / "profiles")
+    command = command_line()
+    if table == "validation":
+        from harness.sim.validation import markdown, validate
+
+        rows, machine = validate(tuple(workloads.split(",")),
+                                 tuple(int(w) for w in workers.split(",")),
+                                 tuple(systems.split(",")), steps, epochs,
+                                 "pipebench-validation", progress)
+        text = markdown(rows, machine, command)
+    elif table in ("table1", "other-tasks"):
+        rows = rp.table_rows(rp.TABLE1 if table == "table1" else rp.OTHER_TASKS,
+                             rp.ProfileSource(profiles, progress, cpu_profiles),
+                             minibatches, progress)
+        title = ("Table 1: speedup and communication vs data parallelism" if table == "table1"
+                 else "Epoch time: PipeDream vs data parallelism on other tasks")
+        text = rp.markdown(title, rp.TABLE_NOTE, rp.TABLE_COLUMNS, rows, command) \
+            + rp.EXPLANATION
+    elif table == "gpipe":
+        rows = rp.gpipe_rows(rp.ProfileSource(profiles, progress, cpu_profiles),
+                             minibatches, progress)
+        text = rp.markdown("PipeDream vs GPipe", rp.GPIPE_NOTE, rp.GPIPE_COLUMNS, rows,
+                           command) + rp.GPIPE_EXPLANATION
+    else:
+        raise UserInputError(f"unknown table {table!r}; choose table1, other-tasks, gpipe or "
+                            "validation")
+    if output and table in rp.PLOTS:
+        png = str(Path(output).with_suffix(".png"))
+        series, ylabel = rp.PLOTS[table]
+        rp.plot(rows, series, ylabel, png, f"{table}: paper vs simulated")
+        text += f"\n![paper vs simulated]({Path(png).name})\n"
+    emit(text, output)
+
+

@@ -1,0 +1,168 @@
+"""Commands that train: ``workloads``, ``run``, ``compare-run``, ``bench``."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from harness import systems as system_registry
+from harness.cli.app import app, command_line, console, emit
+
+
+@app.command()
+def workloads() -> None:
+    """List the workloads: scales, parameter counts, data, metric and target."""
+    from harness.reporting.tables import parameter_counts, workloads_table
+    from workloads.registry import WORKLOADS
+
+    ws = list(WORKLOADS.values())
+    console.print(workloads_table(ws, {w.name: parameter_counts(w) for w in ws}))
+
+
+@app.command()
+def run(
+    workload: Annotated[str, typer.Option("--workload", "-w", help="see `pipebench workloads`")],
+    system: Annotated[str, typer.Option(help=", ".join(system_registry.names()))]
+    = system_registry.SYSTEMS[0].name,
+    scale: Annotated[str, typer.Option(help="tiny, small or full")] = "tiny",
+    epochs: Annotated[int | None, typer.Option(help="epoch budget (default: workload's)")]
+    = None,
+    target: Annotated[float | None, typer.Option(help="quality target (default: workload's)")]
+    = None,
+    data: Annotated[str | None, typer.Option(help="path of a real dataset (default: built-in)")]
+    = None,
+    batch_size: Annotated[int | None, typer.Option(help="minibatch size")] = None,
+    lr: Annotated[float | None, typer.Option(help="learning rate (default: workload's)")] = None,
+    seed: Annotated[int, typer.Option(help="random seed")] = 0,
+    threads: Annotated[int | None, typer.Option(help="torch threads per worker")] = None,
+    device: Annotated[str, typer.Option(help="auto, cpu or cuda")] = "auto",
+    max_steps: Annotated[int | None, typer.Option(help="cap on steps per epoch")] = None,
+    experiment: Annotated[str, typer.Option(help="MLflow experiment")] = "pipebench",
+    quiet: Annotated[bool, typer.Option(help="no progress output")] = False,
+    workers: Annotated[int, typer.Option(help="worker processes (pipeline systems)")] = 1,
+    plan: Annotated[str | None, typer.Option(help="plan JSON from `pipebench plan -o`")]
+    = None,
+    config: Annotated[str | None, typer.Option(help="replicas per stage, e.g. 2-1-1")] = None,
+    weights: Annotated[str, typer.Option(help="stash, vertical-sync or none")] = "stash",
+    in_flight: Annotated[int | None, typer.Option(help="minibatches in flight (default "
+                                                  "NOAM; 1 = model parallelism)")] = None,
+    timeout: Annotated[float, typer.Option(help="seconds any receive may wait")] = 120.0,
+    microbatches: Annotated[int | None, typer.Option(help="gpipe: microbatches per "
+                                                     "minibatch (default 4 x stages)")] = None,
+    recompute: Annotated[bool, typer.Option(help="gpipe: re-materialise activations")]
+    = False,
+    inject_failure: Annotated[str | None, typer.Option(hidden=True, help="RANK:MINIBATCH "
+                                                       "(tests)")] = None,
+) -> None:
+    """Train a workload with one system until the target or the epoch budget."""
+    from harness.config import RunConfig
+    from harness.experiments.runner import run as run_system
+    from harness.reporting.progress import Progress
+    from harness.reporting.tables import print_summary
+
+    cfg = RunConfig(system=system, workload=workload, scale=scale, epochs=epochs, target=target,
+                    data=data, batch_size=batch_size, lr=lr, seed=seed, threads=threads,
+                    device=device, max_steps_per_epoch=max_steps, experiment=experiment,
+                    workers=workers, plan=plan, config=config, weights=weights,
+                    in_flight=in_flight, timeout_s=timeout, microbatches=microbatches,
+                    recompute=recompute,
+                    fail_at=tuple(int(x) for x in inject_failure.split(":"))
+                    if inject_failure else None)
+    summary = run_system(cfg, Progress(enabled=not quiet))
+    print_summary(summary, console)
+
+
+@app.command("compare-run")
+def compare_run(
+    workload: Annotated[str, typer.Option("--workload", "-w", help="see `pipebench workloads`")],
+    workers: Annotated[int, typer.Option(help="workers of each multi-process system")] = 2,
+    systems: Annotated[str, typer.Option(help="comma-separated systems, in run order")]
+    = ",".join(system_registry.names()),
+    scale: Annotated[str, typer.Option(help="tiny, small or full")] = "tiny",
+    epochs: Annotated[int | None, typer.Option(help="epoch budget (default: workload's)")]
+    = None,
+    target: Annotated[float | None, typer.Option(help="quality target")] = None,
+    data: Annotated[str | None, typer.Option(help="path of a real dataset")] = None,
+    batch_size: Annotated[int | None, typer.Option(help="global minibatch size")] = None,
+    seed: Annotated[int, typer.Option(help="random seed")] = 0,
+    threads: Annotated[int | None, typer.Option(help="torch threads per worker "
+                                                "(default cores / workers)")] = None,
+    microbatches: Annotated[int | None, typer.Option(help="flush pipelines' microbatches "
+                                                     "(default 4 x stages)")] = None,
+    max_steps: Annotated[int | None, typer.Option(help="cap on steps per epoch")] = None,
+    device: Annotated[str, typer.Option(help="auto, cpu or cuda")] = "auto",
+    experiment: Annotated[str, typer.Option(help="MLflow experiment")] = "pipebench",
+    output: Annotated[str | None, typer.Option("--output", "-o", help="write the table "
+                                               "as markdown here")] = None,
+    quiet: Annotated[bool, typer.Option(help="no progress output")] = False,
+) -> None:
+    """Run several systems on the same settings; print the paper-style comparison table."""
+    from pathlib import Path
+
+    from rich.console import Console
+    from rich.table import Table
+
+    from harness.config import RunConfig
+    from harness.experiments.compare import COLUMNS, compare
+    from harness.reporting.progress import Progress
+
+    names = tuple(s.strip() for s in systems.split(",") if s.strip())
+    base = RunConfig(system=system_registry.PAPER["pipedream"], workload=workload,
+                     scale=scale, epochs=epochs,
+                     target=target, data=data, batch_size=batch_size, seed=seed,
+                     threads=threads, device=device, max_steps_per_epoch=max_steps,
+                     experiment=experiment, workers=workers, microbatches=microbatches)
+    cmp = compare(base, names, Progress(enabled=not quiet), command_line())
+    table = Table(title=f"{cmp.workload} ({cmp.scale}), {cmp.workers} workers")
+    for c in COLUMNS:
+        table.add_column(c)
+    for row in cmp.table():
+        table.add_row(*row)
+    Console(width=max(console.width, 180)).print(table)  # 11 columns: wider than 80
+    console.print(f"MLflow parent run {cmp.parent_run_id} (children: one run per system)")
+    if output:
+        Path(output).write_text(cmp.markdown(command_line()))
+        console.print(f"wrote {output}")
+    if any(r.failed for r in cmp.rows):
+        raise typer.Exit(1)
+
+
+@app.command()
+def bench(
+    workload: Annotated[str, typer.Option("--workload", "-w", help="see `pipebench workloads`")]
+    = "vgg16",
+    workers: Annotated[int, typer.Option(help="workers (stages of the straight split)")] = 2,
+    systems: Annotated[str, typer.Option(help="comma-separated systems")]
+    = ",".join(system_registry.names()),
+    scale: Annotated[str, typer.Option(help="tiny, small or full")] = "tiny",
+    steps: Annotated[int, typer.Option(help="flush minibatches per epoch (others: x M)")]
+    = 12,
+    epochs: Annotated[int, typer.Option(help="epochs (throughput: median)")] = 5,
+    batch_size: Annotated[int | None, typer.Option(help="microbatch size b (default: the "
+                                                   "workload's batch size)")] = None,
+    microbatches: Annotated[int | None, typer.Option(help="flush pipelines' microbatches "
+                                                     "(default 4 x stages)")] = None,
+    threads: Annotated[int, typer.Option(help="torch threads per worker")] = 1,
+    device: Annotated[str, typer.Option(help="auto, cpu or cuda")] = "auto",
+    experiment: Annotated[str, typer.Option(help="MLflow experiment")] = "pipebench-bench",
+    output: Annotated[str | None, typer.Option("--output", "-o", help="markdown file")]
+    = None,
+    quiet: Annotated[bool, typer.Option(help="no progress output")] = False,
+) -> None:
+    """Throughput of every system at equal microbatch size on one split (recorded, not
+    asserted)."""
+    from harness.config import RunConfig
+    from harness.experiments import bench as bench_lib
+    from harness.reporting.progress import Progress
+
+    base = RunConfig(system=system_registry.PAPER["pipedream"], workload=workload,
+                     scale=scale, epochs=epochs,
+                     batch_size=batch_size, threads=threads, device=device,
+                     experiment=experiment, workers=workers, microbatches=microbatches)
+    names = tuple(s.strip() for s in systems.split(",") if s.strip())
+    rows = bench_lib.bench(base, names, steps, Progress(enabled=not quiet))
+    text = bench_lib.markdown(rows, base, command_line())
+    emit(text, output)
+
+

@@ -1,0 +1,72 @@
+"""Turn --plan / --config / --workers into stage replicas and layer ranges for the runtime.
+
+The rule, for the runtime: a plan file if given, else a config (layers balanced on a quick
+local profile), else the planner on a local profile; straight pipelines default to one
+stage per worker, data parallelism to one stage replicated on every worker.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from baselines.peers import check_peer_boundaries
+from core.errors import WorkloadError
+from harness.config import RunConfig
+from pipedream_impl.planner.cluster import Cluster, Level
+from pipedream_impl.planner.plan import Plan, balanced_bounds, plan_profile
+from pipedream_impl.profiling.profiler import profile_workload
+from pipedream_impl.runtime.stage_executor import check_ties
+from pipedream_impl.schedule import Layout
+from workloads.base import Dataset, Workload
+
+__all__ = ["LOCAL_BANDWIDTH", "pipeline_layout"]
+
+LOCAL_BANDWIDTH = 1e9  # bytes/s assumed between local worker processes when planning
+
+
+def pipeline_layout(cfg: RunConfig, workload: Workload, batch_size: int,
+                    device: torch.device, data: Dataset) \
+        -> tuple[tuple[int, ...], tuple[tuple[int, int], ...], str]:
+    """(replicas per stage, layer range per stage, how it was chosen). ``data``: the run's
+    training split (the peer engines' boundary check runs two of its samples)."""
+    system = cfg.definition
+    if system.kind == "data-parallel":  # one stage, every worker a replica of the whole model
+        if cfg.plan or cfg.config:
+            raise WorkloadError(f"{cfg.system} replicates the whole model: drop "
+                                f"--plan/--config")
+        n = len(workload.build(cfg.scale, {}).layers)
+        return (cfg.workers,), ((0, n),), "data parallel (whole model on every worker)"
+    if cfg.plan is not None:
+        plan = Plan.from_json(open(cfg.plan).read())
+        replicas = tuple(s.replicas for s in plan.stages)
+        bounds = tuple(tuple(s.layers) for s in plan.stages)
+        how = f"plan {cfg.plan} ({plan.config})"
+    else:
+        prof = profile_workload(workload, cfg.scale, batch_size, device, steps=3)
+        config = cfg.config
+        if config is None and system.straight:
+            config = "-".join(["1"] * cfg.workers)  # straight: these systems don't replicate
+        if config is not None:
+            replicas = Layout.from_config(config).replicas
+            bounds = balanced_bounds([n.forward_ms + n.backward_ms for n in prof.layers],
+                                     replicas)
+            how = f"config {config}, layers balanced on a local profile"
+        else:
+            plan = plan_profile(prof, Cluster((Level(cfg.workers, LOCAL_BANDWIDTH),)))
+            replicas = tuple(s.replicas for s in plan.stages)
+            bounds = tuple(tuple(s.layers) for s in plan.stages)
+            how = f"planned here ({plan.config}) from a local profile"
+    if system.straight and any(r != 1 for r in replicas):
+        raise WorkloadError(f"{cfg.system} runs unreplicated stages; got config "
+                            f"{'-'.join(map(str, replicas))}")
+    if sum(replicas) != cfg.workers:
+        raise WorkloadError(f"the layout {'-'.join(map(str, replicas))} needs "
+                            f"{sum(replicas)} workers but --workers is {cfg.workers}")
+    model = workload.build(cfg.scale, {})
+    if bounds[-1][1] != len(model.layers):
+        raise WorkloadError(f"plan covers {bounds[-1][1]} layers, {workload.name}/{cfg.scale} "
+                            f"has {len(model.layers)}: was it made for another workload?")
+    check_ties(model, bounds)
+    if system.float_boundaries_only:
+        check_peer_boundaries(cfg.system, workload, cfg.scale, bounds, data)
+    return replicas, bounds, how

@@ -1,0 +1,155 @@
+"""The multi-process systems as the epoch loop sees them: a ``train_epoch`` and ``evaluate``.
+
+``PipelineTrainer`` turns a ``RunConfig`` and a layout (replicas and layer range per stage)
+into worker specs, starts the system's launcher (from the registry: our spawn launcher, or
+Horovod's under horovodrun) and, each epoch, turns the ranks' reports into the epoch's
+statistics and the run's metrics (bytes per link, busy and idle time, memory). After each
+epoch it assembles the stages' weights (replica 0 of each stage) into one model and
+evaluates it itself, so the quality metric and the target check are the same code as
+single-process training.
+"""
+
+from __future__ import annotations
+
+import importlib
+import time
+from dataclasses import dataclass
+
+import torch
+
+from core.errors import UserInputError
+from harness.config import RunConfig
+from harness.experiments.training import EpochStats
+from harness.reporting.progress import Progress
+from harness.systems import System
+from pipedream_impl.runtime.contract import (
+    EpochReport,
+    RunSettings,
+    SystemSettings,
+    WorkerSpec,
+)
+from pipedream_impl.runtime.launcher import Launcher, PipelineFailure, free_port
+from workloads.base import DataSplits, Workload
+
+__all__ = ["PipelineFailure", "PipelineMetrics", "PipelineTrainer", "system_settings"]
+
+
+@dataclass
+class PipelineMetrics:
+    bytes_sent: int = 0
+    samples: int = 0
+    busy: dict[int, float] | None = None
+    idle: dict[int, float] | None = None
+    action_s: dict[int, dict[str, float]] | None = None  # our runtime: seconds per action kind
+    peak_memory: dict[int, int] | None = None
+    stash_weights: dict[int, int] | None = None
+    stash_activations: dict[int, int] | None = None
+    links: dict[tuple[int, int], int] | None = None
+
+
+def system_settings(cfg: RunConfig, replicas: tuple[int, ...],
+                    bounds: tuple[tuple[int, int], ...], batch_size: int) \
+        -> tuple[SystemSettings, dict]:
+    """The executor's settings for ``cfg.system`` on this layout, and the params the run
+    logs about them (the registry's static params included)."""
+    system = cfg.definition
+    params: dict = dict(system.params)
+    if system.microbatched:
+        micro = cfg.microbatches or 4 * len(replicas)
+        params.update(microbatches=micro, microbatch_size=batch_size // max(1, micro))
+        if system.reports_idle:  # our flush pipeline
+            params["recompute"] = cfg.recompute
+    elif system.kind == "data-parallel":
+        micro = cfg.workers  # each rank's slice of a global minibatch counts as one of W
+        params["per_worker_batch"] = batch_size // cfg.workers
+    else:
+        micro = 1
+    in_flight = system.in_flight or cfg.in_flight
+    if system.weight_modes:
+        params.update(weights=cfg.weights, in_flight=in_flight or "noam")
+    settings = SystemSettings(replicas, bounds, system.executor, system.schedule or "1f1b",
+                              cfg.weights, in_flight, micro, cfg.recompute)
+    return settings, params
+
+
+def _launcher_class(system: System) -> type[Launcher]:
+    module, cls = system.launcher.split(":")
+    return getattr(importlib.import_module(module), cls)
+
+
+class PipelineTrainer:
+    def __init__(self, cfg: RunConfig, workload: Workload, splits: DataSplits,
+                 replicas: tuple[int, ...], bounds: tuple[tuple[int, int], ...],
+                 device: torch.device, progress: Progress) -> None:
+        self.cfg, self.workload, self.splits = cfg, workload, splits
+        self.replicas, self.bounds = replicas, bounds
+        self.spec = workload.spec(cfg.scale)
+        self.batch_size = cfg.batch_size or self.spec.batch_size
+        self.progress = progress
+        self.settings, self.params = system_settings(cfg, replicas, bounds, self.batch_size)
+        self.microbatches = self.settings.microbatches
+        if self.batch_size % self.microbatches:
+            raise UserInputError(f"--microbatches {self.microbatches} does not divide the "
+                                 f"batch size {self.batch_size}")
+        self.model = workload.build(cfg.scale, {**splits.train.meta, "init_seed": cfg.seed})
+        self.metrics = PipelineMetrics()
+        run = RunSettings(workload.name, cfg.scale, cfg.seed, self.batch_size, cfg.lr,
+                          cfg.data, cfg.max_steps_per_epoch, cfg.threads_per_worker(),
+                          device.type, cfg.warmup_steps, cfg.timeout_s, cfg.fail_at)
+        init = f"tcp://127.0.0.1:{free_port()}"
+        specs = [WorkerSpec(rank, run, self.settings, init) for rank in range(sum(replicas))]
+        self.launcher = _launcher_class(cfg.definition)(specs)
+
+    def train_epoch(self, epoch: int) -> EpochStats:
+        t0 = time.time()
+        reports = self.launcher.epoch(epoch)
+        end = max(r.end_at for r in reports)
+        n_last = self.replicas[-1]
+        last = reports[-n_last:]
+        losses = [x for r in last for x in r.losses]  # one per microbatch
+        steps = sum(len(r.losses) for r in last) // self.microbatches
+        if steps == 0:
+            self.launcher.fail("an epoch ran no minibatch: fewer training samples than one "
+                               "minibatch per replica of every stage")
+        samples = steps * self.batch_size
+        stats = EpochStats(loss_sum=sum(losses) / self.microbatches, steps=steps,
+                           samples=samples, time_s=end - t0)
+        warm = [r.warm_done_at for r in last if r.warm_done_at is not None]
+        if epoch == 0 and warm and steps > self.cfg.warmup_steps:
+            stats.timed_samples = samples - self.cfg.warmup_steps * self.batch_size
+            stats.timed_s = end - min(warm)
+        else:
+            stats.timed_samples, stats.timed_s = samples, end - t0
+        self._absorb(reports)
+        self.metrics.samples += samples
+        return stats
+
+    def _absorb(self, reports: list[EpochReport]) -> None:
+        m = self.metrics
+        m.links = {}
+        total = 0
+        for r in reports:  # comm counters are cumulative per worker
+            for link, b in r.payload.items():
+                m.links[link] = b
+                total += b
+            total += r.allreduce_bytes
+        m.bytes_sent = total
+        m.busy = {r.rank: (m.busy or {}).get(r.rank, 0.0) + r.busy_s for r in reports}
+        m.idle = {r.rank: (m.idle or {}).get(r.rank, 0.0) + r.idle_s for r in reports}
+        before = m.action_s or {}
+        m.action_s = {r.rank: {k: before.get(r.rank, {}).get(k, 0.0) + r.action_s.get(k, 0.0)
+                               for k in {*r.action_s, *before.get(r.rank, {})}}
+                      for r in reports}
+        m.peak_memory = {r.rank: r.peak_memory for r in reports}
+        m.stash_weights = {r.rank: r.stash_weight_bytes for r in reports}
+        m.stash_activations = {r.rank: r.stash_activation_bytes for r in reports}
+        self.replica_states = {r.rank: r.state for r in reports}
+        for r in reports:
+            if r.state is not None and r.replica == 0:
+                self.model.load_stage_state(self.bounds[r.stage][0], r.state)
+
+    def evaluate(self) -> float:
+        return self.workload.evaluate(self.model, self.splits.valid, max(self.batch_size, 128))
+
+    def close(self, kill: bool = False) -> None:
+        self.launcher.close(kill)

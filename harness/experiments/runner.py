@@ -1,0 +1,138 @@
+"""Run one system on one workload as one MLflow run: the library behind ``pipebench run``.
+
+``run`` resolves the config's defaults, builds the system's trainer (single process, or
+the multi-process trainer on the layout ``layout.pipeline_layout`` chooses), trains with
+the shared epoch loop and logs the schema of ``harness.reporting.tracking``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+
+import torch
+
+from harness.config import RunConfig
+from harness.experiments.training import (
+    EpochStats,
+    RunSummary,
+    SingleTrainer,
+    resolve_device,
+    run_training,
+)
+from harness.reporting import tracking
+from harness.reporting.progress import Progress
+from workloads import registry
+from workloads.base import DataSplits, Workload, count_parameters
+from workloads.recipe import load_splits, peak_memory_bytes
+
+__all__ = ["run"]
+
+
+def run(cfg: RunConfig, progress: Progress | None = None,
+        parent_run_id: str | None = None) -> RunSummary:
+    """Train ``cfg.system`` on ``cfg.workload`` as one MLflow run (a child of
+    ``parent_run_id`` when given: ``compare-run``)."""
+    progress = progress or Progress()
+    workload = registry.get(cfg.workload)
+    spec = workload.spec(cfg.scale)
+    if cfg.epochs is None:
+        cfg = dataclasses.replace(cfg, epochs=spec.epochs)
+    target = cfg.target
+    if target is None:
+        target = spec.real_target if (cfg.data and spec.real_target is not None) else spec.target
+    device = resolve_device(cfg.device)
+    torch.set_num_threads(cfg.threads_per_worker())
+    torch.manual_seed(cfg.seed)
+
+    t0 = time.perf_counter()
+    splits = load_splits(workload, cfg.scale, cfg.data, cfg.seed)
+    progress.note(f"data: {splits.description} (loaded in {time.perf_counter() - t0:.1f}s)")
+    batch_size = cfg.batch_size or spec.batch_size
+    trainer, layout_params = _trainer(cfg, workload, splits, device, progress, batch_size)
+
+    run_name = f"{cfg.system}-{workload.name}-{cfg.scale}-w{cfg.workers}-s{cfg.seed}"
+    with tracking.tracked_run(cfg.experiment, run_name, tags=cfg.tags,
+                              parent_run_id=parent_run_id) as tracker:
+        tracker.params({
+            "system": cfg.system, "workload": workload.name, "scale": cfg.scale,
+            "batch_size": batch_size, "global_batch_size": batch_size,
+            "workers": cfg.workers, "seed": cfg.seed, "epochs": cfg.epochs, "target": target,
+            "metric": workload.metric, "data": splits.description,
+            "optimizer": spec.optimizer, "lr": cfg.lr if cfg.lr is not None else spec.lr,
+            "threads": cfg.threads_per_worker(), "device": str(device),
+            "hardware": tracking.hardware(device), "git_sha": tracking.git_sha(),
+            "torch_version": torch.__version__,
+            "num_parameters": count_parameters(trainer.model), **layout_params})
+
+        def log_epoch(epoch: int, stats: EpochStats, quality: float, eval_s: float) -> None:
+            tracker.metrics({"epoch_time_s": stats.time_s, "samples_per_s": stats.samples_per_s,
+                             "train_loss": stats.train_loss, "quality": quality,
+                             "eval_time_s": eval_s}, step=epoch)
+
+        try:
+            summary = run_training(cfg, workload, target, trainer.train_epoch,
+                                   trainer.evaluate, log_epoch, progress)
+        finally:
+            if cfg.definition.multi_process:
+                trainer.close()
+        final = _final_metrics(cfg, trainer, summary, device, workload)
+        summary.data_description = splits.description
+        summary.run_id, summary.tracking_uri = tracker.run_id, tracker.uri
+        tracker.metrics(final)
+        summary.final_metrics, summary.layout_params = final, layout_params
+    return summary
+
+
+def _trainer(cfg: RunConfig, workload: Workload, splits: DataSplits, device: torch.device,
+             progress: Progress, batch_size: int):  # noqa: ANN202
+    """The system's trainer and the params that describe its layout."""
+    if not cfg.definition.multi_process:
+        return SingleTrainer(cfg, workload, splits, device, progress), {}
+    from harness.experiments.layout import pipeline_layout
+    from harness.experiments.pipeline_trainer import PipelineTrainer
+
+    replicas, bounds, how = pipeline_layout(cfg, workload, batch_size, device, splits.train)
+    progress.note(f"pipeline {'-'.join(map(str, replicas))} on {cfg.workers} workers, "
+                  f"layers {list(bounds)}: {how}")
+    trainer = PipelineTrainer(cfg, workload, splits, replicas, bounds, device, progress)
+    params = dict(trainer.params)
+    params.update(config="-".join(map(str, replicas)), stages=list(bounds), layout_source=how)
+    return trainer, params
+
+
+def _final_metrics(cfg: RunConfig, trainer, summary: RunSummary,  # noqa: ANN001
+                   device: torch.device, workload: Workload) -> dict[str, float]:
+    """The run's metrics at the end: throughput, quality, time to target, bytes, memory,
+    and per-worker busy/idle/action times and stash sizes for multi-process systems."""
+    extra: dict[str, float] = {}
+    bytes_per_sample = 0.0
+    if cfg.definition.multi_process:
+        m = trainer.metrics
+        summary.peak_memory_bytes = dict(m.peak_memory)
+        bytes_per_sample = m.bytes_sent / max(1, m.samples)
+        for r in m.busy:
+            busy, idle = m.busy[r], m.idle[r]
+            extra[f"busy_s_worker_{r}"] = busy
+            if cfg.definition.reports_idle:  # the others do not expose their idle time
+                extra[f"idle_s_worker_{r}"] = idle
+                extra[f"bubble_fraction_worker_{r}"] = idle / max(1e-12, busy + idle)
+                for kind, secs in sorted((m.action_s or {}).get(r, {}).items()):
+                    extra[f"action_s_{kind}_worker_{r}"] = secs
+            extra[f"stash_weight_bytes_worker_{r}"] = m.stash_weights[r]
+            extra[f"stash_activation_bytes_worker_{r}"] = m.stash_activations[r]
+        for (a, b), n in m.links.items():
+            extra[f"bytes_link_{a}_to_{b}"] = n
+    else:
+        summary.peak_memory_bytes = {0: peak_memory_bytes(device)}
+    final = {"throughput_samples_per_s": summary.throughput,
+             "final_quality": summary.qualities[-1],
+             "best_quality": (max if workload.higher_is_better else min)(summary.qualities),
+             "total_time_s": summary.total_time_s, "epochs_run": len(summary.epochs),
+             "bytes_communicated_per_sample": bytes_per_sample, **extra,
+             "peak_memory_bytes_max": max(summary.peak_memory_bytes.values())}
+    final.update({tracking.peak_memory_key(r): b for r, b in summary.peak_memory_bytes.items()})
+    if summary.reached:
+        final["time_to_target_s"] = summary.time_to_target_s
+        final["epochs_to_target"] = summary.epochs_to_target
+    return final

@@ -1,0 +1,176 @@
+"""The epoch loop every system shares, and single-process training.
+
+``run_training`` owns what must be identical across systems: the epoch budget, evaluation
+after every epoch, stopping at the target, timing and what is logged. A system supplies
+``train_epoch(epoch) -> EpochStats`` and ``evaluate() -> quality``.
+
+Timing rules (MLPerf's): time-to-target counts everything from the first training step,
+evaluation included; throughput (samples/s) counts training steps only and excludes the
+first ``warmup_steps`` steps of the run.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from harness.config import RunConfig
+from harness.reporting.progress import Progress
+from workloads.base import Batch, Dataset, DataSplits, LayerModel, ScaleSpec, Workload
+from workloads.recipe import dropout_seed, epoch_order, make_optimizer, minibatch
+
+
+@dataclass
+class EpochStats:
+    loss_sum: float = 0.0
+    steps: int = 0
+    samples: int = 0
+    time_s: float = 0.0
+    timed_samples: int = 0  # after warm-up
+    timed_s: float = 0.0
+
+    @property
+    def train_loss(self) -> float:
+        return self.loss_sum / max(1, self.steps)
+
+    @property
+    def samples_per_s(self) -> float:
+        return self.timed_samples / self.timed_s if self.timed_s > 0 else float("nan")
+
+
+@dataclass
+class RunSummary:
+    config: RunConfig
+    metric: str
+    target: float
+    qualities: list[float] = field(default_factory=list)
+    epochs: list[EpochStats] = field(default_factory=list)
+    time_to_target_s: float | None = None
+    epochs_to_target: int | None = None
+    total_time_s: float = 0.0
+    peak_memory_bytes: dict[int, int] = field(default_factory=dict)
+    run_id: str | None = None
+    tracking_uri: str | None = None
+    data_description: str = ""
+    final_metrics: dict[str, float] = field(default_factory=dict)  # as logged to MLflow
+    layout_params: dict = field(default_factory=dict)  # config, stages, ... (multi-process)
+
+    @property
+    def reached(self) -> bool:
+        return self.time_to_target_s is not None
+
+    @property
+    def throughput(self) -> float:
+        rates = [e.samples_per_s for e in self.epochs if not math.isnan(e.samples_per_s)]
+        return statistics.median(rates) if rates else float("nan")
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        from core.errors import UserInputError
+
+        raise UserInputError("--device cuda was asked for but no CUDA device is visible")
+    return torch.device(name)
+
+
+def minibatches(data: Dataset, workload: Workload, batch_size: int, seed: int, epoch: int,
+                limit: int | None = None) -> Iterator[Batch]:
+    """Full minibatches only (fixed shapes for every system); the tail is dropped."""
+    order = epoch_order(len(data), seed, epoch)
+    steps = len(data) // batch_size
+    if limit is not None:
+        steps = min(steps, limit)
+    for k in range(steps):
+        yield minibatch(data, workload, order, k, batch_size)
+
+
+def train_step(model: LayerModel, workload: Workload, spec: ScaleSpec,
+               optimizer: torch.optim.Optimizer, batch: Batch) -> float:
+    optimizer.zero_grad(set_to_none=True)
+    loss = workload.loss(model(batch.inputs), batch.targets)
+    loss.backward()
+    if spec.grad_clip is not None:
+        nn.utils.clip_grad_norm_(model.parameters(), spec.grad_clip)
+    optimizer.step()
+    return float(loss.detach())
+
+
+def run_training(cfg: RunConfig, workload: Workload, target: float,
+                 train_epoch: Callable[[int], EpochStats], evaluate: Callable[[], float],
+                 log_epoch: Callable[[int, EpochStats, float, float], None],
+                 progress: Progress) -> RunSummary:
+    summary = RunSummary(cfg, workload.metric, target)
+    start = time.perf_counter()
+    for epoch in range(cfg.epochs):
+        stats = train_epoch(epoch)
+        t_eval = time.perf_counter()
+        quality = evaluate()
+        eval_time = time.perf_counter() - t_eval
+        summary.epochs.append(stats)
+        summary.qualities.append(quality)
+        log_epoch(epoch, stats, quality, eval_time)
+        progress.note(f"epoch {epoch + 1}/{cfg.epochs}: loss {stats.train_loss:.4f}, "
+                      f"{workload.metric} {quality:.4f} (target {target}), "
+                      f"{stats.samples_per_s:.1f} samples/s")
+        if workload.reached(quality, target):
+            summary.time_to_target_s = time.perf_counter() - start
+            summary.epochs_to_target = epoch + 1
+            break
+    summary.total_time_s = time.perf_counter() - start
+    return summary
+
+
+class SingleTrainer:
+    """One process, the whole model: the reference every other system is compared with."""
+
+    def __init__(self, cfg: RunConfig, workload: Workload, splits: DataSplits,
+                 device: torch.device, progress: Progress) -> None:
+        self.cfg, self.workload, self.splits, self.device = cfg, workload, splits, device
+        self.spec = workload.spec(cfg.scale)
+        self.batch_size = cfg.batch_size or self.spec.batch_size
+        meta = {**splits.train.meta, "init_seed": cfg.seed}
+        self.model = workload.build(cfg.scale, meta).to(device)
+        self.optimizer = make_optimizer(self.spec, self.model.parameters(), cfg.lr)
+        self.progress = progress
+        self.global_step = 0
+
+    def train_epoch(self, epoch: int) -> EpochStats:
+        self.model.train()
+        stats = EpochStats()
+        n_steps = len(self.splits.train) // self.batch_size
+        if self.cfg.max_steps_per_epoch is not None:
+            n_steps = min(n_steps, self.cfg.max_steps_per_epoch)
+        torch.manual_seed(dropout_seed(self.cfg.seed, epoch))
+        batches = minibatches(self.splits.train, self.workload, self.batch_size, self.cfg.seed,
+                              epoch, n_steps)
+        epoch_start = time.perf_counter()
+        with self.progress.task(f"epoch {epoch + 1} train", n_steps) as advance:
+            t0 = time.perf_counter()
+            for batch in batches:  # the step's time includes fetching its minibatch
+                batch = batch.to(self.device)
+                loss = train_step(self.model, self.workload, self.spec, self.optimizer, batch)
+                if self.device.type == "cuda":
+                    torch.cuda.synchronize(self.device)
+                t1 = time.perf_counter()
+                stats.loss_sum += loss
+                stats.steps += 1
+                stats.samples += batch.size
+                if self.global_step >= self.cfg.warmup_steps:
+                    stats.timed_samples += batch.size
+                    stats.timed_s += t1 - t0
+                self.global_step += 1
+                advance(loss)
+                t0 = time.perf_counter()
+        stats.time_s = time.perf_counter() - epoch_start
+        return stats
+
+    def evaluate(self) -> float:
+        return self.workload.evaluate(self.model, self.splits.valid, max(self.batch_size, 128))

@@ -1,0 +1,115 @@
+"""MLflow tracking: where runs go and the one schema every system logs.
+
+Default store: ``sqlite:///<repo>/results/mlflow.db`` with artifacts in
+``results/mlartifacts`` (no server). ``MLFLOW_TRACKING_URI`` overrides it, e.g. a real
+``mlflow server``. Only the launcher process logs (SQLite takes one writer at a time).
+
+The schema (documented in results/README.md; tests check it): keys in ``PARAM_KEYS`` are
+params of every run, ``EPOCH_METRICS`` are logged each epoch with ``step=epoch``, and
+``RUN_METRICS`` once at the end (``time_to_target_s`` only when the target was reached).
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import subprocess
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import torch
+
+REPO = Path(__file__).resolve().parents[2]
+PARAM_KEYS = ("system", "workload", "scale", "batch_size", "global_batch_size", "workers",
+              "seed", "epochs", "target", "metric", "data", "optimizer", "lr", "threads",
+              "device", "hardware", "git_sha", "torch_version", "num_parameters")
+EPOCH_METRICS = ("epoch_time_s", "samples_per_s", "train_loss", "quality", "eval_time_s")
+RUN_METRICS = ("throughput_samples_per_s", "final_quality", "best_quality", "total_time_s",
+               "epochs_run", "bytes_communicated_per_sample", "peak_memory_bytes_max")
+TARGET_METRICS = ("time_to_target_s", "epochs_to_target")
+
+
+def peak_memory_key(rank: int) -> str:
+    return f"peak_memory_bytes_worker_{rank}"
+
+
+def default_tracking_uri() -> str:
+    return os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{REPO / 'results' / 'mlflow.db'}"
+
+
+def artifact_root(uri: str) -> str | None:
+    """Artifacts next to a local sqlite store; a server decides its own."""
+    if uri.startswith("sqlite:///"):
+        return (Path(uri[len("sqlite:///"):]).parent / "mlartifacts").resolve().as_uri()
+    return None
+
+
+def git_sha() -> str:
+    try:
+        sha = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=REPO,
+                             capture_output=True, text=True, timeout=10).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
+                               cwd=REPO, capture_output=True, text=True, timeout=10).stdout
+        return (sha or "unknown") + ("-dirty" if dirty.strip() else "")
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def hardware(device: torch.device) -> str:
+    if device.type == "cuda":
+        return f"{torch.cuda.get_device_name(device)} x{torch.cuda.device_count()}"
+    model = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return f"{model}, {os.cpu_count()} cores"
+
+
+class Tracker:
+    """A thin wrapper over one active MLflow run (created by ``tracked_run``)."""
+
+    def __init__(self, run_id: str, uri: str) -> None:
+        self.run_id, self.uri = run_id, uri
+
+    def params(self, params: dict) -> None:
+        import mlflow
+
+        mlflow.log_params({k: ("" if v is None else str(v)) for k, v in params.items()})
+
+    def metrics(self, metrics: dict[str, float], step: int | None = None) -> None:
+        import mlflow
+
+        mlflow.log_metrics({k: float(v) for k, v in metrics.items()}, step=step)
+
+    def text(self, text: str, name: str) -> None:
+        import mlflow
+
+        mlflow.log_text(text, name)
+
+
+@contextmanager
+def tracked_run(experiment: str, run_name: str, tags: dict[str, str] | None = None,
+                parent_run_id: str | None = None) -> Iterator[Tracker]:
+    """Start an MLflow run; mark it FAILED (keeping what was logged) if the body raises."""
+    import mlflow
+
+    uri = default_tracking_uri()
+    if uri.startswith("sqlite:///"):
+        Path(uri[len("sqlite:///"):]).parent.mkdir(parents=True, exist_ok=True)
+    mlflow.set_tracking_uri(uri)
+    if mlflow.get_experiment_by_name(experiment) is None:
+        mlflow.create_experiment(experiment, artifact_location=artifact_root(uri))
+    mlflow.set_experiment(experiment)
+    run = mlflow.start_run(run_name=run_name, tags=tags, nested=parent_run_id is not None,
+                           parent_run_id=parent_run_id)
+    try:
+        yield Tracker(run.info.run_id, uri)
+    except BaseException:
+        mlflow.end_run(status="FAILED")
+        raise
+    mlflow.end_run(status="FINISHED")

@@ -1,0 +1,410 @@
+"""Simulated versus measured throughput on this machine: ``pipebench reproduce validation``.
+
+For each workload, worker count and system that runs here: profile the workload here, plan
+the straight split every pipeline shares, measure what each action of that system costs on
+the runtime's own code path, run the system for a few epochs of a fixed number of
+minibatches (``pipebench run`` underneath: real processes, real MLflow runs), simulate
+exactly those minibatches per epoch with the same split, and compare throughputs.
+
+The machine model the simulator gets (``MachineModel``), all measured here, none of it read
+off the runs it is compared with:
+
+- action costs: every rank of the system's schedule executed in one process by the
+  runtime's own handlers (``pipedream_impl.runtime.local``: real data, real stage modules, weight
+  stashing, optimizer, batch building, loss), two epochs, the second one's mean seconds per
+  forward, backward and update of each stage; DDP: the whole model at its per-worker slice
+  of the global minibatch on the same handlers (DDP's own bucketing is not timed).
+  Measured just before the run it predicts (the machine drifts);
+- transfers: each stage's typical message each way (the tensors' shapes and dtypes, read
+  off the in-process run) sent through the runtime's ``Comm`` in a ping-pong between two
+  processes: its one-way time, with the cores kept busy by as many computing processes as
+  there are cores unless the system computes on one rank at a time (model parallelism):
+  gloo's threads then wait for the scheduler, as in a run where every worker computes.
+  gloo moves a message only once its receive is posted (``MachineModel.rendezvous``);
+  the sender's own time in the send call is charged to the sender (``send_s``);
+  the plain ping-pong's latency and bandwidth are reported beside;
+- the gloo all-reduce among W processes, fitted as fixed + per-byte time at two sizes,
+  with the cores kept busy (DDP reduces while every worker computes);
+- cores: with no spare core DDP cannot overlap its all-reduce with the backward; with
+  more workers than cores a run takes at least all ranks' busy time divided by the cores
+  (``MachineModel.cores``).
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from harness import systems as registry_of_systems
+from harness.config import RunConfig
+from harness.reporting.progress import Progress
+from harness.sim.simulator import MachineModel, plan_groups, simulate_system
+from pipedream_impl.planner.cluster import Cluster, Level
+from pipedream_impl.planner.plan import plan_profile
+from pipedream_impl.profiling.profile import Profile
+from pipedream_impl.profiling.profiler import profile_workload
+from workloads import registry
+from workloads.recipe import load_splits
+
+
+@dataclass
+class ValidationRow:
+    workload: str
+    system: str  # simulator name
+    workers: int
+    config: str
+    measured: float
+    simulated: float
+    actions: str = ""  # the measured action costs the simulation used
+
+    @property
+    def error(self) -> float:
+        return self.simulated / self.measured - 1.0
+
+
+def _bench_worker(rank: int, world: int, port: int, out, fn, args) -> None:  # noqa: ANN001
+    """One process of a microbenchmark: a gloo group of ``world``, then ``fn``; rank 0
+    puts what ``fn`` returns on ``out``."""
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=world)
+    try:
+        result = fn(rank, *args)
+        if rank == 0:
+            out.put(result)
+    finally:
+        dist.destroy_process_group()
+
+
+def _bench(fn, world: int, args: tuple, load: int = 0):  # noqa: ANN001, ANN202
+    """Run ``fn(rank, *args)`` in ``world`` spawned processes joined by gloo, with ``load``
+    other processes computing meanwhile; returns rank 0's result. A process that dies is
+    an error at once, not a timeout."""
+    import queue
+
+    import torch.multiprocessing as mp
+
+    from harness.experiments.pipeline_trainer import free_port
+
+    ctx = mp.get_context("spawn")
+    out = ctx.Queue()
+    port = free_port()
+    procs = [ctx.Process(target=_bench_worker, args=(r, world, port, out, fn, args),
+                         daemon=True) for r in range(world)]
+    with _busy_cores(ctx, load):
+        for p in procs:
+            p.start()
+        try:
+            deadline = time.monotonic() + 300
+            while True:
+                try:
+                    result = out.get(timeout=1.0)
+                    break
+                except queue.Empty:
+                    dead = [p.exitcode for p in procs if p.exitcode not in (None, 0)]
+                    if dead or time.monotonic() > deadline:
+                        raise RuntimeError(f"microbenchmark {fn.__name__} failed (exit codes "
+                                           f"{[p.exitcode for p in procs]})") from None
+        finally:
+            for p in procs:
+                p.join(timeout=60)
+                if p.is_alive():
+                    p.kill()
+    return result
+
+
+def _pingpong(rank: int, sizes: list[int], reps: int) -> dict[int, float]:
+    import torch.distributed as dist
+
+    times = {}
+    for n in sizes:
+        t = torch.zeros(max(1, n // 4))
+        for rep in range(reps + 2):
+            if rep == 2:
+                t0 = time.perf_counter()
+            if rank == 0:
+                dist.send(t, 1)
+                dist.recv(t, 1)
+            else:
+                dist.recv(t, 0)
+                dist.send(t, 0)
+        times[n] = (time.perf_counter() - t0) / (2 * reps)  # one way
+    return times
+
+
+def measure_link(reps: int = 50) -> tuple[float, float]:
+    """(latency s, bandwidth bytes/s) of gloo between two local processes."""
+    sizes = [4, 4 << 20]
+    times = _bench(_pingpong, 2, (sizes, reps))
+    latency = times[sizes[0]]
+    return latency, sizes[1] / max(1e-9, times[sizes[1]] - latency)
+
+
+def _allreduce_bench(rank: int, sizes: list[int], reps: int) -> dict[int, float]:
+    import torch.distributed as dist
+
+    times = {}
+    for n in sizes:
+        t = torch.ones(max(1, n // 4))
+        for _ in range(3):
+            dist.all_reduce(t)
+        t0 = time.perf_counter()
+        for _ in range(reps):
+            dist.all_reduce(t)
+        times[n] = (time.perf_counter() - t0) / reps
+    return times
+
+
+def measure_allreduce(world: int, reps: int = 20, load: int = 0) -> tuple[float, float]:
+    """(fixed s, s per byte) of a gloo all-reduce among ``world`` local processes, from a
+    4-byte and a 4 MiB all-reduce; ``load``: that many other processes computing
+    meanwhile."""
+    sizes = [4, 4 << 20]
+    times = _bench(_allreduce_bench, world, (sizes, reps), load)
+    fixed = times[sizes[0]]
+    return fixed, max(0.0, times[sizes[1]] - fixed) / sizes[1]
+
+
+def _transfer_bench(rank: int, messages: list, static: bool, reps: int) \
+        -> list[tuple[float, float]]:
+    from pipedream_impl.runtime.comm import Comm
+
+    peer = 1 - rank
+    times = []
+    for kind, shapes in messages:  # a fresh Comm each: its own shape header state
+        comm = Comm(rank, torch.device("cpu"), 60.0, static)
+        tensors = tuple(torch.ones(shape, dtype=dtype) for dtype, shape in shapes)
+        trips, in_send = [], []
+        for rep in range(reps + 3):
+            t0 = time.perf_counter()
+            if rank == 0:
+                comm.send(tensors, peer, kind)
+                t1 = time.perf_counter()
+                comm.recv(peer, kind)
+            else:
+                comm.send(comm.recv(peer, kind), peer, kind)
+                t1 = t0
+            if rep >= 3:
+                trips.append(time.perf_counter() - t0)
+                in_send.append(t1 - t0)
+        comm.flush()
+        # medians: (one way, the sender's own time in the send call)
+        times.append((statistics.median(trips) / 2, statistics.median(in_send)))
+    return times
+
+
+def _spin(stop) -> None:  # noqa: ANN001
+    torch.set_num_threads(1)
+    x = torch.randn(128, 128)
+    while not stop.is_set():
+        x @ x
+
+
+@contextmanager
+def _busy_cores(ctx, n: int) -> Iterator[None]:  # noqa: ANN001
+    """``n`` processes computing (one thread each) for the duration of the block."""
+    stop = ctx.Event()
+    spinners = [ctx.Process(target=_spin, args=(stop,), daemon=True) for _ in range(n)]
+    for p in spinners:
+        p.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        for p in spinners:
+            p.join(timeout=60)
+
+
+def measure_transfers(messages: dict[tuple[int, str], list[tuple]], static: bool,
+                      reps: int = 30, load: int = 0) \
+        -> dict[tuple[int, str], tuple[float, float]]:
+    """One-way seconds of each message through the runtime's ``Comm`` (gloo, shape header
+    as the workload uses it) between two local processes: a ping-pong of the real
+    tensors' shapes and dtypes; ``load``: that many other processes computing meanwhile
+    (the cores as busy as in a run where every worker computes). Values: (one-way
+    seconds, seconds the sender spends in the send call itself)."""
+    if not messages:
+        return {}
+    keys = sorted(messages)
+    args = [(kind, messages[(stage, kind)]) for stage, kind in keys]
+    return dict(zip(keys, _bench(_transfer_bench, 2, (args, static, reps), load), strict=True))
+
+
+def measured_actions(name: str, replicas: tuple[int, ...], bounds: tuple[tuple[int, int], ...],
+                     batch: int, steps: int, schedule: str = "1f1b", in_flight: int | None = None,
+                     microbatches: int = 1) \
+        -> tuple[dict[int, dict[str, float]], dict[tuple[int, str], list[tuple]]]:
+    """Seconds per action kind of each stage, on the runtime's code path in this process
+    (``pipedream_impl.runtime.local``; the first epoch warms up, the second is measured), and the
+    typical message each stage sends each way."""
+    from pipedream_impl.runtime.contract import RunSettings, SystemSettings, WorkerSpec
+    from pipedream_impl.runtime.local import (
+        action_costs,
+        local_executors,
+        run_local,
+        typical_messages,
+    )
+
+    spec = WorkerSpec(0, RunSettings(name, "tiny", 0, batch, max_steps=steps, timeout_s=60.0),
+                      SystemSettings(replicas, bounds, schedule=schedule, in_flight=in_flight,
+                                     microbatches=microbatches))
+    executors = local_executors(spec)
+    run_local(executors, 0)
+    return action_costs(run_local(executors, 1), executors), typical_messages(executors)
+
+
+@dataclass
+class _Setup:
+    """What one workload's rows share."""
+    name: str
+    batch: int
+    steps: int  # minibatches per epoch
+    epochs: int
+    experiment: str
+    cores: int
+    latency: float
+    bandwidth: float
+    allreduce: dict[int, tuple[float, float]]  # workers -> measured fit
+    tmp: Path
+
+
+def validate(workloads: tuple[str, ...], worker_counts: tuple[int, ...],
+             systems: tuple[str, ...], steps: int, epochs: int, experiment: str,
+             progress: Progress) -> tuple[list[ValidationRow], dict[str, float]]:
+    torch.set_num_threads(1)
+    latency, bandwidth = measure_link()
+    cores = os.cpu_count() or 1
+    machine = {"latency_s": latency, "bandwidth_Bps": bandwidth, "cores": cores}
+    progress.note(f"gloo link here: latency {latency * 1e6:.0f} us, "
+                  f"{bandwidth / 1e9:.2f} GB/s")
+    # DDP's all-reduce runs while every core computes: measured with the cores kept busy
+    allreduce = {w: measure_allreduce(w, load=cores) for w in worker_counts
+                 if w > 1 and any(registry_of_systems.simulated(s).kind == "data-parallel"
+                                  for s in systems)}
+    for w, (fixed, per_byte) in allreduce.items():
+        machine[f"allreduce_fixed_s.{w}"] = fixed
+        machine[f"allreduce_s_per_byte.{w}"] = per_byte
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="pipebench-validate-") as tmp:
+        for name in workloads:
+            wl = registry.get(name)
+            b = wl.spec("tiny").batch_size
+            n_train = len(load_splits(wl, "tiny", None, 0).train)
+            setup = _Setup(name, b, min(steps, n_train // b), epochs, experiment, cores,
+                           latency, bandwidth, allreduce, Path(tmp))
+            prof = profile_workload(wl, "tiny", b, torch.device("cpu"), steps=5)
+            for w in worker_counts:
+                for system in systems:
+                    if w == 1 and registry_of_systems.simulated(system).sim != "in-flight-1":
+                        continue  # one worker: the single-process run, simulated once
+                    rows.append(_one(setup, prof, system, w, progress))
+    return rows, machine
+
+
+def _one(setup: _Setup, prof: Profile, system: str, w: int, progress: Progress) \
+        -> ValidationRow:
+    from harness.experiments.runner import run
+
+    name, b, k = setup.name, setup.batch, setup.steps
+    sys_ = registry_of_systems.simulated(system)
+    kind = sys_.sim
+    wl = registry.get(name)
+    cluster = Cluster((Level(w, setup.bandwidth),))
+    straight = plan_profile(prof, cluster, straight=True)
+    bounds = tuple(tuple(s.layers) for s in straight.stages)
+    plan_path = setup.tmp / f"{name}-{w}.json"
+    plan_path.write_text(straight.to_json())
+    m = 4 * w if kind == "flush" else 1
+    spare = setup.cores > w  # a core left over for communication
+    if kind == "data-parallel":  # global minibatch b: each replica trains b / w of it
+        groups, replicas, placement = [tuple(prof.graph().nodes)], (w,), None
+        actions, _ = measured_actions(name, (1,), ((0, bounds[-1][1]),), b // w, k * w)
+        transfers = {}
+    else:
+        groups, replicas, placement = plan_groups(straight)
+        actions, messages = measured_actions(name, replicas, bounds, b, k,
+                                             sys_.schedule, sys_.in_flight, m)
+        # model parallelism computes on one rank at a time; the others keep every core busy
+        # (the sender's own time in a send is taken unloaded: its CPU work, not the wait)
+        transfers = measure_transfers(messages, wl.static_shapes)
+        if kind != "in-flight-1":
+            loaded = measure_transfers(messages, wl.static_shapes, load=setup.cores)
+            transfers = {key: (loaded[key][0], t[1]) for key, t in transfers.items()}
+    model = MachineModel(action_s=actions,
+                         transfer_s={key: t[0] for key, t in transfers.items()} or None,
+                         send_s={key: t[1] for key, t in transfers.items()} or None,
+                         header_messages=0 if wl.static_shapes else 1, rendezvous=True,
+                         allreduce_fit=setup.allreduce.get(w) if kind == "data-parallel" else None,
+                         cores=setup.cores)
+    one_process = next(s for s in registry_of_systems.SYSTEMS if not s.multi_process)
+    cfg = RunConfig(system=sys_.name if w > 1 else one_process.name, workload=name,
+                    scale="tiny", epochs=setup.epochs,
+                    target=1e9 if wl.higher_is_better else -1e9,
+                    threads=1, workers=w, max_steps_per_epoch=k, experiment=setup.experiment,
+                    plan=str(plan_path) if (w > 1 and kind != "data-parallel") else None,
+                    microbatches=m if kind == "flush" else None)
+    progress.note(f"validation: {name} {cfg.system} on {w} worker(s)")
+    summary = run(cfg, progress)
+    sim = simulate_system(prof, cluster, system, groups, replicas, placement,
+                          minibatches=k * w if kind == "data-parallel" else k, microbatches=m,
+                          latency_s=setup.latency,
+                          dp_overlap=spare, machine=model)
+    # the runtime drains its pipeline at every epoch end: an epoch is k minibatches
+    simulated = k * b / sim.total_s
+    costs = " / ".join(" ".join([f"{kind} {1e3 * actions[st][kind]:.2f}"
+                                 for kind in ("F", "B", "U") if kind in actions[st]]
+                                + [f"S{kind} {1e3 * transfers[(st, kind)][0]:.2f}"
+                                   f" ({1e3 * transfers[(st, kind)][1]:.2f})"
+                                   for kind in ("F", "B") if (st, kind) in transfers])
+                       for st in sorted(actions))
+    return ValidationRow(name, cfg.system, w, "-".join(map(str, replicas)),
+                         summary.throughput, simulated, costs)
+
+
+def markdown(rows: list[ValidationRow], machine: dict[str, float], command: str) -> str:
+    lines = ["# Simulator validation: simulated vs measured throughput on this machine", "",
+             f"Generated by `{command}`. Measured: real runs here (CPU, gloo, 1 thread per "
+             "worker, tiny scale, median epoch throughput with warm-up excluded). Simulated: "
+             "`harness/simulator.py` on the same straight split and the same minibatches per "
+             "epoch, with the machine model below (see `harness/validation.py`): each "
+             "action's cost measured on the runtime's own code path in one process just "
+             "before the run, transfers and all-reduces from gloo microbenchmarks.", "",
+             f"Machine model (measured here): gloo latency {machine['latency_s'] * 1e6:.0f} us,"
+             f" bandwidth {machine['bandwidth_Bps'] / 1e9:.2f} GB/s, {machine['cores']:.0f} "
+             "cores (with no spare core DDP does not overlap; with more workers than cores, a "
+             "run takes at least all ranks' busy time over the cores). Transfers (S F/B "
+             "below): one-way time of each stage's typical message through the runtime's "
+             "Comm, measured with the cores busy except for model parallelism, and in "
+             "parentheses the sender's own time in the send call; a message moves once its "
+             "receive is posted (gloo)."]
+    for k, v in machine.items():
+        if k.startswith("allreduce_fixed_s."):
+            w = k.split(".", 1)[1]
+            lines.append(f"gloo all-reduce among {w}: {v * 1e3:.2f} ms + "
+                         f"{machine[f'allreduce_s_per_byte.{w}'] * 1e9:.2f} ns per byte.")
+    lines += ["", "| workload | system | workers | config | measured samples/s | "
+              "simulated samples/s | error | action costs per stage (ms per unit) |",
+              "|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r.workload} | {r.system} | {r.workers} | {r.config} | "
+                     f"{r.measured:.0f} | {r.simulated:.0f} | {100 * r.error:+.0f}% | "
+                     f"{r.actions} |")
+    for w in sorted({r.workers for r in rows}):
+        errs = [abs(r.error) for r in rows if r.workers == w]
+        within = sum(e <= 0.10 for e in errs)
+        goal = " (goal: all)" if w == 2 else ""
+        lines.append(f"{'' if w > min(r.workers for r in rows) else chr(10)}"
+                     f"At {w} worker(s): {within} of {len(errs)} within 10%{goal}; median "
+                     f"|error| {100 * statistics.median(errs):.0f}%, worst "
+                     f"{100 * max(errs):.0f}%.")
+    return "\n".join(lines) + "\n"

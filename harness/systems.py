@@ -1,0 +1,121 @@
+"""The registry of training systems: each system declared once, everything else derived.
+
+A ``System`` says what a system is (its kind of layout), which executor every worker runs
+and which launcher starts the workers (``module:Class`` strings, imported only when a run
+starts, so listing systems imports neither torch nor the engines), what it supports
+(replicated stages, microbatches, weight modes, only floating tensors between stages), how
+the simulator schedules it, and the static params its runs log. The CLI's choices and help
+texts, ``RunConfig``'s checks, ``compare-run``'s and ``bench``'s system lists, the
+simulator's ``--system`` and the validation's run-vs-simulated pairs are all read from
+``SYSTEMS``; adding a system is one entry here plus its executor.
+
+Kinds: ``one-process`` (one process, the whole model: the reference), ``pipeline`` (stages on
+workers, the model split by layers) and ``data-parallel`` (one stage, every worker a
+replica of the whole model).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from core.errors import UserInputError
+
+__all__ = ["PAPER", "SIMULATED", "SYSTEMS", "VALIDATED", "System", "get", "names", "simulated"]
+
+_OUR_EXECUTOR = "pipedream_impl.runtime.stage_executor:StageExecutor"
+_SPAWN = "pipedream_impl.runtime.launcher:Launcher"
+
+
+@dataclass(frozen=True)
+class System:
+    name: str
+    kind: str  # "one-process", "pipeline" or "data-parallel"
+    summary: str  # one line for help texts and listings
+    executor: str | None = None  # module:Class every worker runs (None: single process)
+    launcher: str | None = _SPAWN  # module:Class that starts and drives the workers
+    replicated_stages: bool = False  # pipeline stages may have replicas (PipeDream's plans)
+    microbatched: bool = False  # a flush pipeline: minibatches split into microbatches
+    weight_modes: bool = False  # --weights / --in-flight apply
+    reports_idle: bool = False  # its executor times idle per action: bubble fraction
+    float_boundaries_only: bool = False  # the engine carries only float tensors between stages
+    schedule: str | None = None  # the runtime schedule its executor runs: "1f1b" or "flush"
+    in_flight: int | None = None  # minibatches in flight, forced (1: model parallelism)
+    sim: str | None = None  # simulator schedule: "1f1b", "flush", "in-flight-1", "data-parallel"
+    aliases: tuple[str, ...] = ()  # other names the simulator accepts (the paper's mp/dp)
+    params: dict[str, str] = field(default_factory=dict)  # logged with every run
+
+    @property
+    def multi_process(self) -> bool:
+        return self.kind != "one-process"
+
+    @property
+    def straight(self) -> bool:
+        """A pipeline of unreplicated stages (one worker per stage)."""
+        return self.kind == "pipeline" and not self.replicated_stages
+
+
+SYSTEMS: tuple[System, ...] = (
+    System("single", "one-process", "one process, the whole model (the reference)", launcher=None),
+    System("pipedream", "pipeline", "PipeDream: 1F1B(-RR) with weight stashing, planned "
+           "stages (replicas allowed)", _OUR_EXECUTOR, replicated_stages=True,
+           weight_modes=True, reports_idle=True, schedule="1f1b", sim="1f1b"),
+    System("gpipe", "pipeline", "GPipe: microbatches, flush, one synchronous update",
+           _OUR_EXECUTOR, microbatched=True, reports_idle=True, schedule="flush",
+           sim="flush"),
+    System("model-parallel", "pipeline", "one minibatch in flight across the stages",
+           _OUR_EXECUTOR, weight_modes=True, reports_idle=True, schedule="1f1b",
+           in_flight=1, sim="in-flight-1", aliases=("mp",)),
+    System("horovod", "data-parallel", "Horovod data parallelism (horovodrun --gloo)",
+           "baselines.horovod:HorovodExecutor", "baselines.horovod:HorovodLauncher",
+           sim="data-parallel",
+           params={"gradient_sync": "hvd.DistributedOptimizer(op=Average, compression=none)",
+                   "broadcast": "parameters and optimizer state from rank 0",
+                   "tensor_fusion": "default (HOROVOD_FUSION_THRESHOLD unset: 64 MiB)",
+                   "autotune": "off", "launcher": "horovodrun --gloo"}),
+    System("ddp", "data-parallel", "torch DistributedDataParallel", "baselines.ddp:DDPExecutor",
+           sim="data-parallel", aliases=("dp",),
+           params={"gradient_sync": "DDP all-reduce (average), default buckets"}),
+    System("torch-gpipe", "pipeline", "torch.distributed.pipelining ScheduleGPipe",
+           "baselines.peers:TorchPipeExecutor", microbatched=True,
+           float_boundaries_only=True, schedule="flush",
+           params={"peer_schedule": "GPipe (torch.distributed.pipelining.ScheduleGPipe)"}),
+    System("torch-1f1b", "pipeline", "torch.distributed.pipelining Schedule1F1B",
+           "baselines.peers:TorchPipeExecutor", microbatched=True,
+           float_boundaries_only=True, schedule="1f1b",
+           params={"peer_schedule": "1F1B with flush "
+                   "(torch.distributed.pipelining.Schedule1F1B)"}),
+    System("deepspeed-pipe", "pipeline", "DeepSpeed PipelineEngine (1F1B with a flush)",
+           "baselines.peers:DeepSpeedPipeExecutor", microbatched=True,
+           float_boundaries_only=True, schedule="1f1b",
+           params={"peer_schedule": "1F1B with flush (DeepSpeed PipelineEngine)"}),
+)
+_BY_NAME = {s.name: s for s in SYSTEMS}
+SIMULATED = tuple(s for s in SYSTEMS if s.sim is not None)
+# choices that name systems, kept here so each system name lives in this file only:
+# the simulator's validation runs one system per simulated schedule (DDP for data
+# parallelism: it runs in our launcher's processes); the paper's tables simulate these
+VALIDATED = ("pipedream", "gpipe", "model-parallel", "ddp")
+PAPER = {"pipedream": "pipedream", "gpipe": "gpipe", "data-parallel": "ddp"}
+
+
+def names(systems: tuple[System, ...] = SYSTEMS) -> tuple[str, ...]:
+    return tuple(s.name for s in systems)
+
+
+def get(name: str) -> System:
+    """The system called ``name``; a clear error listing the choices otherwise."""
+    try:
+        return _BY_NAME[name]
+    except KeyError:
+        raise UserInputError(f"unknown system {name!r}; choose one of: "
+                             f"{', '.join(_BY_NAME)}") from None
+
+
+def simulated(name: str) -> System:
+    """The system ``pipebench simulate --system NAME`` means (registry names or aliases)."""
+    for s in SIMULATED:
+        if name == s.name or name in s.aliases:
+            return s
+    choices = [n for s in SIMULATED for n in (s.name, *s.aliases)]
+    raise UserInputError(f"unknown simulated system {name!r}; choose one of: "
+                         f"{', '.join(choices)}")

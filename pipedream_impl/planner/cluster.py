@@ -1,0 +1,98 @@
+"""``Cluster``: levels of workers and the bandwidth between them, innermost level first.
+
+``--cluster SxG`` is S servers of G workers (two levels: G inside a server, S servers);
+``--cluster 16`` is one flat level of 16 workers. ``--bandwidth`` lists bytes/s per level,
+innermost first (``15.75GB/s,1.25GB/s``; units GB/s and MB/s are bytes, Gbps and Gb/s bits, or a
+plain number of bytes/s). Presets, written ``A:4x4`` etc., are the PipeDream paper's clusters:
+
+- A: 4 V100 per server over PCIe 3.0 x16 (15.75 GB/s), servers over 10 Gbps Ethernet;
+- B: 8 V100 per server over NVLink (150 GB/s per direction, six 25 GB/s links; our
+  figure, the paper does not give one), servers over 25 Gbps;
+- C: one Titan X per server (no intra-server level), servers over 40 Gbps.
+
+A level of one worker (e.g. ``C:4x1``) carries no traffic and is dropped.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+
+from core.errors import UserInputError
+
+PRESETS: dict[str, tuple[float, float]] = {  # (intra-server, inter-server) bytes/s
+    "A": (15.75e9, 10e9 / 8),
+    "B": (150e9, 25e9 / 8),
+    "C": (15.75e9, 40e9 / 8),
+}
+DEFAULT_BANDWIDTHS = PRESETS["A"]
+# Case matters: B is bytes, b is bits.
+_UNITS = {"GB/s": 1e9, "MB/s": 1e6, "KB/s": 1e3, "kB/s": 1e3, "B/s": 1.0, "GBps": 1e9,
+          "Gbps": 1e9 / 8, "Gb/s": 1e9 / 8, "Gbit/s": 1e9 / 8, "Mbps": 1e6 / 8,
+          "Mb/s": 1e6 / 8, "GB": 1e9, "MB": 1e6, "": 1.0}
+
+
+@dataclass(frozen=True)
+class Level:
+    workers: int  # units of the level below in one unit of this level
+    bandwidth: float  # bytes/s of one link at this level
+
+
+@dataclass(frozen=True)
+class Cluster:
+    levels: tuple[Level, ...]
+    name: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.levels:
+            raise UserInputError("a cluster needs at least one level")
+        for lv in self.levels:
+            if lv.workers < 1 or not (lv.bandwidth > 0 and math.isfinite(lv.bandwidth)):
+                raise UserInputError(f"bad cluster level {lv}: workers >= 1, bandwidth > 0")
+
+    @property
+    def workers(self) -> int:
+        return math.prod(lv.workers for lv in self.levels)
+
+    def describe(self) -> str:
+        parts = " x ".join(f"{lv.workers} @ {lv.bandwidth / 1e9:g} GB/s" for lv in self.levels)
+        return f"{self.name + ': ' if self.name else ''}{parts} ({self.workers} workers)"
+
+
+def parse_bandwidth(text: str) -> float:
+    m = re.fullmatch(r"\s*([0-9.]+(?:e[+-]?\d+)?)\s*([a-zA-Z/]*)\s*", text)
+    unit = m.group(2) if m else None
+    if m is None or unit not in _UNITS:
+        raise UserInputError(f"cannot read bandwidth {text!r}; write e.g. 15.75GB/s, 10Gbps "
+                            "or 1.25e9 (bytes/s)")
+    return float(m.group(1)) * _UNITS[unit]
+
+
+def parse_cluster(spec: str, bandwidth: str | None = None) -> Cluster:
+    """``A:4x4``, ``B:2x8``, ``C:4x1``, ``4x4``, ``16`` (+ optional ``--bandwidth``)."""
+    preset = None
+    shape = spec.strip()
+    if ":" in shape:
+        preset, shape = shape.split(":", 1)
+        preset = preset.upper()
+        if preset not in PRESETS:
+            raise UserInputError(f"unknown cluster preset {preset!r}; choose A, B or C")
+    m = re.fullmatch(r"(\d+)(?:x(\d+))?", shape)
+    if m is None:
+        raise UserInputError(f"cannot read cluster {spec!r}; write SxG (servers x workers per "
+                            "server, e.g. 4x4), a flat count (16), or a preset (A:4x4)")
+    servers, per_server = (int(m.group(1)), int(m.group(2))) if m.group(2) \
+        else (1, int(m.group(1)))
+    if bandwidth:
+        bws = [parse_bandwidth(b) for b in bandwidth.split(",")]
+    else:
+        bws = list(PRESETS[preset] if preset else DEFAULT_BANDWIDTHS)
+    if m.group(2) is None and bandwidth and len(bws) == 1:
+        bws = bws * 2
+    if len(bws) != 2:
+        raise UserInputError(f"--bandwidth needs two values (inside a server, between "
+                            f"servers) for a two-level cluster, got {len(bws)}")
+    levels = [Level(per_server, bws[0]), Level(servers, bws[1])]
+    kept = tuple(lv for lv in levels if lv.workers > 1) or (levels[0],)
+    return Cluster(kept, name=f"{preset + ':' if preset else ''}{shape}")

@@ -1,0 +1,241 @@
+"""``Plan``: the partitioning the runtime executes, as data (JSON at every hand-off).
+
+A plan lists stages in pipeline order, each with its range of states (for a chain profile,
+layers ``[start, stop)``), the profile nodes it holds, its replicas and worker ranks, and
+its predicted time per minibatch; NOAM (number of optimal active minibatches) =
+ceil(workers / replicas of the input stage); and the predictions other tools read::
+
+    {"config": "15-1", "config_label": "15-1", "workers": 16, "noam": 2,
+     "stages": [{"layers": [0, 31], "nodes": [...], "replicas": 15, "ranks": [...],
+                 "predicted_time_s": ...}, ...],
+     "predicted": {"time_per_minibatch_s", "throughput_minibatches_per_s",
+                   "single_worker_time_s", "data_parallel_time_s", "speedup_vs_one_worker",
+                   "speedup_vs_data_parallel", "bytes_per_sample",
+                   "bytes_per_sample_data_parallel"},
+     "cluster": ..., "cost_model": ..., "state_method": ..., "batch_size": ...}
+
+Ranks: a server holds consecutive ranks (G per server). An outer stage on r servers runs
+its inner partition on each of them; an inner stage with g workers per server therefore has
+g x r replicas. Bytes per sample count what crosses links per training sample: activations
+forward and gradients backward at every stage boundary (2 x its output bytes per
+minibatch), and for a stage with r replicas a ring all-reduce, 2 (r-1)/r x its parameters per
+replica per r minibatches, i.e. 2 (r-1)/r x P per minibatch. Data parallelism on W workers:
+2 (W-1)/W x all parameters per minibatch.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass, field
+
+from core.errors import UserInputError
+from pipedream_impl.planner.antichain import MAX_STATES, States, build_states, coarsen
+from pipedream_impl.planner.cluster import Cluster
+from pipedream_impl.planner.optimizer import (
+    MAX_STATES_MULTI_LEVEL,
+    Solution,
+    data_parallel_time,
+    solve,
+)
+from pipedream_impl.profiling.profile import Profile, infer_batch_size
+
+
+@dataclass(frozen=True)
+class Stage:
+    layers: tuple[int, int]  # state range [start, stop)
+    replicas: int
+    ranks: tuple[int, ...]
+    predicted_time_s: float  # compute + weight sync of the stage, per minibatch
+    nodes: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Plan:
+    stages: tuple[Stage, ...]
+    workers: int
+    predicted: dict[str, float]
+    cluster: str = ""
+    cost_model: str = "pipebench"
+    state_method: str = "antichain"
+    batch_size: int = 0
+    profile: str = ""
+    extra: dict = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        used = sorted(r for s in self.stages for r in s.ranks)
+        if len(set(used)) != len(used):
+            raise ValueError(f"a rank appears in two stages: {used}")
+        for s in self.stages:
+            if s.replicas != len(s.ranks) or s.replicas < 1:
+                raise ValueError(f"stage {s.layers} has {s.replicas} replicas but ranks "
+                                 f"{s.ranks}")
+        for a, b in zip(self.stages, self.stages[1:], strict=False):
+            if a.layers[1] != b.layers[0]:
+                raise ValueError(f"stages {a.layers} and {b.layers} are not contiguous")
+
+    @property
+    def config(self) -> str:
+        return "-".join(str(s.replicas) for s in self.stages)
+
+    @property
+    def config_label(self) -> str:
+        """The paper's way: "straight" for an unreplicated pipeline, else the config."""
+        if len(self.stages) > 1 and all(s.replicas == 1 for s in self.stages):
+            return "straight"
+        return self.config
+
+    @property
+    def noam(self) -> int:
+        return math.ceil(self.workers / self.stages[0].replicas)
+
+    def to_json(self) -> str:
+        d = asdict(self)
+        d.update(config=self.config, config_label=self.config_label, noam=self.noam)
+        return json.dumps(d, indent=1)
+
+    @staticmethod
+    def from_json(text: str) -> Plan:
+        d = json.loads(text)
+        stages = tuple(Stage(tuple(s["layers"]), s["replicas"], tuple(s["ranks"]),
+                             s["predicted_time_s"], tuple(s.get("nodes", ())))
+                       for s in d["stages"])
+        keep = ("workers", "predicted", "cluster", "cost_model", "state_method",
+                "batch_size", "profile", "extra")
+        return Plan(stages, **{k: d[k] for k in keep if k in d})
+
+
+def _segments(sol: Solution, level: int, row: int, end: int, m: int) -> list[tuple]:
+    """[(start_row, end_state, units, inner_dp)] of the pipeline A(row, end, m) at
+    ``level``; ``inner_dp``: the stage is data parallel on every worker of its units."""
+    ls = sol.levels[level]
+    out = []
+    while True:  # (the final level stores row 0 only, the only row asked of it)
+        k = int(ls.split[row, end, m])
+        reps = int(ls.replicas[row, end, m])
+        dp = ls.inner_dp is not None and bool(ls.inner_dp[row, end, m])
+        if k < 0:
+            out.append((row, end, reps, dp))
+            break
+        out.append((k + 1, end, reps, dp))
+        end, m = k, int(ls.prev_m[row, end, m])
+    return out[::-1]
+
+
+def _flatten(sol: Solution, level: int, row: int, end: int, m: int) -> list[tuple]:
+    """[(start_row, end_state, replicas_per_unit_chain)] down to the innermost level."""
+    stages = []
+    for start, stop, reps, inner_dp in _segments(sol, level, row, end, m):
+        if level == 0:
+            stages.append((start, stop, [reps]))
+        elif inner_dp:
+            stages.append((start, stop, [lv.workers for lv in sol.cluster.levels[:level]]
+                           + [reps]))
+        else:
+            inner_units = sol.cluster.levels[level - 1].workers
+            for s, e, inner in _flatten(sol, level - 1, start, stop, inner_units - 1):
+                stages.append((s, e, inner + [reps]))
+    return stages
+
+
+def build_plan(sol: Solution, batch_size: int = 0, profile: str = "") -> Plan:
+    states: States = sol.states
+    cluster = sol.cluster
+    if not math.isfinite(sol.time):
+        raise ValueError("no feasible plan (is the memory limit too small?)")
+    top = len(cluster.levels) - 1
+    flat = _flatten(sol, top, 0, len(states) - 1, cluster.levels[top].workers - 1)
+    rank_lists = _assign_ranks(flat, [lv.workers for lv in cluster.levels])
+    stages = []
+    bytes_mb = 0.0
+    for (start, stop, reps), ranks in zip(flat, rank_lists, strict=True):
+        replicas = math.prod(reps)
+        p = states.parameter_bytes[stop] - (states.parameter_bytes[start - 1] if start else 0)
+        c = states.compute_s[stop] - (states.compute_s[start - 1] if start else 0)
+        sync = 2.0 * (replicas - 1) / replicas * p
+        bytes_mb += sync + (2.0 * states.output_bytes[stop] if stop < len(states) - 1 else 0)
+        before = set(states.members[start - 1]) if start else set()
+        nodes = tuple(n for n in states.members[stop] if n not in before)
+        stages.append(Stage((start, stop + 1), replicas, tuple(ranks), float(c / replicas),
+                            nodes))
+    total = float(states.compute_s[-1])
+    dp = data_parallel_time(states, cluster, sol.model)
+    w = cluster.workers
+    dp_bytes = 2.0 * (w - 1) / w * float(states.parameter_bytes[-1])
+    b = batch_size if batch_size > 0 else 1
+    predicted = {"time_per_minibatch_s": sol.time,
+                 "throughput_minibatches_per_s": 1.0 / sol.time,
+                 "single_worker_time_s": total, "data_parallel_time_s": dp,
+                 "speedup_vs_one_worker": total / sol.time,
+                 "speedup_vs_data_parallel": dp / sol.time,
+                 "bytes_per_sample": bytes_mb / b,
+                 "bytes_per_sample_data_parallel": dp_bytes / b}
+    return Plan(tuple(stages), w, predicted, cluster.describe(), sol.model,
+                states.method, batch_size, profile)
+
+
+def _assign_ranks(flat: list[tuple], sizes: list[int]) -> list[list[int]]:
+    """Ranks of each stage, in pipeline order; ``reps`` of a stage is its units per level,
+    innermost first. One level: consecutive ranks. Two levels: an outer stage takes the next
+    ``reps[1]`` whole servers; each of its inner stages takes the next ``reps[0]`` workers on
+    every one of those servers (so the inner pipeline repeats on each server)."""
+    out: list[list[int]] = []
+    if len(sizes) == 1:
+        nxt = 0
+        for _, _, reps in flat:
+            out.append(list(range(nxt, nxt + reps[0])))
+            nxt += reps[0]
+        return out
+    g = sizes[0]
+    first_server, servers, used = 0, 0, g  # used == g: the current servers are full
+    for _, _, (inner, outer) in flat:
+        if used >= g:  # the previous outer stage filled its servers: take fresh ones
+            first_server += servers
+            servers, used = outer, 0
+        out.append([(first_server + srv) * g + used + i for srv in range(outer)
+                    for i in range(inner)])
+        used += inner
+    return out
+
+
+def plan_profile(profile: Profile, cluster: Cluster, model: str = "pipebench",
+                 straight: bool = False, memory_limit: float | None = None,
+                 batch_size: int | None = None) -> Plan:
+    """Profile + cluster -> Plan: the library behind ``pipebench plan``."""
+    max_states = MAX_STATES if len(cluster.levels) == 1 else MAX_STATES_MULTI_LEVEL
+    states = build_states(profile.graph(), max_states=max_states)
+    if len(cluster.levels) > 1 and len(states) > MAX_STATES_MULTI_LEVEL:
+        states = coarsen(states, MAX_STATES_MULTI_LEVEL // 2)
+    sol = solve(states, cluster, model, straight, memory_limit)
+    if not math.isfinite(sol.time):
+        raise UserInputError("no feasible plan: every partition exceeds the memory limit "
+                            "(raise --memory-limit or add workers)")
+    b = batch_size or profile.batch_size or infer_batch_size(profile)
+    return build_plan(sol, b, profile.source or profile.workload)
+
+
+def balanced_bounds(layer_ms: list[float],
+                    replicas: tuple[int, ...]) -> tuple[tuple[int, int], ...]:
+    """Layer ranges for a fixed config (e.g. 2-1-1): minimise max(stage time / replicas)
+    over contiguous splits of a chain (exact DP, O(L^2 S))."""
+    n, s = len(layer_ms), len(replicas)
+    if s > n:
+        raise UserInputError(f"config has {s} stages but the model has only {n} layers")
+    prefix = [0.0]
+    for t in layer_ms:
+        prefix.append(prefix[-1] + t)
+    inf = float("inf")
+    best = [[inf] * (n + 1) for _ in range(s + 1)]
+    cut = [[0] * (n + 1) for _ in range(s + 1)]
+    best[0][0] = 0.0
+    for i in range(1, s + 1):
+        for j in range(i, n - (s - i) + 1):
+            for k in range(i - 1, j):
+                v = max(best[i - 1][k], (prefix[j] - prefix[k]) / replicas[i - 1])
+                if v < best[i][j]:
+                    best[i][j], cut[i][j] = v, k
+    bounds, j = [], n
+    for i in range(s, 0, -1):
+        bounds.append((cut[i][j], j))
+        j = cut[i][j]
+    return tuple(reversed(bounds))

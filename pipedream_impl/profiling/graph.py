@@ -1,0 +1,152 @@
+"""Layer graphs and PipeDream's ``graph.txt`` format.
+
+A ``Graph`` is what the profiler produces and the planner consumes: nodes with forward and
+backward time (milliseconds per minibatch), output activation bytes (one number, or several
+for a node with several outputs) and parameter bytes, plus directed edges. Our own workloads
+profile to chains; the original PipeDream profiles (../shared/pipedream-profiles) branch.
+
+``graph.txt`` (github msr-fiddle/pipedream, profiler output), one node per line::
+
+    node4 -- Conv2d(...) -- forward_compute_time=1.2, backward_compute_time=2.3, \
+activation_size=[6291456.0; 131072.0], parameter_size=1180672.000
+
+then one edge per line, ``\\tnode4 -- node5``. An optional ``-- stage_id=N`` suffix (the
+original optimizer's output) is accepted and ignored.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from core.errors import GraphFormatError
+
+_META = re.compile(r"forward_compute_time=([^,]+), backward_compute_time=([^,]+), "
+                   r"activation_size=(\[[^\]]*\]|[^,]+), parameter_size=([^\s,]+)")
+
+
+@dataclass(frozen=True)
+class Node:
+    node_id: str
+    desc: str
+    forward_ms: float
+    backward_ms: float
+    activations: tuple[float, ...]  # bytes of each output, batch dimension included
+    parameter_bytes: float
+
+    @property
+    def activation_bytes(self) -> float:
+        return float(sum(self.activations))
+
+    def to_line(self) -> str:
+        if len(self.activations) == 1:
+            act = f"{self.activations[0]:.1f}"
+        else:
+            act = "[" + "; ".join(f"{a:.1f}" for a in self.activations) + "]"
+        return (f"{self.node_id} -- {self.desc} -- forward_compute_time={self.forward_ms:.3f}, "
+                f"backward_compute_time={self.backward_ms:.3f}, activation_size={act}, "
+                f"parameter_size={self.parameter_bytes:.3f}")
+
+
+@dataclass
+class Graph:
+    """Nodes in file order; ``edges``/``in_edges`` keep insertion order (it matters for the
+    antichain enumeration order, see antichain.py)."""
+
+    nodes: dict[str, Node] = field(default_factory=dict)
+    edges: dict[str, list[str]] = field(default_factory=dict)
+    in_edges: dict[str, list[str]] = field(default_factory=dict)
+
+    def add_node(self, node: Node) -> None:
+        self.nodes[node.node_id] = node
+
+    def add_edge(self, a: str, b: str) -> None:
+        for n in (a, b):
+            if n not in self.nodes:
+                raise GraphFormatError(f"edge {a} -- {b} names unknown node {n}")
+        self.edges.setdefault(a, []).append(b)
+        self.in_edges.setdefault(b, []).append(a)
+
+    def remove_node(self, node_id: str) -> None:
+        del self.nodes[node_id]
+        for b in self.edges.pop(node_id, []):
+            self.in_edges[b].remove(node_id)
+        for a in self.in_edges.pop(node_id, []):
+            self.edges[a].remove(node_id)
+
+    def sources(self) -> list[str]:
+        return [n for n in self.nodes if not self.in_edges.get(n)]
+
+    def sinks(self) -> list[str]:
+        return [n for n in self.nodes if not self.edges.get(n)]
+
+    def is_chain(self) -> bool:
+        return all(len(self.edges.get(n, [])) <= 1 and len(self.in_edges.get(n, [])) <= 1
+                   for n in self.nodes) and len(self.sources()) == 1
+
+    @staticmethod
+    def chain(nodes: list[Node]) -> Graph:
+        g = Graph()
+        for n in nodes:
+            g.add_node(n)
+        for a, b in zip(nodes, nodes[1:], strict=False):
+            g.add_edge(a.node_id, b.node_id)
+        return g
+
+    def to_text(self) -> str:
+        lines = [n.to_line() for n in self.nodes.values()]
+        for b in self.nodes:
+            lines += [f"\t{a} -- {b}" for a in self.in_edges.get(b, [])]
+        return "\n".join(lines) + "\n"
+
+    def write(self, path: str | Path) -> None:
+        Path(path).write_text(self.to_text())
+
+
+def parse_node(line: str, lineno: int = 0) -> Node:
+    parts = line.strip().split(" -- ")
+    if len(parts) < 3:
+        raise GraphFormatError(f"line {lineno}: expected 'nodeN -- desc -- metadata', got "
+                               f"{line.strip()[:80]!r}")
+    m = _META.search(parts[2])
+    if m is None:
+        raise GraphFormatError(f"line {lineno}: cannot read the metadata {parts[2][:80]!r}")
+    act = m.group(3)
+    try:
+        acts = tuple(float(x) for x in act.strip("[]").split(";")) if act.startswith("[") \
+            else (float(act),)
+        return Node(parts[0], parts[1], float(m.group(1)), float(m.group(2)), acts,
+                    float(m.group(4)))
+    except ValueError as e:
+        raise GraphFormatError(f"line {lineno}: {e}") from e
+
+
+def parse_graph(text: str) -> Graph:
+    g = Graph()
+    pending: list[tuple[int, str, str]] = []
+    for lineno, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        if line.startswith("\t"):
+            ends = line.strip().split(" -- ")
+            if len(ends) != 2:
+                raise GraphFormatError(f"line {lineno}: expected '\\tnodeA -- nodeB'")
+            pending.append((lineno, ends[0], ends[1]))
+        else:
+            g.add_node(parse_node(line, lineno))
+    for lineno, a, b in pending:
+        try:
+            g.add_edge(a, b)
+        except GraphFormatError as e:
+            raise GraphFormatError(f"line {lineno}: {e}") from e
+    if not g.nodes:
+        raise GraphFormatError("no nodes in graph")
+    return g
+
+
+def read_graph(path: str | Path) -> Graph:
+    p = Path(path)
+    if not p.exists():
+        raise GraphFormatError(f"profile {path} does not exist")
+    return parse_graph(p.read_text())

@@ -1,0 +1,212 @@
+"""The executor contract: what a launcher hands a worker and what every system's worker does.
+
+Every multi-process system (our pipelines, DDP, Horovod, the peer engines) runs the same
+worker: ``worker_main`` builds the worker's pieces once (``WorkerPieces``: the workload,
+its data splits, the whole model initialised with the run's seed, the device and the
+layout) and hands them to the system's ``Executor``, which trains one epoch per control
+message and returns an ``EpochReport``. The base class holds the scaffolding every
+executor shares, so it is written once:
+
+- seeding: each rank's dropout stream per epoch (``dropout_seed``);
+- warm-up: the first ``RunSettings.warmup_steps`` minibatches of the run are excluded from
+  throughput; ``mark_warm`` stamps when they are done;
+- failure injection for tests (``RunSettings.fail_at``: raise at a rank's minibatch);
+- reports: ``start_epoch`` opens one, ``close_report`` stamps the end, peak memory and the
+  stage's weights.
+
+A worker that raises reports its traceback on the results queue and exits non-zero; the
+launcher (``pipedream_impl.runtime.launcher``) then stops every worker.
+"""
+
+from __future__ import annotations
+
+import datetime
+import importlib
+import time
+import traceback
+from dataclasses import dataclass, field
+from typing import ClassVar
+
+import torch
+import torch.distributed as dist
+
+from pipedream_impl.schedule import Layout
+from workloads import registry
+from workloads.base import DataSplits, LayerModel, ScaleSpec, Workload
+from workloads.recipe import dropout_seed, epoch_order, load_splits, make_optimizer
+from workloads.recipe import peak_memory_bytes as _peak_memory_bytes
+
+__all__ = ["EpochReport", "Executor", "RunSettings", "STAGE_EXECUTOR", "SystemSettings",
+           "WorkerPieces", "WorkerSpec", "worker_main"]
+
+STAGE_EXECUTOR = "pipedream_impl.runtime.stage_executor:StageExecutor"
+
+
+@dataclass(frozen=True)
+class RunSettings:
+    """What every worker of every system shares: the workload, data, optimizer and timing."""
+    workload: str
+    scale: str
+    seed: int
+    batch_size: int  # the global minibatch
+    lr: float | None = None  # None: the workload's
+    data: str | None = None  # None: the default dataset
+    max_steps: int | None = None  # cap on minibatches per epoch
+    threads: int = 1  # torch threads per worker
+    device: str = "cpu"  # "cpu" or "cuda"
+    warmup_steps: int = 2  # first minibatches of the run, excluded from throughput
+    timeout_s: float = 120.0  # every receive / all-reduce waits at most this long
+    fail_at: tuple[int, int] | None = None  # (rank, minibatch): raise there (tests)
+
+
+@dataclass(frozen=True)
+class SystemSettings:
+    """How the system runs: the layout and its executor's options."""
+    replicas: tuple[int, ...]  # replicas per stage
+    bounds: tuple[tuple[int, int], ...]  # layer range [a, b) of each stage
+    executor: str = STAGE_EXECUTOR  # module:Class every worker runs
+    schedule: str = "1f1b"  # "1f1b" or "flush" (microbatches, one update per minibatch)
+    weights: str = "stash"  # stash | vertical-sync | none
+    in_flight: int | None = None  # None: PipeDream's NOAM; 1: model parallelism
+    microbatches: int = 1  # per minibatch (flush pipelines; data parallelism: ranks)
+    recompute: bool = False  # flush: re-materialise activations in the backward
+
+
+@dataclass(frozen=True)
+class WorkerSpec:
+    rank: int
+    run: RunSettings
+    system: SystemSettings
+    init_method: str = ""  # torch.distributed rendezvous (tcp://host:port or env://)
+    local_rank: int = -1  # rank on this machine (GPU index); -1: same as rank
+
+    def __post_init__(self) -> None:
+        if self.local_rank < 0:
+            object.__setattr__(self, "local_rank", self.rank)
+
+
+@dataclass
+class EpochReport:
+    rank: int
+    stage: int
+    replica: int
+    losses: list[float] = field(default_factory=list)
+    busy_s: float = 0.0
+    idle_s: float = 0.0
+    action_s: dict = field(default_factory=dict)  # seconds per action kind (F, B, SF, ...)
+    payload: dict = field(default_factory=dict)
+    header: dict = field(default_factory=dict)
+    allreduce_bytes: int = 0
+    peak_memory: int = 0
+    stash_weight_bytes: int = 0
+    stash_activation_bytes: int = 0
+    warm_done_at: float | None = None  # wall clock when its warm-up minibatches finished
+    end_at: float = 0.0
+    state: dict | None = None
+
+
+@dataclass
+class WorkerPieces:
+    """What a worker builds once from its spec and hands to its executor."""
+    spec: WorkerSpec
+    layout: Layout
+    device: torch.device
+    workload: Workload
+    scale_spec: ScaleSpec
+    splits: DataSplits
+    model: LayerModel  # the whole model, initialised with the run's seed
+
+    @classmethod
+    def build(cls, spec: WorkerSpec, device: torch.device) -> WorkerPieces:
+        wl = registry.get(spec.run.workload)
+        splits = load_splits(wl, spec.run.scale, spec.run.data, spec.run.seed)
+        model = wl.build(spec.run.scale, {**splits.train.meta, "init_seed": spec.run.seed})
+        return cls(spec, Layout(spec.system.replicas), device, wl, wl.spec(spec.run.scale),
+                   splits, model)
+
+    def optimizer(self, params) -> torch.optim.Optimizer:  # noqa: ANN001
+        return make_optimizer(self.scale_spec, params, self.spec.run.lr)
+
+    def steps_per_epoch(self) -> int:
+        n = len(self.splits.train) // self.spec.run.batch_size
+        return n if self.spec.run.max_steps is None else min(n, self.spec.run.max_steps)
+
+
+class Executor:
+    """One worker of a system: ``run_epoch`` trains an epoch and reports it."""
+
+    torch_distributed: ClassVar[bool] = True  # the worker joins a torch.distributed group
+    n_steps: int  # minibatches per epoch, set by the subclass
+
+    def __init__(self, pieces: WorkerPieces) -> None:
+        self.pieces = pieces
+        self.spec, self.layout, self.device = pieces.spec, pieces.layout, pieces.device
+        self.run, self.system = pieces.spec.run, pieces.spec.system
+        self.rank = pieces.spec.rank
+        self.wl, self.scale_spec, self.splits = pieces.workload, pieces.scale_spec, pieces.splits
+
+    def run_epoch(self, epoch: int) -> EpochReport:
+        raise NotImplementedError
+
+    def start_epoch(self, epoch: int, stage: int, replica: int) -> EpochReport:
+        """Seed this rank's epoch, set its sample order and open its report."""
+        torch.manual_seed(dropout_seed(self.run.seed, epoch, self.rank))
+        self.order = epoch_order(len(self.splits.train), self.run.seed, epoch)
+        return EpochReport(self.rank, stage, replica)
+
+    def check_injected_failure(self, minibatch: int) -> None:
+        if self.run.fail_at is not None and self.run.fail_at == (self.rank, minibatch):
+            raise RuntimeError(f"injected failure at minibatch {minibatch}")
+
+    def mark_warm(self, report: EpochReport, minibatch: int) -> None:
+        """Stamp the end of the warm-up once minibatch ``minibatch`` (of the first epoch's
+        count) completes the run's ``warmup_steps``."""
+        if minibatch == min(self.n_steps, self.run.warmup_steps) - 1:
+            report.warm_done_at = time.time()
+
+    def synchronize(self) -> None:
+        """Wait for the device (CUDA kernels run asynchronously) before reading a clock."""
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    def close_report(self, report: EpochReport, module: torch.nn.Module) -> EpochReport:
+        report.end_at = time.time()
+        report.peak_memory = _peak_memory_bytes(self.device)
+        report.state = {k: v.detach().cpu().clone() for k, v in module.state_dict().items()}
+        return report
+
+
+def worker_main(spec: WorkerSpec, control, results) -> None:  # noqa: ANN001 - queues
+    """A worker process: build the pieces, then one epoch per ``("epoch", k)`` message
+    until ``("stop",)``. Errors are reported with their traceback, then the worker exits
+    non-zero so the launcher stops everyone."""
+    try:
+        _serve(spec, control, results)
+    except BaseException:  # report, then die non-zero: the launcher stops everyone
+        results.put(("error", spec.rank, traceback.format_exc()))
+        raise SystemExit(1) from None
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def _serve(spec: WorkerSpec, control, results) -> None:  # noqa: ANN001
+    torch.set_num_threads(spec.run.threads)
+    device = torch.device("cpu")
+    if spec.run.device == "cuda":  # one GPU per local rank; NCCL below
+        device = torch.device(f"cuda:{spec.local_rank % max(1, torch.cuda.device_count())}")
+        torch.cuda.set_device(device)
+    module_name, cls_name = spec.system.executor.split(":")
+    executor_cls = getattr(importlib.import_module(module_name), cls_name)
+    if executor_cls.torch_distributed:  # Horovod brings its own
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo",
+                                init_method=spec.init_method, rank=spec.rank,
+                                world_size=sum(spec.system.replicas),
+                                timeout=datetime.timedelta(seconds=spec.run.timeout_s))
+    executor = executor_cls(WorkerPieces.build(spec, device))
+    while True:  # between epochs the launcher evaluates: wait long, but not forever (a
+        # worker whose launcher was killed must not linger)
+        msg = control.get(timeout=max(3600.0, 4 * spec.run.timeout_s))
+        if msg[0] == "stop":
+            return
+        results.put(("epoch", spec.rank, executor.run_epoch(msg[1])))

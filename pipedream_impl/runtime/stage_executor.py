@@ -1,0 +1,268 @@
+"""The PipeDream worker: executes its action list of a schedule on a real process.
+
+One executor for every pipeline schedule: it walks ``Schedule.actions[rank]`` and does what
+each action says (receive, forward with a weight version, send, backward, all-reduce,
+step); it holds no scheduling logic. Communication goes through ``comm.Comm`` (counted
+bytes, timeouts); weight versions through ``weight_stash.WeightStore``.
+
+Inputs and targets: only stage 0 reads the inputs of a minibatch; the last stage reads its
+targets itself through the same deterministic sampler (``workloads.recipe.epoch_order``
+with the same seed and epoch), so targets never travel with the activations.
+
+Weight modes: ``stash`` and ``vertical-sync`` keep the forward's autograd graph (built over
+the version's snapshot) until the backward; ``none`` (naive pipelining) runs the forward
+with the current weights and, at backward time, recomputes it with the then-current
+weights on the stored input, so the gradient mixes versions as naive pipelining does.
+A forward with no update before its own backward on that worker (every GPipe forward, the
+last stage's in 1F1B) and using the current weights runs on the module itself, without a
+snapshot: the weights cannot change under its graph. Gradients accumulate (on snapshots or
+the module) until the all-reduce or update reads them, once per update.
+
+Gradient clipping, where a workload asks for it, is applied per stage (a global norm would
+need another all-reduce across stages). Parameters tied across two stages (AWD-LM's
+embedding and decoder) are rejected with a clear error: their copies would drift apart.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+
+import torch
+from torch import Tensor
+from torch.func import functional_call
+
+from core.errors import WorkloadError
+from pipedream_impl.runtime.comm import Comm
+from pipedream_impl.runtime.contract import EpochReport, Executor, WorkerPieces
+from pipedream_impl.runtime.weight_stash import WeightStore
+from pipedream_impl.schedule import Action, Schedule, gpipe, one_f_one_b
+from workloads.base import Batch
+from workloads.recipe import microbatch
+
+__all__ = ["StageExecutor", "check_ties"]
+
+
+class StageExecutor(Executor):
+    """One stage replica: its module, optimizer, weight versions and the action handlers."""
+
+    def __init__(self, pieces: WorkerPieces) -> None:
+        super().__init__(pieces)
+        layout, system = self.layout, self.system
+        self.comm = Comm(self.rank, self.device, self.run.timeout_s, self.wl.static_shapes)
+        for s, r in enumerate(layout.replicas):  # every rank creates every group, same order
+            if r > 1:
+                self.comm.group(tuple(layout.rank(s, i) for i in range(r)))
+        self.stage, self.replica = layout.stage_of(self.rank)
+        self.last = self.stage == len(layout.replicas) - 1
+        check_ties(pieces.model, system.bounds)
+        a, b = system.bounds[self.stage]
+        self.module = pieces.model.stage(a, b).to(self.device).train()
+        self.params = list(self.module.parameters())
+        self.optimizer = pieces.optimizer(self.params)
+        self.store = WeightStore(self.module, layout.replicas[self.stage],
+                                 system.weights == "vertical-sync")
+        self.replica_ranks = tuple(layout.rank(self.stage, i)
+                                   for i in range(layout.replicas[self.stage]))
+        n = pieces.steps_per_epoch()
+        self.n_steps = n - n % math.lcm(*layout.replicas)  # same count on every replica
+        self.m = system.microbatches
+        self.naive = system.weights == "none" or system.recompute  # no graph kept from F to B
+        self.handlers = {"RF": self._recv_forward, "F": self._forward, "SF": self._send_forward,
+                         "RB": self._recv_backward, "B": self._backward,
+                         "SB": self._send_backward, "A": self._allreduce, "U": self._update}
+
+    def schedule(self) -> Schedule:
+        if self.system.schedule == "flush":
+            return gpipe(self.layout, self.n_steps, self.m)
+        return one_f_one_b(self.layout, self.n_steps, self.system.weights,
+                           self.system.in_flight)
+
+    def run_epoch(self, epoch: int) -> EpochReport:
+        acts = self.begin_epoch(epoch)
+        for pos, act in enumerate(acts):
+            self.step(act, pos)
+        return self.finish_epoch()
+
+    def begin_epoch(self, epoch: int) -> tuple[Action, ...]:
+        """Set up an epoch; returns this rank's actions (``step`` runs them in order).
+        ``run_epoch`` is begin, every step, finish; ``pipedream_impl.runtime.local`` interleaves the
+        steps of all ranks in one process with the same calls."""
+        acts = self.schedule().actions[self.rank]
+        self.report = self.start_epoch(epoch, self.stage, self.replica)
+        self.base = self.store.version  # schedule versions count from the epoch's start
+        self.future_f = [self.base + v for v in _future_versions(acts)]
+        self.direct = _direct_forwards(acts)
+        self.inflight: dict[int, dict] = {}
+        self.grads: list[Tensor] | None = None  # gathered at A/U, summed over microbatches
+        self.pending: dict[int, dict] = {}  # snapshots holding not yet gathered gradients
+        self.act_bytes_peak = 0
+        return acts
+
+    def step(self, act: Action, pos: int) -> None:
+        t0 = time.perf_counter()
+        waited = self.handlers[act.kind](act, pos)
+        self.synchronize()
+        dt = time.perf_counter() - t0
+        self.report.action_s[act.kind] = self.report.action_s.get(act.kind, 0.0) + dt
+        if waited:
+            self.report.idle_s += dt
+        else:
+            self.report.busy_s += dt
+
+    def finish_epoch(self) -> EpochReport:
+        self.comm.flush()
+        r = self.report
+        r.payload, r.header = dict(self.comm.stats.payload), dict(self.comm.stats.header)
+        r.allreduce_bytes = self.comm.stats.allreduce
+        r.stash_weight_bytes = self.store.peak_bytes
+        r.stash_activation_bytes = self.act_bytes_peak
+        return self.close_report(r, self.module)
+
+    def _batch(self, unit: int) -> Batch:
+        return microbatch(self.splits.train, self.wl, self.order, unit // self.m,
+                          unit % self.m, self.run.batch_size, self.m)
+
+    # Each handler returns True when its time was spent waiting on others (idle).
+    def _recv_forward(self, act: Action, pos: int) -> bool:
+        inputs = self.comm.recv(act.peer, "F")
+        self.inflight[act.mb] = {"x": tuple(t.requires_grad_(t.is_floating_point())
+                                            for t in inputs)}
+        return True
+
+    def _recv_backward(self, act: Action, pos: int) -> bool:
+        self.inflight[act.mb]["g"] = self.comm.recv(act.peer, "B")
+        return True
+
+    def _gather_grads(self) -> list[Tensor]:
+        """The gradients accumulated since the last update: on the snapshots the backwards
+        used (stash/vertical sync) or on the module itself (naive, recompute)."""
+        if self.grads is None:
+            snaps = list(self.pending.values())
+            if snaps and all(p.grad is None for p in self.params):
+                self.grads = self.store.take_grads(snaps.pop())
+            else:  # naive/recompute and direct forwards accumulate on the module
+                self.grads = [p.grad if p.grad is not None else torch.zeros_like(p)
+                              for p in self.params]
+            for snap in snaps:
+                for g, new in zip(self.grads, self.store.take_grads(snap), strict=True):
+                    g += new
+            self.pending = {}
+        return self.grads
+
+    def _allreduce(self, act: Action, pos: int) -> bool:
+        self.comm.allreduce_mean(self._gather_grads(), self.replica_ranks)
+        return True
+
+    def _forward(self, act: Action, pos: int) -> bool:
+        k = act.mb
+        self.check_injected_failure(k)
+        rec = self.inflight.setdefault(k, {})
+        if self.stage == 0:  # only stage 0 reads inputs
+            rec["x"] = tuple(t.to(self.device) for t in self._batch(k).inputs)
+        if self.naive:
+            with torch.no_grad():
+                out = self.module(rec["x"])
+        elif pos in self.direct and self.base + act.version == self.store.version:
+            out = self.module(rec["x"])  # current weights, unchanged until its backward
+        else:
+            rec["snap"] = self.store.params(self.base + act.version)
+            out = functional_call(self.module, rec["snap"], (rec["x"],))
+        if self.last:  # the last stage reads its targets through the same sampler
+            rec["targets"] = self._batch(k).targets.to(self.device)
+            if not self.naive:
+                rec["loss"] = self.wl.loss(out, rec["targets"]) / self.m
+        rec["out"] = out
+        self.act_bytes_peak = max(self.act_bytes_peak, _held_bytes(self.inflight))
+        return False
+
+    def _send_forward(self, act: Action, pos: int) -> bool:
+        self.comm.send(self.inflight[act.mb]["out"], act.peer, "F")
+        if self.naive:
+            del self.inflight[act.mb]["out"]
+        return False
+
+    def _backward(self, act: Action, pos: int) -> bool:
+        rec = self.inflight[act.mb]
+        if self.naive:  # recompute with the current weights
+            out = self.module(rec["x"])
+            roots = (self.wl.loss(out, rec["targets"]) / self.m,) if self.last else out
+        else:
+            roots = (rec["loss"],) if self.last else rec["out"]
+        if self.last:
+            self.report.losses.append(float(roots[0].detach()) * self.m)
+            torch.autograd.backward(roots[0])
+        else:
+            floats = [o for o in roots if o.is_floating_point()]
+            pairs = [(o, g) for o, g in zip(floats, rec["g"], strict=True) if o.requires_grad]
+            torch.autograd.backward([o for o, _ in pairs], [g for _, g in pairs])
+        if "snap" in rec:  # gradients accumulate on the snapshot until A/U reads them
+            self.pending[id(rec["snap"])] = rec["snap"]
+        if self.stage == 0:
+            del self.inflight[act.mb]  # nothing to send back
+        return False
+
+    def _send_backward(self, act: Action, pos: int) -> bool:
+        rec = self.inflight.pop(act.mb)
+        self.comm.send(tuple(t.grad if t.grad is not None else torch.zeros_like(t)
+                             for t in rec["x"] if t.is_floating_point()), act.peer, "B")
+        return False
+
+    def _update(self, act: Action, pos: int) -> bool:
+        for p, g in zip(self.params, self._gather_grads(), strict=True):
+            p.grad = g
+        if self.scale_spec.grad_clip is not None:
+            torch.nn.utils.clip_grad_norm_(self.params, self.scale_spec.grad_clip)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.grads = None
+        self.store.after_update(self.future_f[pos])
+        if self.last:
+            self.mark_warm(self.report, act.mb // self.m)
+        return False
+
+
+def _future_versions(acts) -> list[int]:  # noqa: ANN001
+    """For each position, the oldest version a later forward on this worker uses."""
+    out, oldest = [0] * len(acts), 1 << 60
+    for i in range(len(acts) - 1, -1, -1):
+        out[i] = oldest
+        if acts[i].kind == "F":
+            oldest = min(oldest, acts[i].version)
+    return out
+
+
+def _direct_forwards(acts) -> set[int]:  # noqa: ANN001
+    """Positions of forwards with no update before their backward: when such a forward
+    uses the current weights it can run on the module itself (no snapshot, no
+    functional_call), since those weights are still current at its backward."""
+    direct, open_f = set(), {}
+    for i, a in enumerate(acts):
+        if a.kind == "F":
+            open_f[a.mb] = i
+            direct.add(i)
+        elif a.kind == "B":
+            open_f.pop(a.mb, None)
+        elif a.kind == "U":
+            direct -= set(open_f.values())
+    return direct
+
+
+def _held_bytes(inflight: dict) -> int:
+    total = 0
+    for rec in inflight.values():
+        for key in ("x", "out"):
+            for t in rec.get(key, ()):
+                total += t.numel() * t.element_size()
+    return total
+
+
+def check_ties(model: torch.nn.Module, bounds: tuple[tuple[int, int], ...]) -> None:
+    owner: dict[int, int] = {}
+    for s, (a, b) in enumerate(bounds):
+        for layer in model.layers[a:b]:
+            for p in layer.parameters():
+                if owner.setdefault(id(p), s) != s:
+                    raise WorkloadError("this split puts a tied parameter (e.g. AWD-LM's "
+                                        "embedding/decoder) on two stages; the runtime does "
+                                        "not synchronise tied copies: keep them in one stage")
