@@ -3,7 +3,7 @@
 VENV := .venv
 PY := $(VENV)/bin/python
 
-.PHONY: install demo test lint clean
+.PHONY: install demo test test-fast lint clean
 
 install:
 	@./scripts/bootstrap.sh
@@ -17,6 +17,11 @@ demo: install
 test: install
 	$(VENV)/bin/ruff check .
 	$(PY) -m pytest
+
+# the unit tier (no worker processes, no CLI subprocesses): under 2 minutes here
+test-fast: install
+	$(VENV)/bin/ruff check .
+	$(PY) -m pytest -m "not multiprocess and not cli"
 
 lint: install
 	$(VENV)/bin/ruff check .

@@ -16,6 +16,8 @@ from torch.nn.parallel import DistributedDataParallel
 
 from baselines.data_parallel import DataParallelExecutor
 
+__all__ = ["DDPExecutor"]
+
 
 class DDPExecutor(DataParallelExecutor):
     def _wrap(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer):  # noqa: ANN202

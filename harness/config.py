@@ -11,6 +11,8 @@ from harness import systems
 from pipedream_impl.schedule import WEIGHT_MODES
 from workloads.base import SCALES
 
+__all__ = ["RunConfig"]
+
 
 @dataclass(frozen=True)
 class RunConfig:

@@ -95,7 +95,7 @@ SIMULATED = tuple(s for s in SYSTEMS if s.sim is not None)
 # the simulator's validation runs one system per simulated schedule (DDP for data
 # parallelism: it runs in our launcher's processes); the paper's tables simulate these
 VALIDATED = ("pipedream", "gpipe", "model-parallel", "ddp")
-PAPER = {"pipedream": "pipedream", "gpipe": "gpipe", "data-parallel": "ddp"}
+PAPER = {"planned": "pipedream", "flush": "gpipe", "data-parallel": "ddp"}
 
 
 def names(systems: tuple[System, ...] = SYSTEMS) -> tuple[str, ...]:

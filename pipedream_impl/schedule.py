@@ -46,6 +46,9 @@ from dataclasses import dataclass
 
 from core.errors import ScheduleError
 
+__all__ = ["Action", "Layout", "Schedule", "TickCosts", "WEIGHT_MODES", "gpipe", "grid",
+           "interleave", "one_f_one_b", "parse_action", "simulate", "validate", "warmup_count"]
+
 WEIGHT_MODES = ("stash", "vertical-sync", "none")
 _ACTION = re.compile(r"^(RF|SF|RB|SB|F|B|A|U)(\d+)(?:v(\d+))?(?:([<>])(\d+))?$")
 

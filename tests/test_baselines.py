@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from baselines.peers import check_peer_boundaries
-from core.errors import WorkloadError
+from core.errors import UserInputError, WorkloadError
 from harness.config import RunConfig
 from harness.experiments.bench import BenchRow, checks
 from harness.experiments.compare import system_config
@@ -41,6 +41,7 @@ def _assert_same(a: torch.nn.Module, b: torch.nn.Module) -> None:
         assert torch.allclose(pa, pb, rtol=1e-4, atol=1e-5), (na, (pa - pb).abs().max())
 
 
+@pytest.mark.multiprocess
 @pytest.mark.parametrize("system", ["ddp", "horovod"])
 def test_data_parallel_equals_single_process_on_the_global_batch_and_counts_ring_bytes(
         splits, sequential, system: str) -> None:
@@ -64,6 +65,7 @@ def test_data_parallel_equals_single_process_on_the_global_batch_and_counts_ring
     assert all(not p.is_alive() for p in dp.launcher.procs)
 
 
+@pytest.mark.multiprocess
 def test_horovod_worker_error_reaches_the_launcher(splits) -> None:
     from pipedream_impl.runtime.launcher import PipelineFailure
 
@@ -77,6 +79,7 @@ def test_horovod_worker_error_reaches_the_launcher(splits) -> None:
     assert all(not p.is_alive() for p in hvd.launcher.procs)
 
 
+@pytest.mark.multiprocess
 @pytest.mark.parametrize("system", ["torch-gpipe", "torch-1f1b", "deepspeed-pipe"])
 def test_peer_engine_equals_single_process_on_whole_minibatches(splits, sequential,
                                                                 system: str) -> None:
@@ -138,5 +141,5 @@ def test_one_rule_gives_every_compared_system_its_config(tmp_path) -> None:  # n
         cfg = system_config(base, system, plan)
         assert (cfg.workers, cfg.threads) == (2, 1)
         assert cfg.plan == (None if system == "horovod" else plan)
-    with pytest.raises(WorkloadError, match="no comparison knows"):
+    with pytest.raises(UserInputError, match="unknown system 'mystery'"):
         system_config(base, "mystery", None)

@@ -11,6 +11,8 @@ import pytest
 
 from harness.reporting import tracking
 
+pytestmark = pytest.mark.cli
+
 PIPEBENCH = [sys.executable, "-m", "harness.cli"]
 
 

@@ -21,6 +21,8 @@ HEAVY = ("torch", "mlflow", "torchvision", "deepspeed", "horovod")
 _PROBE = """
 import json, sys
 from harness.cli import main
+
+pytestmark = pytest.mark.cli
 try:
     main()
 except SystemExit as e:

@@ -20,9 +20,16 @@ def test_horovod_torch_imports_and_check_build_lists_pytorch_and_gloo() -> None:
     assert re.search(r"\[X\] Gloo", out), out
 
 
-def test_torch_is_the_pinned_build() -> None:
-    import torch
-    import torchvision
-
-    assert torch.__version__.startswith("2.14.1")
-    assert torchvision.__version__.startswith("0.29.1")
+def test_the_bootstrap_installs_the_versions_requirements_pin() -> None:
+    """scripts/bootstrap.sh keys the Horovod wheel cache and the DeepSpeed build by the torch
+    version it names; requirements.txt installs torch. They must name the same version, or
+    the cached Horovod would be linked against another torch."""
+    root = Path(__file__).resolve().parents[1]
+    boot = (root / "scripts" / "bootstrap.sh").read_text()
+    reqs = (root / "requirements.txt").read_text()
+    torch_boot = re.search(r"^TORCH_VERSION=(\S+)", boot, re.M).group(1)
+    torch_req = re.search(r"^torch==(\S+)", reqs, re.M).group(1)
+    assert torch_boot == torch_req
+    horovod_boot = re.search(r"^HOROVOD_VERSION=(\S+)", boot, re.M).group(1)
+    pyproject = (root / "pyproject.toml").read_text()
+    assert f'"horovod=={horovod_boot}"' in pyproject

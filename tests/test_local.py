@@ -40,11 +40,12 @@ def test_in_process_run_follows_pipedreams_update_rule() -> None:
     assert len(reports[-1].losses) == STEPS
     costs = action_costs(reports, executors)
     for stage, rep in enumerate(reports):
-        assert set(costs[stage]) >= {"F", "B", "U"}
-        # mean cost x count of each kind adds up to the time the report measured
-        counts = {k: sum(a.kind == k for a in sched.actions[stage]) for k in costs[stage]}
-        total = sum(costs[stage][k] * counts[k] for k in costs[stage])
-        assert total == pytest.approx(rep.busy_s + rep.idle_s, rel=1e-9)
+        # every kind of action in the stage's schedule ran and was timed, and nothing else:
+        # stage 0 receives no forward and sends no gradient, the last stage the reverse
+        kinds = {a.kind for a in sched.actions[stage]}
+        assert set(costs[stage]) == set(rep.action_s) == kinds
+        assert ("RF" in kinds) == (stage > 0) and ("SF" in kinds) == (stage < 2)
+        assert all(costs[stage][k] > 0 for k in kinds)
     # the messages each stage sent: its output forward, its input's gradient backward
     msgs = typical_messages(executors)
     assert set(msgs) == {(0, "F"), (1, "F"), (1, "B"), (2, "B")}

@@ -14,6 +14,8 @@ from pipedream_impl.schedule import Layout, one_f_one_b
 from tests.pipeline_reference import simulate_pipedream, single_process_reference
 from workloads.registry import get
 
+pytestmark = pytest.mark.multiprocess
+
 WL = get("vgg16")
 STEPS = 6
 

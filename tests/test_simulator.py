@@ -239,6 +239,7 @@ def test_reproduce_rows_quote_the_paper_and_simulate_our_plan() -> None:
     assert out[1][10:13] == ["1.00x", "1.00x", "0%"]
 
 
+@pytest.mark.cli
 def test_simulate_cli_rejects_an_unknown_system(tmp_path: Path) -> None:
     import subprocess
     import sys

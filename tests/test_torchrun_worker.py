@@ -7,7 +7,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from pipedream_impl.planner.plan import Plan, Stage
+
+pytestmark = pytest.mark.multiprocess
 
 
 def test_two_ranks_under_torchrun_train_and_report(tmp_path: Path) -> None:

@@ -39,6 +39,10 @@ from workloads.base import (
 )
 from workloads.metrics import perplexity
 
+__all__ = ["AWD_LM", "CORPUS", "Embed", "SOURCES", "TiedDecoder", "WeightDropLSTM", "build",
+           "default_data", "evaluate_perplexity", "lm_loss", "load_data", "locked_dropout",
+           "tied_parameters"]
+
 
 def locked_dropout(x: Tensor, p: float, training: bool) -> Tensor:
     """One dropout mask per sequence, shared over time. ``x`` is [B, T, C]."""

@@ -20,6 +20,10 @@ from torch import Tensor, nn
 
 from core.errors import WorkloadError
 
+__all__ = ["Batch", "DataSplits", "Dataset", "Flatten", "Layer", "LayerModel", "SCALES",
+           "ScaleSpec", "TensorData", "Workload", "Wrap", "classification_loss", "count_parameters",
+           "cross_entropy_tokens", "run_layers"]
+
 Tuple = tuple[Tensor, ...]
 
 SCALES = ("tiny", "small", "full")

@@ -25,6 +25,9 @@ from torch import Tensor
 from core.errors import WorkloadError
 from workloads.base import Batch, Dataset, DataSplits, TensorData
 
+__all__ = ["CIFAR_MEAN", "CIFAR_STD", "IMAGENET_MEAN", "IMAGENET_STD", "ImageFolderData",
+           "SPLIT_SEED", "cifar10", "digits", "image_batch", "image_folder", "load_images"]
+
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
 CIFAR_MEAN = (0.4914, 0.4822, 0.4465)

@@ -37,6 +37,9 @@ from torch import Tensor
 from core.errors import WorkloadError
 from workloads.base import Batch, Dataset, DataSplits, TensorData
 
+__all__ = ["SPECIALS", "SYNTH_SEED", "msvd", "pad_source", "pad_targets", "seq2seq_batch",
+           "strip_tokens", "synthetic_captions", "synthetic_translation", "wmt16"]
+
 PAD, UNK, BOS, EOS = 0, 1, 2, 3
 SPECIALS = ["<pad>", "<unk>", "<s>", "</s>"]
 SYNTH_SEED = 8

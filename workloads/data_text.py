@@ -29,6 +29,8 @@ from torch import Tensor
 from core.errors import WorkloadError
 from workloads.base import Batch, Dataset, DataSplits, TensorData
 
+__all__ = ["MARKOV_SEED", "MarkovSource", "lm_batch", "markov", "ptb", "read_ptb_tokens", "windows"]
+
 MARKOV_SEED = 1150
 
 

@@ -15,6 +15,8 @@ from workloads.base import Dataset, LayerModel
 from workloads.data_seq2seq import BOS, PAD, strip_tokens
 from workloads.metrics import bleu, meteor
 
+__all__ = ["decode_split", "evaluate_bleu", "evaluate_meteor", "greedy"]
+
 
 @torch.no_grad()
 def greedy(model: LayerModel, src: Tensor, tgt_len: int) -> Tensor:

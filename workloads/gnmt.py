@@ -33,6 +33,10 @@ from workloads.base import (
 )
 from workloads.decode import evaluate_bleu
 
+__all__ = ["BahdanauAttention", "Classifier", "DecoderEmbed", "DecoderLSTM", "EncoderBiLSTM",
+           "EncoderLSTM", "GNMT16", "GNMT8", "RecurrentAttention", "SrcEmbed", "build_layers",
+           "seq_loss"]
+
 
 class SrcEmbed(Layer):
     def __init__(self, vocab: int, hidden: int, dropout: float) -> None:

@@ -18,6 +18,8 @@ from torch import Tensor
 
 from core.errors import WorkloadError
 
+__all__ = ["bleu", "meteor", "perplexity", "top1"]
+
 
 def top1(logits: Tensor, labels: Tensor) -> float:
     """Fraction of rows whose arg-max equals the label."""

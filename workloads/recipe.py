@@ -16,6 +16,9 @@ from torch import nn
 
 from workloads.base import Batch, Dataset, DataSplits, ScaleSpec, Workload
 
+__all__ = ["dropout_seed", "epoch_order", "load_splits", "make_optimizer", "microbatch",
+           "minibatch", "peak_memory_bytes"]
+
 
 def make_optimizer(spec: ScaleSpec, params: Iterator[nn.Parameter] | list,
                    lr: float | None = None) -> torch.optim.Optimizer:

@@ -9,6 +9,8 @@ from workloads.gnmt import GNMT8, GNMT16
 from workloads.s2vt import S2VT
 from workloads.vision import RESNET50, VGG16
 
+__all__ = ["ALIASES", "WORKLOADS", "get"]
+
 WORKLOADS: dict[str, Workload] = {w.name: w for w in (VGG16, RESNET50, GNMT8, GNMT16, AWD_LM,
                                                        S2VT)}
 ALIASES = {"vgg-16": "vgg16", "resnet-50": "resnet50", "gnmt": "gnmt8", "gnmt-8": "gnmt8",

@@ -21,6 +21,9 @@ from workloads.base import DataSplits, Layer, LayerModel, ScaleSpec, Tuple, Work
 from workloads.decode import evaluate_meteor
 from workloads.gnmt import seq_loss
 
+__all__ = ["FrameProjection", "LanguageLSTM", "S2VT", "VisualLSTM", "WordClassifier", "build",
+           "default_data", "load_data", "parameter_formula"]
+
 
 class FrameProjection(Layer):
     def __init__(self, feat_dim: int, emb: int, dropout: float) -> None:

@@ -30,6 +30,9 @@ from workloads.base import (
 )
 from workloads.metrics import top1
 
+__all__ = ["RESNET50", "VGG16", "VGG16_CFG", "build_resnet50", "build_vgg16", "evaluate_top1",
+           "resnet_layers_of"]
+
 VGG16_CFG = [64, 64, "M", 128, 128, "M", 256, 256, 256, "M", 512, 512, 512, "M",
              512, 512, 512, "M"]
 

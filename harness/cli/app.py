@@ -36,7 +36,7 @@ def emit(text: str, output: str | None) -> None:
 
 def command_line() -> str:
     """The command as the user typed it (recorded in generated reports)."""
-    return command_line()
+    return " ".join(["pipebench"] + sys.argv[1:])
 
 
 def main() -> None:

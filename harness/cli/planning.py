@@ -9,6 +9,8 @@ import typer
 from core.errors import UserInputError
 from harness.cli.app import app, console
 
+__all__ = ["plan", "planner_table", "profile", "schedule"]
+
 
 @app.command()
 def schedule(

@@ -10,6 +10,8 @@ from core.errors import UserInputError
 from harness import systems as system_registry
 from harness.cli.app import app, command_line, console, emit
 
+__all__ = ["reproduce", "simulate"]
+
 
 @app.command()
 def simulate(
@@ -18,7 +20,7 @@ def simulate(
     cluster: Annotated[str, typer.Option(help="A:4x4, B:2x8, C:4x1, 4x4 or 16")] = "A:4x4",
     system: Annotated[str, typer.Option(help=", ".join(
         n for s in system_registry.SIMULATED for n in (s.name, *s.aliases)))]
-    = system_registry.PAPER["pipedream"],
+    = system_registry.PAPER["planned"],
     config: Annotated[str | None, typer.Option(help="replicas per stage, e.g. 15-1")] = None,
     plan_path: Annotated[str | None, typer.Option("--plan", help="plan JSON")] = None,
     stages: Annotated[int | None, typer.Option(help="gpipe/mp: pipeline depth (default: "

@@ -9,6 +9,8 @@ import typer
 from harness import systems as system_registry
 from harness.cli.app import app, command_line, console, emit
 
+__all__ = ["bench", "compare_run", "run", "workloads"]
+
 
 @app.command()
 def workloads() -> None:
@@ -108,7 +110,7 @@ def compare_run(
     from harness.reporting.progress import Progress
 
     names = tuple(s.strip() for s in systems.split(",") if s.strip())
-    base = RunConfig(system=system_registry.PAPER["pipedream"], workload=workload,
+    base = RunConfig(system=system_registry.PAPER["planned"], workload=workload,
                      scale=scale, epochs=epochs,
                      target=target, data=data, batch_size=batch_size, seed=seed,
                      threads=threads, device=device, max_steps_per_epoch=max_steps,
@@ -156,7 +158,7 @@ def bench(
     from harness.experiments import bench as bench_lib
     from harness.reporting.progress import Progress
 
-    base = RunConfig(system=system_registry.PAPER["pipedream"], workload=workload,
+    base = RunConfig(system=system_registry.PAPER["planned"], workload=workload,
                      scale=scale, epochs=epochs,
                      batch_size=batch_size, threads=threads, device=device,
                      experiment=experiment, workers=workers, microbatches=microbatches)

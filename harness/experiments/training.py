@@ -25,6 +25,9 @@ from harness.reporting.progress import Progress
 from workloads.base import Batch, Dataset, DataSplits, LayerModel, ScaleSpec, Workload
 from workloads.recipe import dropout_seed, epoch_order, make_optimizer, minibatch
 
+__all__ = ["EpochStats", "RunSummary", "SingleTrainer", "minibatches", "resolve_device",
+           "run_training", "train_step"]
+
 
 @dataclass
 class EpochStats:

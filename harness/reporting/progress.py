@@ -13,6 +13,8 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeRemainingColumn
 from rich.progress import Progress as RichProgress
 
+__all__ = ["Progress", "quiet"]
+
 
 class Progress:
     def __init__(self, enabled: bool = True, console: Console | None = None) -> None:

@@ -27,7 +27,7 @@ from pipedream_impl.planner.cluster import parse_cluster
 from pipedream_impl.planner.plan import plan_profile
 from pipedream_impl.profiling.profile import Profile, load_profile
 
-_PD, _GP, _DP = PAPER["pipedream"], PAPER["gpipe"], PAPER["data-parallel"]
+_PD, _GP, _DP = PAPER["planned"], PAPER["flush"], PAPER["data-parallel"]
 SHARED = {"VGG-16": "vgg16", "ResNet-50": "resnet50", "GNMT-8": "gnmt", "GNMT-16": "gnmt_large",
           "Inception-v3": "inception_v3"}
 OWN = {"S2VT": ("s2vt", 16), "AWD-LM": ("awd-lm", 16)}  # (workload, batch) profiled here

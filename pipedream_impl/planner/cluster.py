@@ -21,6 +21,8 @@ from dataclasses import dataclass
 
 from core.errors import UserInputError
 
+__all__ = ["Cluster", "DEFAULT_BANDWIDTHS", "Level", "PRESETS", "parse_bandwidth", "parse_cluster"]
+
 PRESETS: dict[str, tuple[float, float]] = {  # (intra-server, inter-server) bytes/s
     "A": (15.75e9, 10e9 / 8),
     "B": (150e9, 25e9 / 8),

@@ -21,6 +21,8 @@ from pathlib import Path
 from core.errors import GraphFormatError
 from pipedream_impl.profiling.graph import Graph, Node, read_graph
 
+__all__ = ["Profile", "infer_batch_size", "load_profile", "save_profile"]
+
 
 @dataclass(frozen=True)
 class Profile:

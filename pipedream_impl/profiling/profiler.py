@@ -25,6 +25,9 @@ from pipedream_impl.profiling.graph import Graph, Node
 from pipedream_impl.profiling.profile import Profile
 from workloads.base import Batch, LayerModel, Workload
 
+__all__ = ["layer_parameter_bytes", "profile_layers", "profile_workload", "tensor_bytes",
+           "whole_step_ms"]
+
 
 def tensor_bytes(tensors: tuple[Tensor, ...]) -> list[float]:
     return [float(t.numel() * t.element_size()) for t in tensors]

@@ -28,6 +28,8 @@ from pipedream_impl.runtime.contract import EpochReport, WorkerPieces, WorkerSpe
 from pipedream_impl.runtime.stage_executor import StageExecutor
 from pipedream_impl.schedule import Action, interleave
 
+__all__ = ["LocalComm", "action_costs", "local_executors", "run_local", "typical_messages"]
+
 
 class LocalComm:
     """``Comm``'s interface over a shared mailbox (no process group)."""

@@ -34,6 +34,8 @@ from pipedream_impl.runtime.contract import (
     worker_main,
 )
 
+__all__ = ["FileSink", "ScriptedControl", "main"]
+
 
 class ScriptedControl:
     """What the launcher would say: run epochs 0..n-1, then stop."""

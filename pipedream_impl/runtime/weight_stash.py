@@ -20,6 +20,8 @@ from __future__ import annotations
 
 from torch import Tensor, nn
 
+__all__ = ["WeightStore"]
+
 
 class WeightStore:
     def __init__(self, module: nn.Module, step_size: int, keep_history: bool) -> None:

@@ -1,0 +1,83 @@
+"""The layout's rules, read off the source: imports go down the layers only, and each
+system name lives in the registry (harness/systems.py) alone."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+from harness import systems
+
+ROOT = Path(__file__).resolve().parents[1]
+# each package and the packages of ours it must never import (lower layers first)
+FORBIDDEN = {
+    "core": ("workloads", "pipedream_impl", "baselines", "harness", "torch", "mlflow"),
+    "workloads": ("pipedream_impl", "baselines", "harness", "mlflow"),
+    "pipedream_impl": ("baselines", "harness", "mlflow"),
+    "baselines": ("harness", "mlflow"),
+}
+# string constants that equal a system name but name something else
+NOT_A_SYSTEM = {("harness/sim/reproduce.py", "gpipe"),  # `pipebench reproduce gpipe`: a table
+                ("harness/cli/simulation.py", "gpipe"),
+                ("pipedream_impl/schedule.py", "gpipe")}  # the schedule function gpipe()
+
+
+def _sources(package: str) -> list[Path]:
+    return sorted((ROOT / package).rglob("*.py"))
+
+
+def _imported(path: Path) -> set[str]:
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            out.update(a.name.split(".")[0] for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            out.add(node.module.split(".")[0])
+    return out
+
+
+def test_lower_layers_never_import_upper_ones() -> None:
+    bad = [(str(p.relative_to(ROOT)), sorted(_imported(p) & set(banned)))
+           for package, banned in FORBIDDEN.items() for p in _sources(package)
+           if _imported(p) & set(banned)]
+    assert bad == []
+
+
+def test_the_rule_sees_an_upward_import(tmp_path: Path) -> None:
+    """The check can fail: a nested import of harness is found."""
+    f = tmp_path / "x.py"
+    f.write_text("def f():\n    from harness.systems import get\n")
+    assert "harness" in _imported(f)
+
+
+def test_each_system_name_appears_in_the_registry_only() -> None:
+    names = {n for s in systems.SYSTEMS for n in (s.name, *s.aliases)}
+    found = []
+    for package in ("core", "workloads", "pipedream_impl", "baselines", "harness"):
+        for p in _sources(package):
+            rel = str(p.relative_to(ROOT))
+            if rel == "harness/systems.py":
+                continue
+            for node in ast.walk(ast.parse(p.read_text())):
+                if (isinstance(node, ast.Constant) and node.value in names
+                        and (rel, node.value) not in NOT_A_SYSTEM):
+                    found.append((rel, node.lineno, node.value))
+    assert found == []
+
+
+def test_every_module_says_why_it_exists_and_lists_its_public_names() -> None:
+    missing_doc, missing_all = [], []
+    for package in ("core", "workloads", "pipedream_impl", "baselines", "harness"):
+        for p in _sources(package):
+            tree = ast.parse(p.read_text())
+            if not ast.get_docstring(tree) and p.name != "__init__.py":
+                missing_doc.append(str(p.relative_to(ROOT)))
+            defines = any(isinstance(n, (ast.FunctionDef, ast.ClassDef))
+                          and not n.name.startswith("_") for n in tree.body)
+            lists = any(isinstance(n, ast.Assign) and any(
+                isinstance(t, ast.Name) and t.id == "__all__" for t in n.targets)
+                for n in tree.body)
+            if defines and not lists:
+                missing_all.append(str(p.relative_to(ROOT)))
+    assert missing_doc == []
+    assert missing_all == []
