@@ -16,13 +16,12 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 PROFILES = ROOT.parent / "shared" / "pipedream-profiles"
+pytestmark = pytest.mark.cli
 HEAVY = ("torch", "mlflow", "torchvision", "deepspeed", "horovod")
 
 _PROBE = """
 import json, sys
 from harness.cli import main
-
-pytestmark = pytest.mark.cli
 try:
     main()
 except SystemExit as e:

@@ -1,0 +1,60 @@
+"""harness/systems.py: the registry resolves to real classes and answers every question."""
+
+from __future__ import annotations
+
+import importlib
+
+import pytest
+
+from core.errors import UserInputError
+from harness import systems
+from harness.config import RunConfig
+from pipedream_impl.runtime.contract import Executor
+from pipedream_impl.runtime.launcher import Launcher
+
+
+def _load(ref: str) -> type:
+    module, cls = ref.split(":")
+    return getattr(importlib.import_module(module), cls)
+
+
+@pytest.mark.parametrize("system", systems.SYSTEMS, ids=lambda s: s.name)
+def test_every_entry_names_an_executor_and_a_launcher_that_exist(system) -> None:
+    if not system.multi_process:
+        assert system.executor is None and system.launcher is None
+        return
+    if "horovod" in system.executor:
+        pytest.importorskip("horovod.torch")
+    assert issubclass(_load(system.executor), Executor)
+    assert issubclass(_load(system.launcher), Launcher)
+    assert system.kind in ("pipeline", "data-parallel")
+    if system.kind == "pipeline" and system.executor.endswith("StageExecutor"):
+        assert system.schedule in ("1f1b", "flush")
+
+
+def test_names_and_aliases_are_unique_and_resolve() -> None:
+    all_names = [n for s in systems.SYSTEMS for n in (s.name, *s.aliases)]
+    assert len(all_names) == len(set(all_names))
+    for s in systems.SIMULATED:
+        for n in (s.name, *s.aliases):
+            assert systems.simulated(n) is s
+    with pytest.raises(UserInputError, match="unknown system 'fsdp'"):
+        systems.get("fsdp")
+    with pytest.raises(UserInputError, match="unknown simulated system"):
+        systems.simulated("torch-1f1b")  # a peer engine has no simulated schedule
+
+
+def test_named_choices_are_registered_systems() -> None:
+    for name in (*systems.VALIDATED, *systems.PAPER.values()):
+        assert systems.get(name).sim is not None
+    sims = {systems.get(n).sim for n in systems.VALIDATED}
+    assert sims == {s.sim for s in systems.SIMULATED}  # one run per simulated schedule
+
+
+def test_run_config_checks_come_from_the_registry(tmp_path) -> None:
+    one = next(s for s in systems.SYSTEMS if not s.multi_process)
+    with pytest.raises(UserInputError, match="runs one worker"):
+        RunConfig(system=one.name, workload="vgg16", workers=2)
+    for s in systems.SYSTEMS:
+        if s.multi_process:
+            assert RunConfig(system=s.name, workload="vgg16", workers=2).definition is s
