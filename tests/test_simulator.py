@@ -228,8 +228,8 @@ def test_reproduce_rows_quote_the_paper_and_simulate_our_plan() -> None:
     from harness.sim import reproduce as rp
     from pipedream_impl.planner.plan import plan_profile
 
-    row = rp.PaperRow("VGG-16", "A:1x4", "2-1-1", 2.13, 0.90)
-    dp_row = rp.PaperRow("VGG-16", "A:1x4", "4", 1.00, 0.0)
+    row = rp.PaperRow("VGG-16", "A:1x4", "2-1-1", 2.13, "", "", "vgg16", 0.90)
+    dp_row = rp.PaperRow("VGG-16", "A:1x4", "4", 1.00, "", "", "vgg16", 0.0)
     src = rp.ProfileSource(str(PROFILES), quiet())
     out = rp.table_rows((row, dp_row), src, 64, quiet())
     assert out[0][3:6] == ["2-1-1", "2.13x", "90%"]

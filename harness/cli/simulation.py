@@ -98,6 +98,7 @@ def reproduce(
     from pathlib import Path
 
     from harness.reporting.progress import Progress
+    from harness.sim import paper
     from harness.sim import reproduce as rp
 
     progress = Progress(enabled=not quiet)
@@ -113,7 +114,7 @@ def reproduce(
                                  "pipebench-validation", progress)
         text = markdown(rows, machine, command)
     elif table in ("table1", "other-tasks"):
-        rows = rp.table_rows(rp.TABLE1 if table == "table1" else rp.OTHER_TASKS,
+        rows = rp.table_rows(paper.TABLE1 if table == "table1" else paper.OTHER_TASKS,
                              rp.ProfileSource(profiles, progress, cpu_profiles),
                              minibatches, progress)
         title = ("Table 1: speedup and communication vs data parallelism" if table == "table1"

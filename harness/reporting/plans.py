@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 from rich.table import Table
 
+from core.markdown import markdown_table
 from harness.reporting.units import fmt_bytes
+from harness.sim.paper import planner_rows
 from pipedream_impl.planner.cluster import parse_cluster
 from pipedream_impl.planner.plan import Plan, plan_profile
 from pipedream_impl.profiling.profile import load_profile
+
+__all__ = ["DISCUSSION", "plan_table", "planner_markdown"]
 
 
 def plan_table(plan: Plan) -> Table:
@@ -41,38 +44,10 @@ def plan_table(plan: Plan) -> Table:
     return t
 
 
-@dataclass(frozen=True)
-class PaperRow:
-    model: str  # directory under --profiles
-    label: str
-    cluster: str
-    paper_config: str
-    paper_speedup_dp: str  # as the paper reports it ("" when not reported)
-    source: str
-
-
-# The configurations the PipeDream paper (SOSP'19) reports. Table 1 (speedup over data
-# parallelism) and the epoch-time discussion (section 5) give different VGG-16 rows.
-PAPER_ROWS = (
-    PaperRow("vgg16", "VGG-16", "A:1x4", "2-1-1", "2.13x (Table 1)", "Table 1, 4 machines"),
-    PaperRow("vgg16", "VGG-16", "A:2x4", "7-1", "2.99x (Table 1)", "Table 1, 8 machines"),
-    PaperRow("vgg16", "VGG-16", "A:4x4", "9-5-1-1", "3.00x (Table 1)", "Table 1, 16 machines"),
-    PaperRow("vgg16", "VGG-16", "A:4x4", "15-1", "5.28x (epoch time)", "Sec. 5.2, Cluster-A"),
-    PaperRow("vgg16", "VGG-16", "B:2x8", "15-1", "2.98x (epoch time)", "Sec. 5.2, Cluster-B"),
-    PaperRow("vgg16", "VGG-16", "B:1x8", "7-1", "5.12x (Table 1)", "Table 1, Cluster-B"),
-    PaperRow("resnet50", "ResNet-50", "A:4x4", "16", "1.00x", "Sec. 5.2"),
-    PaperRow("resnet50", "ResNet-50", "B:2x8", "16", "1.00x", "Sec. 5.2"),
-    PaperRow("gnmt", "GNMT-8", "A:1x4", "straight", "1.5x", "Sec. 5.2"),
-    PaperRow("gnmt", "GNMT-8", "A:3x4", "straight", "2.95x", "Sec. 5.2"),
-    PaperRow("gnmt", "GNMT-8", "B:2x8", "16", "1.00x", "Sec. 5.2"),
-    PaperRow("gnmt_large", "GNMT-16", "A:1x4", "straight", "1.46x", "Sec. 5.2"),
-    PaperRow("gnmt_large", "GNMT-16", "A:4x4", "straight", "2.34x", "Sec. 5.2"),
-    PaperRow("gnmt_large", "GNMT-16", "B:2x8", "straight", "3.14x", "Sec. 5.2"),
-    PaperRow("inception_v3", "Inception-v3", "A:2x4", "8", "1.00x (Table 1)", "Table 1"),
-    PaperRow("inception_v3", "Inception-v3", "B:1x8", "7-1", "1.45x (Table 1)", "Table 1"),
-    PaperRow("alexnet", "AlexNet", "A:1x4", "", "", "not in the paper's tables"),
-    PaperRow("alexnet", "AlexNet", "A:2x4", "", "", "not in the paper's tables"),
-)
+_PLAN_COLUMNS = ("model", "cluster", "paper config", "paper speedup vs DP",
+                 "pipedream-2019 config", "predicted vs DP", "pipebench config",
+                 "predicted vs DP", "predicted vs 1 worker", "comm. vs DP", "states",
+                 "solve time")
 
 
 def planner_markdown(profiles: Path, command: str) -> str:
@@ -90,14 +65,10 @@ def planner_markdown(profiles: Path, command: str) -> str:
         "first, replicas per stage; `straight` = unreplicated pipeline; a single number = "
         "data parallelism.",
         "",
-        "| model | cluster | paper config | paper speedup vs DP | pipedream-2019 config |"
-        " predicted vs DP | pipebench config | predicted vs DP | predicted vs 1 worker |"
-        " comm. vs DP | states | solve time |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
-    slowest = 0.0
-    for row in PAPER_ROWS:
-        prof = load_profile(profiles / row.model / "graph.txt")
+    rows, slowest = [], 0.0
+    for row in planner_rows():
+        prof = load_profile(profiles / row.profile / "graph.txt")
         cluster = parse_cluster(row.cluster)
         plans, times = {}, {}
         for model in ("pipedream-2019", "pipebench"):
@@ -106,14 +77,14 @@ def planner_markdown(profiles: Path, command: str) -> str:
             times[model] = time.perf_counter() - t0
         a, b = plans["pipedream-2019"], plans["pipebench"]
         comm = b.predicted["bytes_per_sample"] / b.predicted["bytes_per_sample_data_parallel"]
-        lines.append(
-            f"| {row.label} | {row.cluster} | {row.paper_config or '-'} | "
-            f"{row.paper_speedup_dp or '-'} | {a.config_label} | "
-            f"{a.predicted['speedup_vs_data_parallel']:.2f}x | {b.config_label} | "
-            f"{b.predicted['speedup_vs_data_parallel']:.2f}x | "
-            f"{b.predicted['speedup_vs_one_worker']:.2f}x | {_less_or_more(comm)} | "
-            f"{b.state_method} | {max(times.values()):.2f} s |")
+        rows.append((
+            row.label, row.cluster, row.config or "-", row.quoted or "-", a.config_label,
+            f"{a.predicted['speedup_vs_data_parallel']:.2f}x", b.config_label,
+            f"{b.predicted['speedup_vs_data_parallel']:.2f}x",
+            f"{b.predicted['speedup_vs_one_worker']:.2f}x", _less_or_more(comm),
+            b.state_method, f"{max(times.values()):.2f} s"))
         slowest = max(slowest, max(times.values()))
+    lines += markdown_table(_PLAN_COLUMNS, rows)
     lines += ["", f"Slowest solve in this table: {slowest:.2f} s (both cost models, two-level "
               "clusters included).", ""]
     lines += _solve_times(profiles)
@@ -125,9 +96,8 @@ def _solve_times(profiles: Path) -> list[str]:
     """Every shared profile on 16 workers in two levels (A:4x4) and flat (16)."""
     lines = ["## Solve time of every shared profile on 16 workers", "",
              "Default cost model; time = reading graph.txt + states + DP + plan, measured "
-             "here. The original optimizer takes minutes on the larger graphs.", "",
-             "| profile | nodes | states (A:4x4) | A:4x4 config | A:4x4 solve | 16 (flat) solve |",
-             "|---|---|---|---|---|---|"]
+             "here. The original optimizer takes minutes on the larger graphs.", ""]
+    rows = []
     for d in sorted(p for p in profiles.iterdir() if (p / "graph.txt").exists()):
         row = []
         for cluster in ("A:4x4", "16"):
@@ -136,9 +106,10 @@ def _solve_times(profiles: Path) -> list[str]:
             plan = plan_profile(prof, parse_cluster(cluster))
             row.append((plan, time.perf_counter() - t0))
         (two, t_two), (_, t_flat) = row
-        lines.append(f"| {d.name} | {len(prof.layers)} | {two.state_method} | "
-                     f"{two.config_label} | {t_two:.2f} s | {t_flat:.2f} s |")
-    return lines
+        rows.append((d.name, len(prof.layers), two.state_method, two.config_label,
+                     f"{t_two:.2f} s", f"{t_flat:.2f} s"))
+    return lines + markdown_table(("profile", "nodes", "states (A:4x4)", "A:4x4 config",
+                                   "A:4x4 solve", "16 (flat) solve"), rows)
 
 
 def _less_or_more(ratio: float) -> str:

@@ -17,59 +17,25 @@ shared V100 ResNet-50 profile's. That is a crude stand-in for a GPU profile and 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 
+from core.collectives import ring_factor
 from core.errors import UserInputError
+from core.markdown import markdown_table
+from harness.sim.paper import GPIPE_MODELS, GPIPE_SLOWDOWN, ROWS, PaperRow
 from harness.sim.simulator import layout_for, simulate_system
 from harness.systems import PAPER
 from pipedream_impl.planner.cluster import parse_cluster
 from pipedream_impl.planner.plan import plan_profile
 from pipedream_impl.profiling.profile import Profile, load_profile
 
+__all__ = ["EXPLANATION", "GPIPE_COLUMNS", "GPIPE_EXPLANATION", "GPIPE_NOTE", "OWN", "PLOTS",
+           "ProfileSource", "SHARED", "TABLE_COLUMNS", "TABLE_NOTE", "gpipe_rows", "markdown",
+           "plot", "table_rows"]
+
 _PD, _GP, _DP = PAPER["planned"], PAPER["flush"], PAPER["data-parallel"]
-SHARED = {"VGG-16": "vgg16", "ResNet-50": "resnet50", "GNMT-8": "gnmt", "GNMT-16": "gnmt_large",
-          "Inception-v3": "inception_v3"}
+SHARED = {r.label: r.profile for r in ROWS if r.profile is not None}  # label -> folder
 OWN = {"S2VT": ("s2vt", 16), "AWD-LM": ("awd-lm", 16)}  # (workload, batch) profiled here
-
-
-@dataclass(frozen=True)
-class PaperRow:
-    model: str
-    cluster: str  # our cluster spec
-    paper_config: str  # "straight", "16" (data parallel) or replicas per stage
-    paper_speedup: float
-    paper_comm_reduction: float | None = None  # fraction, Table 1 only
-
-
-TABLE1 = (
-    PaperRow("VGG-16", "A:1x4", "2-1-1", 2.13, 0.90),
-    PaperRow("VGG-16", "A:2x4", "7-1", 2.99, 0.95),
-    PaperRow("VGG-16", "A:4x4", "9-5-1-1", 3.00, 0.91),
-    PaperRow("VGG-16", "B:1x8", "7-1", 5.12, 0.95),
-    PaperRow("Inception-v3", "A:2x4", "8", 1.00, 0.0),
-    PaperRow("Inception-v3", "B:1x8", "7-1", 1.45, 0.47),
-    PaperRow("S2VT", "C:4x1", "2-1-1", 3.01, 0.95),
-)
-OTHER_TASKS = (  # the epoch-time table
-    PaperRow("VGG-16", "A:4x4", "15-1", 5.28),
-    PaperRow("VGG-16", "B:2x8", "15-1", 2.98),
-    PaperRow("ResNet-50", "A:4x4", "16", 1.00),
-    PaperRow("ResNet-50", "B:2x8", "16", 1.00),
-    PaperRow("GNMT-8", "A:1x4", "straight", 1.50),
-    PaperRow("GNMT-8", "A:3x4", "straight", 2.95),
-    PaperRow("GNMT-8", "B:2x8", "16", 1.00),
-    PaperRow("GNMT-16", "A:1x4", "straight", 1.46),
-    PaperRow("GNMT-16", "A:4x4", "straight", 2.34),
-    PaperRow("GNMT-16", "B:2x8", "straight", 3.14),
-    PaperRow("AWD-LM", "A:1x4", "straight", 4.25),
-)
-# Versus GPipe: GPipe's slowdown relative to PipeDream, at PipeDream's depth and at the
-# maximum depth (one stage per worker), on Clusters A and B
-GPIPE_PAPER = {("A", "pipedream depth"): 0.55, ("B", "pipedream depth"): 0.71,
-               ("A", "max depth"): 0.35, ("B", "max depth"): 0.42}
-GPIPE_MODELS = (("GNMT-16", "A:4x4"), ("GNMT-16", "B:2x8"), ("VGG-16", "A:4x4"),
-                ("VGG-16", "B:2x8"))
 
 
 class ProfileSource:
@@ -202,12 +168,12 @@ def table_rows(rows: tuple[PaperRow, ...], source: ProfileSource, minibatches: i
                progress) -> list[list[str]]:  # noqa: ANN001
     out = []
     for r in rows:
-        progress.note(f"{r.model} on {r.cluster}")
-        prof, prov, factor = source.get(r.model)
+        progress.note(f"{r.label} on {r.cluster}")
+        prof, prov, factor = source.get(r.label)
         ours = _speedups(prof, r.cluster, factor, None, minibatches)
-        theirs = _speedups(prof, r.cluster, factor, r.paper_config, minibatches)
-        comm = "" if r.paper_comm_reduction is None else f"{100 * r.paper_comm_reduction:.0f}%"
-        out.append([r.model, r.cluster, prov, r.paper_config, f"{r.paper_speedup:.2f}x", comm,
+        theirs = _speedups(prof, r.cluster, factor, r.config, minibatches)
+        comm = "" if r.comm_reduction is None else f"{100 * r.comm_reduction:.0f}%"
+        out.append([r.label, r.cluster, prov, r.config, f"{r.speedup:.2f}x", comm,
                     _label(str(ours["config"])), f"{ours['vs_dp']:.2f}x",
                     f"{ours['vs_dp_flat']:.2f}x", f"{round(100 * ours['comm']):d}%",
                     f"{theirs['vs_dp']:.2f}x", f"{theirs['vs_dp_flat']:.2f}x",
@@ -237,7 +203,7 @@ def gpipe_rows(source: ProfileSource, minibatches: int, progress) -> list[list[s
                                   ("max depth", cl.workers)):
             gp = _gpipe_with_copies(prof, cl, depth, minibatches, factor)
             slow = 1 - gp / pd.throughput_samples_s
-            paper = GPIPE_PAPER[(spec[0], depth_name)]
+            paper = GPIPE_SLOWDOWN[(spec[0], depth_name)]
             out.append([model, spec, prov, plan.config if len(plan.config) < 25 else
                         plan.config[:21] + "...", depth_name, str(depth),
                         f"{100 * paper:.0f}% slower", f"{100 * slow:.0f}% "
@@ -265,16 +231,14 @@ def _gpipe_with_copies(prof: Profile, cl, depth: int, minibatches: int,  # noqa:
 
         bw = cl.levels[-1].bandwidth if len(cl.levels) > 1 else cl.levels[0].bandwidth
         biggest = max(s.parameter_bytes for s in stage_costs(prof, groups))
-        t += 2 * (copies - 1) / copies * biggest / bw
+        t += ring_factor(copies) * biggest / bw
     return copies * one.batch_size / t
 
 
 def markdown(title: str, note: str, columns: tuple[str, ...], rows: list[list[str]],
              command: str) -> str:
-    lines = [f"# {title}", "", f"Generated by `{command}`.", "", note, "",
-             "| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
-    lines += ["| " + " | ".join(c.replace("|", "/") for c in row) + " |" for row in rows]
-    return "\n".join(lines) + "\n"
+    lines = [f"# {title}", "", f"Generated by `{command}`.", "", note, ""]
+    return "\n".join(lines + markdown_table(columns, rows)) + "\n"
 
 
 TABLE_NOTE = (

@@ -45,12 +45,17 @@ import math
 from collections import defaultdict
 from dataclasses import dataclass, field
 
+from core.collectives import ring_factor
 from core.errors import UserInputError
 from harness import systems
 from pipedream_impl.planner.cluster import Cluster
-from pipedream_impl.planner.plan import Plan
+from pipedream_impl.planner.plan import Plan, min_max_split
 from pipedream_impl.profiling.profile import Profile, infer_batch_size
 from pipedream_impl.schedule import Action, Layout, Schedule, gpipe, one_f_one_b, simulate
+
+__all__ = ["ClusterCosts", "MachineModel", "SimResult", "StageCost", "Topology", "build_schedule",
+           "config_groups", "gantt", "layout_for", "memory_per_worker", "plan_groups",
+           "simulate_system", "stage_costs"]
 
 
 @dataclass(frozen=True)
@@ -228,9 +233,9 @@ class ClusterCosts:
         else:  # ring bytes per rank, as the planner models them; time measured or modelled
             rings = self.topology.ring_levels(ranks)
             for lv, k in rings:
-                self.bytes_per_level[lv] += 2 * (k - 1) / k * nbytes
+                self.bytes_per_level[lv] += ring_factor(k) * nbytes
             dur = fit[0] + fit[1] * nbytes if fit is not None else sum(
-                2 * (k - 1) / k * nbytes / self.cluster.levels[lv].bandwidth
+                ring_factor(k) * nbytes / self.cluster.levels[lv].bandwidth
                 + 2 * (k - 1) * self.latency for lv, k in rings)
         if self.overlap:  # hidden behind the backward that produced the gradients
             dur = max(0.0, dur - self.compute(ranks[0], Action("B", 0)))
@@ -369,29 +374,14 @@ def gantt(result: SimResult, path: str, title: str = "") -> None:
     plt.close(fig)
 
 
-def topological_ids(profile: Profile) -> list[str]:
-    """Node ids in a topological order (file order among ready nodes)."""
-    g = profile.graph()
-    indeg = {n: len(g.in_edges.get(n, [])) for n in g.nodes}
-    order, ready = [], [n for n in g.nodes if indeg[n] == 0]
-    while ready:
-        n = ready.pop(0)
-        order.append(n)
-        for m in g.edges.get(n, []):
-            indeg[m] -= 1
-            if indeg[m] == 0:
-                ready.append(m)
-    return order
-
-
 def config_groups(profile: Profile, replicas: tuple[int, ...],
                   cluster: Cluster) -> list[tuple[str, ...]]:
     """Contiguous stages (topological order) for a fixed config that minimise the slowest
     stage under the simulator's own costs: (compute + its hierarchical all-reduce) / r,
     or the transfer of the live activations into it and their gradients back, whichever
-    is longer. An exact DP over cut positions (O(S L^2))."""
+    is longer (``min_max_split``: an exact DP over cut positions)."""
     g = profile.graph()
-    ids = topological_ids(profile)
+    ids = g.topological_order()
     n, k = len(ids), len(replicas)
     if k > n:
         raise UserInputError(f"config has {k} stages but the profile has {n} layers")
@@ -410,33 +400,19 @@ def config_groups(profile: Profile, replicas: tuple[int, ...],
     ar = []  # seconds per byte of one all-reduce for each stage's replica set
     for i, r in enumerate(replicas):
         ranks = tuple(range(offsets[i], offsets[i] + r))
-        ar.append(sum(2 * (kk - 1) / kk / cluster.levels[lv].bandwidth
+        ar.append(sum(ring_factor(kk) / cluster.levels[lv].bandwidth
                       for lv, kk in topo.ring_levels(ranks)) if r > 1 else 0.0)
     inf = float("inf")
-    best = [[inf] * (n + 1) for _ in range(k + 1)]
-    cut = [[0] * (n + 1) for _ in range(k + 1)]
-    best[0][0] = 0.0
-    for i in range(1, k + 1):
-        r = replicas[i - 1]
-        bw_in = cluster.levels[topo.level(offsets[i - 1] - 1, offsets[i - 1])].bandwidth \
-            if i > 1 else inf
-        links = min(r, replicas[i - 2]) if i > 1 else 1
-        for b in range(i, n - (k - i) + 1):
-            for a in range(i - 1, b):
-                if best[i - 1][a] == inf:
-                    continue
-                t = (comp[b] - comp[a] + ar[i - 1] * (par[b] - par[a])) / r
-                if i > 1:
-                    t = max(t, 2 * live[a] / bw_in / links)
-                t = max(best[i - 1][a], t)
-                if t < best[i][b]:
-                    best[i][b], cut[i][b] = t, a
-    bounds, b = [], n
-    for i in range(k, 0, -1):
-        a = cut[i][b]
-        bounds.append((a, b))
-        b = a
-    return [tuple(ids[a:b]) for a, b in reversed(bounds)]
+    bw_in = [inf] + [cluster.levels[topo.level(offsets[i] - 1, offsets[i])].bandwidth
+                     for i in range(1, k)]  # the link into each stage
+    links = [1] + [min(replicas[i], replicas[i - 1]) for i in range(1, k)]
+
+    def slowest(i: int, a: int, b: int) -> float:
+        t = (comp[b] - comp[a] + ar[i] * (par[b] - par[a])) / replicas[i]
+        return max(t, 2 * live[a] / bw_in[i] / links[i]) if i > 0 else t
+
+    bounds = min_max_split(n, k, slowest)
+    return [tuple(ids[a:b]) for a, b in bounds]
 
 
 def layout_for(profile: Profile, cluster: Cluster, system: str, config: str | None = None,

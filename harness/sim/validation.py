@@ -43,6 +43,7 @@ from pathlib import Path
 
 import torch
 
+from core.markdown import markdown_table
 from harness import systems as registry_of_systems
 from harness.config import RunConfig
 from harness.reporting.progress import Progress
@@ -53,6 +54,9 @@ from pipedream_impl.profiling.profile import Profile
 from pipedream_impl.profiling.profiler import profile_workload
 from workloads import registry
 from workloads.recipe import load_splits
+
+__all__ = ["ValidationRow", "markdown", "measure_allreduce", "measure_link", "measure_transfers",
+           "measured_actions", "validate"]
 
 
 @dataclass
@@ -392,13 +396,11 @@ def markdown(rows: list[ValidationRow], machine: dict[str, float], command: str)
             w = k.split(".", 1)[1]
             lines.append(f"gloo all-reduce among {w}: {v * 1e3:.2f} ms + "
                          f"{machine[f'allreduce_s_per_byte.{w}'] * 1e9:.2f} ns per byte.")
-    lines += ["", "| workload | system | workers | config | measured samples/s | "
-              "simulated samples/s | error | action costs per stage (ms per unit) |",
-              "|---|---|---|---|---|---|---|---|"]
-    for r in rows:
-        lines.append(f"| {r.workload} | {r.system} | {r.workers} | {r.config} | "
-                     f"{r.measured:.0f} | {r.simulated:.0f} | {100 * r.error:+.0f}% | "
-                     f"{r.actions} |")
+    lines += [""] + markdown_table(
+        ("workload", "system", "workers", "config", "measured samples/s",
+         "simulated samples/s", "error", "action costs per stage (ms per unit)"),
+        [(r.workload, r.system, r.workers, r.config, f"{r.measured:.0f}",
+          f"{r.simulated:.0f}", f"{100 * r.error:+.0f}%", r.actions) for r in rows])
     for w in sorted({r.workers for r in rows}):
         errs = [abs(r.error) for r in rows if r.workers == w]
         within = sum(e <= 0.10 for e in errs)

@@ -42,6 +42,8 @@ import numpy as np
 
 from pipedream_impl.profiling.graph import Graph
 
+__all__ = ["MAX_STATES", "States", "build_states", "coarsen", "prepare"]
+
 
 @dataclass(frozen=True)
 class States:
@@ -84,7 +86,7 @@ class _Bits:
                 self.out[self.index[a]] |= 1 << self.index[b]
         self.pred = [0] * n
         self.succ = [0] * n
-        order = self._topo(g)
+        order = [self.index[n] for n in g.topological_order()]
         for v in order:
             for b in g.edges.get(self.ids[v], []):
                 bi = self.index[b]
@@ -94,21 +96,6 @@ class _Bits:
                 bi = self.index[b]
                 self.succ[v] |= self.succ[bi] | (1 << bi)
         self._frontier: dict[int, int] = {}
-
-    def _topo(self, g: Graph) -> list[int]:
-        indeg = {n: len(g.in_edges.get(n, [])) for n in g.nodes}
-        queue = deque(n for n in g.nodes if indeg[n] == 0)
-        order = []
-        while queue:
-            n = queue.popleft()
-            order.append(self.index[n])
-            for b in g.edges.get(n, []):
-                indeg[b] -= 1
-                if indeg[b] == 0:
-                    queue.append(b)
-        if len(order) != len(self.ids):
-            raise ValueError("the layer graph has a cycle")
-        return order
 
     def frontier(self, a: int) -> int:
         """Predecessors of a whose outputs also go somewhere outside pred(a) + {a}."""

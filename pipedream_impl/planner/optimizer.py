@@ -72,8 +72,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from core.collectives import ring_factor
 from pipedream_impl.planner.antichain import States
 from pipedream_impl.planner.cluster import Cluster
+
+__all__ = ["COST_MODELS", "INF", "LevelSolution", "MAX_STATES_MULTI_LEVEL", "Solution",
+           "allreduce_time", "data_parallel_time", "effective_params", "range_tables", "solve",
+           "solve_level"]
 
 COST_MODELS = ("pipebench", "pipedream-2019")
 INF = np.inf
@@ -95,7 +100,7 @@ def allreduce_time(model: str, replicas: int | np.ndarray, params: np.ndarray,
     r = np.asarray(replicas, dtype=float)
     if model == "pipedream-2019":
         return 4.0 * (r - 1) * params / (bandwidth * r)
-    return 2.0 * (r - 1) / r * params / bandwidth
+    return ring_factor(r) * params / bandwidth
 
 
 def range_tables(states: States) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:

@@ -27,8 +27,10 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
+from core.collectives import ring_factor
 from core.errors import UserInputError
 from pipedream_impl.planner.antichain import MAX_STATES, States, build_states, coarsen
 from pipedream_impl.planner.cluster import Cluster
@@ -39,6 +41,8 @@ from pipedream_impl.planner.optimizer import (
     solve,
 )
 from pipedream_impl.profiling.profile import Profile, infer_batch_size
+
+__all__ = ["Plan", "Stage", "balanced_bounds", "build_plan", "min_max_split", "plan_profile"]
 
 
 @dataclass(frozen=True)
@@ -152,7 +156,7 @@ def build_plan(sol: Solution, batch_size: int = 0, profile: str = "") -> Plan:
         replicas = math.prod(reps)
         p = states.parameter_bytes[stop] - (states.parameter_bytes[start - 1] if start else 0)
         c = states.compute_s[stop] - (states.compute_s[start - 1] if start else 0)
-        sync = 2.0 * (replicas - 1) / replicas * p
+        sync = ring_factor(replicas) * p
         bytes_mb += sync + (2.0 * states.output_bytes[stop] if stop < len(states) - 1 else 0)
         before = set(states.members[start - 1]) if start else set()
         nodes = tuple(n for n in states.members[stop] if n not in before)
@@ -161,7 +165,7 @@ def build_plan(sol: Solution, batch_size: int = 0, profile: str = "") -> Plan:
     total = float(states.compute_s[-1])
     dp = data_parallel_time(states, cluster, sol.model)
     w = cluster.workers
-    dp_bytes = 2.0 * (w - 1) / w * float(states.parameter_bytes[-1])
+    dp_bytes = ring_factor(w) * float(states.parameter_bytes[-1])
     b = batch_size if batch_size > 0 else 1
     predicted = {"time_per_minibatch_s": sol.time,
                  "throughput_minibatches_per_s": 1.0 / sol.time,
@@ -214,28 +218,38 @@ def plan_profile(profile: Profile, cluster: Cluster, model: str = "pipebench",
     return build_plan(sol, b, profile.source or profile.workload)
 
 
+def min_max_split(n: int, stages: int, cost: Callable[[int, int, int], float]) \
+        -> tuple[tuple[int, int], ...]:
+    """Split items ``0..n-1`` into ``stages`` contiguous non-empty ranges that minimise the
+    largest ``cost(i, a, b)`` (stage ``i`` holding ``[a, b)``): an exact DP over cut
+    positions, O(S n^2). Ties go to the earliest cut."""
+    inf = float("inf")
+    best = [[inf] * (n + 1) for _ in range(stages + 1)]
+    cut = [[0] * (n + 1) for _ in range(stages + 1)]
+    best[0][0] = 0.0
+    for i in range(1, stages + 1):
+        for b in range(i, n - (stages - i) + 1):
+            for a in range(i - 1, b):
+                if best[i - 1][a] == inf:
+                    continue
+                v = max(best[i - 1][a], cost(i - 1, a, b))
+                if v < best[i][b]:
+                    best[i][b], cut[i][b] = v, a
+    bounds, b = [], n
+    for i in range(stages, 0, -1):
+        bounds.append((cut[i][b], b))
+        b = cut[i][b]
+    return tuple(reversed(bounds))
+
+
 def balanced_bounds(layer_ms: list[float],
                     replicas: tuple[int, ...]) -> tuple[tuple[int, int], ...]:
     """Layer ranges for a fixed config (e.g. 2-1-1): minimise max(stage time / replicas)
-    over contiguous splits of a chain (exact DP, O(L^2 S))."""
+    over contiguous splits of a chain."""
     n, s = len(layer_ms), len(replicas)
     if s > n:
         raise UserInputError(f"config has {s} stages but the model has only {n} layers")
     prefix = [0.0]
     for t in layer_ms:
         prefix.append(prefix[-1] + t)
-    inf = float("inf")
-    best = [[inf] * (n + 1) for _ in range(s + 1)]
-    cut = [[0] * (n + 1) for _ in range(s + 1)]
-    best[0][0] = 0.0
-    for i in range(1, s + 1):
-        for j in range(i, n - (s - i) + 1):
-            for k in range(i - 1, j):
-                v = max(best[i - 1][k], (prefix[j] - prefix[k]) / replicas[i - 1])
-                if v < best[i][j]:
-                    best[i][j], cut[i][j] = v, k
-    bounds, j = [], n
-    for i in range(s, 0, -1):
-        bounds.append((cut[i][j], j))
-        j = cut[i][j]
-    return tuple(reversed(bounds))
+    return min_max_split(n, s, lambda i, a, b: (prefix[b] - prefix[a]) / replicas[i])

@@ -17,10 +17,13 @@ original optimizer's output) is accepted and ignored.
 from __future__ import annotations
 
 import re
+from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from core.errors import GraphFormatError
+
+__all__ = ["Graph", "Node", "parse_graph", "parse_node", "read_graph"]
 
 _META = re.compile(r"forward_compute_time=([^,]+), backward_compute_time=([^,]+), "
                    r"activation_size=(\[[^\]]*\]|[^,]+), parameter_size=([^\s,]+)")
@@ -80,6 +83,23 @@ class Graph:
 
     def sinks(self) -> list[str]:
         return [n for n in self.nodes if not self.edges.get(n)]
+
+    def topological_order(self) -> list[str]:
+        """Node ids in a topological order: Kahn's algorithm, ready nodes in file order
+        (the planner's states and the simulator's fixed-config splits both use it)."""
+        indeg = {n: len(self.in_edges.get(n, [])) for n in self.nodes}
+        ready = deque(n for n in self.nodes if indeg[n] == 0)
+        order = []
+        while ready:
+            n = ready.popleft()
+            order.append(n)
+            for b in self.edges.get(n, []):
+                indeg[b] -= 1
+                if indeg[b] == 0:
+                    ready.append(b)
+        if len(order) != len(self.nodes):
+            raise GraphFormatError("the layer graph has a cycle")
+        return order
 
     def is_chain(self) -> bool:
         return all(len(self.edges.get(n, [])) <= 1 and len(self.in_edges.get(n, [])) <= 1

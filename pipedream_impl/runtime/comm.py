@@ -29,6 +29,10 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
+from core.collectives import ring_allreduce_bytes
+
+__all__ = ["Comm", "CommTimeout", "HEADER", "LinkStats", "TAGS"]
+
 HEADER = 64  # int64 slots: enough for 8 tensors of up to 5 dimensions
 _DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64,
            torch.int32, torch.bool, torch.uint8]
@@ -137,7 +141,7 @@ class Comm:
         self._wait(work, f"all-reduce among ranks {ranks}")
         flat /= len(ranks)
         n = len(ranks)
-        self.stats.allreduce += int(2 * (n - 1) / n * flat.numel() * flat.element_size())
+        self.stats.allreduce += int(ring_allreduce_bytes(flat.numel() * flat.element_size(), n))
         pos = 0
         for t in tensors:
             t.copy_(flat[pos:pos + t.numel()].view_as(t))
