@@ -1,4 +1,4 @@
-"""pipedream_impl/torchrun_worker.py: the worker under real torchrun rendezvous (2 ranks)."""
+"""pipedream_impl/runtime/torchrun_worker.py: the worker under real torchrun (2 ranks)."""
 
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ def test_two_ranks_under_torchrun_train_and_report(tmp_path: Path) -> None:
          "pipedream_impl.runtime.torchrun_worker", "--workload", "vgg16", "--plan",
          str(tmp_path / "plan.json"), "--max-steps", "4", "--epochs", "2", "--timeout", "60",
          "--out", str(tmp_path / "out")],
-        capture_output=True, text=True, timeout=300, cwd=Path(__file__).resolve().parents[1])
+        capture_output=True, text=True, timeout=300, cwd=Path(__file__).resolve().parents[3])
     assert r.returncode == 0, r.stderr[-3000:]
     rows = [json.loads(x) for x in (tmp_path / "out" / "rank1.jsonl").read_text().splitlines()]
     assert len(rows) == 2 and len(rows[0]["losses"]) == 4  # 2 epochs x 4 minibatches

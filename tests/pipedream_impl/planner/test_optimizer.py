@@ -1,4 +1,4 @@
-"""pipedream_impl/optimizer.py: the DP against brute force, hand-computed cases, and the
+"""pipedream_impl/planner/optimizer.py: the DP against brute force, hand-computed cases, and the
 properties a cost model must have."""
 
 from __future__ import annotations

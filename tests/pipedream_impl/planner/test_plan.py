@@ -1,4 +1,4 @@
-"""pipedream_impl/plan.py and cluster.py: plan JSON, ranks, configs, cluster parsing."""
+"""pipedream_impl/planner/plan.py and cluster.py: plan JSON, ranks, configs, cluster parsing."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from pipedream_impl.planner.plan import Plan, build_plan, plan_profile
 from pipedream_impl.profiling.graph import Graph, Node
 from pipedream_impl.profiling.profile import Profile, load_profile
 
-SHARED = Path(__file__).resolve().parents[2] / "shared" / "pipedream-profiles"
+SHARED = Path(__file__).resolve().parents[4] / "shared" / "pipedream-profiles"
 
 
 def test_cluster_presets_and_shapes() -> None:

@@ -1,4 +1,4 @@
-"""harness/simulator.py against closed-form times, byte counts and memory."""
+"""harness/sim/simulator.py (and reproduce.py) against closed-form times, byte counts and memory."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from pipedream_impl.planner.cluster import Cluster, Level, parse_cluster
 from pipedream_impl.profiling.graph import Node
 from pipedream_impl.profiling.profile import Profile, load_profile
 
-PROFILES = Path(__file__).resolve().parents[2] / "shared" / "pipedream-profiles"
+PROFILES = Path(__file__).resolve().parents[4] / "shared" / "pipedream-profiles"
 MB = 1e6
 
 

@@ -1,4 +1,4 @@
-"""harness/cli.py end to end: real subprocesses, a real MLflow store, the schema's keys."""
+"""harness/cli end to end: real subprocesses, a real MLflow store, the schema's keys."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""pipedream_impl/graph.py and profile.py: graph.txt and JSON round trips."""
+"""pipedream_impl/profiling/graph.py and profile.py: graph.txt and JSON round trips."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from core.errors import GraphFormatError
 from pipedream_impl.profiling.graph import Node, parse_graph
 from pipedream_impl.profiling.profile import Profile, infer_batch_size, load_profile, save_profile
 
-SHARED = Path(__file__).resolve().parents[2] / "shared" / "pipedream-profiles"
+SHARED = Path(__file__).resolve().parents[4] / "shared" / "pipedream-profiles"
 TEXT = (
     "node1 -- Input -- forward_compute_time=0.000, backward_compute_time=0.000, "
     "activation_size=77070336.0, parameter_size=0.000\n"

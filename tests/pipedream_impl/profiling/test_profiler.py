@@ -1,4 +1,4 @@
-"""pipedream_impl/profiler.py on tiny workloads."""
+"""pipedream_impl/profiling/profiler.py on tiny workloads."""
 
 from __future__ import annotations
 

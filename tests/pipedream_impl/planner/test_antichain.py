@@ -1,4 +1,4 @@
-"""pipedream_impl/antichain.py: branching graphs reduce to valid cuts only."""
+"""pipedream_impl/planner/antichain.py: branching graphs reduce to valid cuts only."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""pipedream_impl/local.py: every rank in one process, with the runtime's own handlers."""
+"""pipedream_impl/runtime/local.py: every rank in one process, with the runtime's own handlers."""
 
 from __future__ import annotations
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[3]
 PROFILES = ROOT.parent / "shared" / "pipedream-profiles"
 pytestmark = pytest.mark.cli
 HEAVY = ("torch", "mlflow", "torchvision", "deepspeed", "horovod")

@@ -1,4 +1,5 @@
-"""pipedream_impl/runtime.py on real gloo processes, against single-process references."""
+"""pipedream_impl/runtime/stage_executor.py and launcher.py on real gloo processes, against
+single-process references."""
 
 from __future__ import annotations
 

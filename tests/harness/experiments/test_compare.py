@@ -1,0 +1,43 @@
+"""harness/experiments/compare.py and bench.py: one rule for every compared system's
+config, and the benchmark's targets read off the right rows."""
+
+from __future__ import annotations
+
+import pytest
+
+from core.errors import UserInputError
+from harness.config import RunConfig
+from harness.experiments.bench import BenchRow, checks
+from harness.experiments.compare import system_config
+
+
+def test_bench_targets_compare_the_right_rows() -> None:
+    rows = [BenchRow("pipedream", samples_per_s=120.0), BenchRow("gpipe", samples_per_s=94.0),
+            BenchRow("torch-gpipe", samples_per_s=100.0),
+            BenchRow("torch-1f1b", samples_per_s=110.0), BenchRow("ddp", samples_per_s=500.0)]
+    got = {what: ok for what, ok, _ in checks(rows)}
+    assert got == {"gpipe >= 0.95x torch-gpipe": False,
+                   "pipedream faster than every flush pipeline": True}
+    rows[1].samples_per_s = 95.0
+    rows[0].samples_per_s = 109.0
+    got = {what: ok for what, ok, _ in checks(rows)}
+    assert got == {"gpipe >= 0.95x torch-gpipe": True,
+                   "pipedream faster than every flush pipeline": False}
+
+
+def test_one_rule_gives_every_compared_system_its_config(tmp_path) -> None:  # noqa: ANN001
+    """compare-run and bench share system_config: single gets one worker and the whole
+    thread budget, data parallelism no plan, every pipeline the plan."""
+    plan = tmp_path / "plan.json"
+    plan.write_text("{}")
+    plan = str(plan)
+    base = RunConfig(system="pipedream", workload="vgg16", scale="tiny", workers=2, threads=1)
+    single = system_config(base, "single", plan, batch_size=8)
+    assert (single.workers, single.threads, single.batch_size) == (1, 2, 8)
+    assert system_config(base, "ddp", plan).plan is None
+    for system in ("gpipe", "torch-1f1b", "pipedream", "horovod"):
+        cfg = system_config(base, system, plan)
+        assert (cfg.workers, cfg.threads) == (2, 1)
+        assert cfg.plan == (None if system == "horovod" else plan)
+    with pytest.raises(UserInputError, match="unknown system 'mystery'"):
+        system_config(base, "mystery", None)
