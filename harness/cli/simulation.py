@@ -41,7 +41,7 @@ def simulate(
     """Simulate a system on a modelled cluster from a profile (same schedules as the
     runtime); print time per minibatch, throughput, utilisation, bytes and memory."""
     from harness.reporting.units import fmt_bytes
-    from harness.sim.simulator import gantt, layout_for, simulate_system
+    from harness.sim.simulator import SimOptions, gantt, layout_for, simulate_system
     from pipedream_impl.planner.cluster import parse_cluster
     from pipedream_impl.planner.plan import Plan
     from pipedream_impl.profiling.profile import load_profile
@@ -49,10 +49,11 @@ def simulate(
     prof = load_profile(profile_path)
     cl = parse_cluster(cluster, bandwidth)
     plan_obj = Plan.from_json(open(plan_path).read()) if plan_path else None
-    groups, replicas, placement, how = layout_for(prof, cl, system, config, plan_obj, stages)
-    r = simulate_system(prof, cl, system, groups, replicas, placement, minibatches,
-                        microbatches, compute_factor, latency, allreduce,
-                        dp_overlap=dp_overlap)
+    layout = layout_for(prof, cl, system, config, plan_obj, stages)
+    how = layout.how
+    r = simulate_system(prof, cl, system, layout, SimOptions(
+        minibatches=minibatches, microbatches=microbatches, compute_factor=compute_factor,
+        latency_s=latency, allreduce=allreduce, dp_overlap=dp_overlap))
     console.print(f"{system} {r.config} on {cl.describe()} ({how}); profile batch "
                   f"{r.batch_size}, {r.minibatches} minibatches simulated")
     console.print(f"time per minibatch {r.time_per_minibatch_s * 1e3:.2f} ms, throughput "

@@ -17,13 +17,14 @@ shared V100 ResNet-50 profile's. That is a crude stand-in for a GPU profile and 
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 from core.collectives import ring_factor
 from core.errors import UserInputError
 from core.markdown import markdown_table
 from harness.sim.paper import GPIPE_MODELS, GPIPE_SLOWDOWN, ROWS, PaperRow
-from harness.sim.simulator import layout_for, simulate_system
+from harness.sim.simulator import SimOptions, layout_for, simulate_system
 from harness.systems import PAPER
 from pipedream_impl.planner.cluster import parse_cluster
 from pipedream_impl.planner.plan import plan_profile
@@ -140,20 +141,17 @@ def _speedups(prof: Profile, cluster_spec: str, factor: float, config: str | Non
               minibatches: int) -> dict[str, float | str]:
     cl = parse_cluster(cluster_spec)
     w = cl.workers
-    dp_groups, dp_reps, _, _ = layout_for(prof, cl, _DP)
-    dp = simulate_system(prof, cl, _DP, dp_groups, dp_reps, minibatches=minibatches,
-                         compute_factor=factor)
-    dp_flat = simulate_system(prof, cl, _DP, dp_groups, dp_reps, minibatches=minibatches,
-                              compute_factor=factor, dp_overlap=False)
+    dp_layout = layout_for(prof, cl, _DP)
+    opts = SimOptions(minibatches=minibatches, compute_factor=factor)
+    dp = simulate_system(prof, cl, _DP, dp_layout, opts)
+    dp_flat = simulate_system(prof, cl, _DP, dp_layout, replace(opts, dp_overlap=False))
     if config and config.isdigit():  # the paper ran data parallelism: 1x by definition
         return {"config": config, "vs_dp": 1.0, "vs_dp_flat": 1.0, "comm": 0.0,
                 "pd_tput": dp.throughput_samples_s}
     if config == "straight":
         config = "-".join(["1"] * w)
     # config None: layout_for plans on the profile and cluster
-    groups, reps, placement, _ = layout_for(prof, cl, _PD, config=config)
-    pd = simulate_system(prof, cl, _PD, groups, reps, placement,
-                         minibatches=minibatches, compute_factor=factor)
+    pd = simulate_system(prof, cl, _PD, layout_for(prof, cl, _PD, config=config), opts)
     return {"config": pd.config, "vs_dp": pd.throughput_samples_s / dp.throughput_samples_s,
             "vs_dp_flat": pd.throughput_samples_s / dp_flat.throughput_samples_s,
             "comm": 1 - pd.bytes_per_sample / dp.bytes_per_sample if dp.bytes_per_sample
@@ -196,9 +194,8 @@ def gpipe_rows(source: ProfileSource, minibatches: int, progress) -> list[list[s
         prof, prov, factor = source.get(model)
         cl = parse_cluster(spec)
         plan = plan_profile(prof, cl)
-        groups, reps, placement, _ = layout_for(prof, cl, _PD, plan=plan)
-        pd = simulate_system(prof, cl, _PD, groups, reps, placement,
-                             minibatches=minibatches, compute_factor=factor)
+        pd = simulate_system(prof, cl, _PD, layout_for(prof, cl, _PD, plan=plan),
+                             SimOptions(minibatches=minibatches, compute_factor=factor))
         for depth_name, depth in (("pipedream depth", len(plan.stages)),
                                   ("max depth", cl.workers)):
             gp = _gpipe_with_copies(prof, cl, depth, minibatches, factor)
@@ -222,15 +219,15 @@ def _gpipe_with_copies(prof: Profile, cl, depth: int, minibatches: int,  # noqa:
     copies = max(1, cl.workers // depth)
     inner = Cluster((Level(depth, cl.levels[0].bandwidth if depth <= cl.levels[0].workers
                            else cl.levels[-1].bandwidth),))
-    groups, reps, _, _ = layout_for(prof, inner, _GP, stages=depth)
-    one = simulate_system(prof, inner, _GP, groups, reps, minibatches=minibatches,
-                          compute_factor=factor)
+    layout = layout_for(prof, inner, _GP, stages=depth)
+    one = simulate_system(prof, inner, _GP, layout,
+                          SimOptions(minibatches=minibatches, compute_factor=factor))
     t = one.time_per_minibatch_s
     if copies > 1:
         from harness.sim.simulator import stage_costs
 
         bw = cl.levels[-1].bandwidth if len(cl.levels) > 1 else cl.levels[0].bandwidth
-        biggest = max(s.parameter_bytes for s in stage_costs(prof, groups))
+        biggest = max(s.parameter_bytes for s in stage_costs(prof, layout.groups))
         t += ring_factor(copies) * biggest / bw
     return copies * one.batch_size / t
 

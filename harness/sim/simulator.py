@@ -281,17 +281,40 @@ def build_schedule(kind: str, replicas: tuple[int, ...], minibatches: int,
     return one_f_one_b(layout, max(n, math.lcm(*replicas)), "stash")
 
 
-def simulate_system(profile: Profile, cluster: Cluster, system: str,
-                    groups: list[tuple[str, ...]], replicas: tuple[int, ...],
-                    placement: list[int] | None = None, minibatches: int = 256,
-                    microbatches: int | None = None, compute_factor: float = 1.0,
-                    latency_s: float = 0.0, allreduce: str = "ring",
-                    optimizer_slots: int = 1, dp_overlap: bool = True,
-                    unit_profiled: bool = False,
-                    machine: MachineModel | None = None) -> SimResult:
-    """Simulate ``minibatches`` of ``system``. ``unit_profiled``: the profile was measured
-    at the unit size (a GPipe microbatch), so no linear scaling; ``machine``: measured
-    facts about the machine simulated (see ``MachineModel``; default: none)."""
+@dataclass(frozen=True)
+class SimLayout:
+    """What runs where: the profile's nodes of each stage, replicas per stage, and the
+    cluster worker of each schedule rank (None: ranks in order)."""
+    groups: list[tuple[str, ...]]
+    replicas: tuple[int, ...]
+    placement: list[int] | None = None
+    how: str = ""  # how it was chosen (for people)
+
+
+@dataclass(frozen=True)
+class SimOptions:
+    """How to simulate: ``unit_profiled``: the profile was measured at the unit size (a
+    GPipe microbatch), so no linear scaling; ``machine``: measured facts about the machine
+    simulated (see ``MachineModel``; default: none)."""
+    minibatches: int = 256
+    microbatches: int | None = None  # flush pipelines (default 4 x stages)
+    compute_factor: float = 1.0  # device speed relative to the profiled one
+    latency_s: float = 0.0  # per message
+    allreduce: str = "ring"  # or "ps"
+    optimizer_slots: int = 1  # optimizer state as copies of the weights
+    dp_overlap: bool = True  # data parallelism: all-reduce overlapped with the backward
+    unit_profiled: bool = False
+    machine: MachineModel | None = None
+
+
+def simulate_system(profile: Profile, cluster: Cluster, system: str, layout: SimLayout,
+                    options: SimOptions | None = None) -> SimResult:
+    """Simulate ``options.minibatches`` of ``system`` (a registry name or alias) laid out
+    as ``layout`` on ``cluster``."""
+    o = options or SimOptions()
+    replicas = layout.replicas
+    minibatches, microbatches, allreduce, machine = (o.minibatches, o.microbatches,
+                                                     o.allreduce, o.machine)
     kind = systems.simulated(system).sim  # registry names and aliases
     if allreduce not in ("ring", "ps"):
         raise UserInputError("--allreduce must be ring or ps")
@@ -301,12 +324,12 @@ def simulate_system(profile: Profile, cluster: Cluster, system: str,
     b = profile.batch_size or infer_batch_size(profile) or 1
     m = (microbatches or 4 * len(replicas)) if kind == "flush" else 1
     sched = build_schedule(kind, replicas, minibatches, m)
-    stages = stage_costs(profile, groups)
-    placement = placement or list(range(sum(replicas)))
-    share = 1.0 if unit_profiled else 1.0 / m
-    costs = ClusterCosts(sched.layout, stages, cluster, placement, share, compute_factor,
-                         latency_s, allreduce,
-                         overlap_allreduce=kind == "data-parallel" and dp_overlap,
+    stages = stage_costs(profile, layout.groups)
+    placement = layout.placement or list(range(sum(replicas)))
+    share = 1.0 if o.unit_profiled else 1.0 / m
+    costs = ClusterCosts(sched.layout, stages, cluster, placement, share, o.compute_factor,
+                         o.latency_s, allreduce,
+                         overlap_allreduce=kind == "data-parallel" and o.dp_overlap,
                          machine=machine)
     timeline = simulate(sched, costs=costs)
     total = max((e for row in timeline for _, e, _ in row), default=0.0)
@@ -329,7 +352,7 @@ def simulate_system(profile: Profile, cluster: Cluster, system: str,
     return SimResult(system, "-".join(map(str, replicas)), n, b, total, steady,
                      b / steady if steady else float("inf"), util,
                      dict(costs.bytes_per_level), moved / (n * b),
-                     memory_per_worker(sched, stages, share, optimizer_slots), timeline,
+                     memory_per_worker(sched, stages, share, o.optimizer_slots), timeline,
                      sched.layout)
 
 
@@ -416,9 +439,8 @@ def config_groups(profile: Profile, replicas: tuple[int, ...],
 
 
 def layout_for(profile: Profile, cluster: Cluster, system: str, config: str | None = None,
-               plan: Plan | None = None, stages: int | None = None) \
-        -> tuple[list[tuple[str, ...]], tuple[int, ...], list[int] | None, str]:
-    """(node groups, replicas, placement, how) for a simulated system.
+               plan: Plan | None = None, stages: int | None = None) -> SimLayout:
+    """The layout of a simulated system.
 
     pipedream: ``plan``, else ``config``, else the planner on this profile and cluster.
     gpipe, mp: unreplicated; ``config``/``plan`` if given, else the planner's straight
@@ -430,7 +452,8 @@ def layout_for(profile: Profile, cluster: Cluster, system: str, config: str | No
     sim = systems.simulated(system)
     if sim.kind == "data-parallel":
         nodes = tuple(profile.graph().nodes)
-        return [nodes], (cluster.workers,), None, "data parallel: whole model per worker"
+        return SimLayout([nodes], (cluster.workers,), None,
+                         "data parallel: whole model per worker")
     if plan is not None:
         groups, replicas, placement = plan_groups(plan)
         how = f"plan ({plan.config})"
@@ -452,4 +475,4 @@ def layout_for(profile: Profile, cluster: Cluster, system: str, config: str | No
     if sim.straight and any(r != 1 for r in replicas):
         raise UserInputError(f"{system} runs unreplicated stages; got "
                             f"{'-'.join(map(str, replicas))}")
-    return groups, replicas, placement, how
+    return SimLayout(groups, replicas, placement, how)

@@ -47,7 +47,13 @@ from core.markdown import markdown_table
 from harness import systems as registry_of_systems
 from harness.config import RunConfig
 from harness.reporting.progress import Progress
-from harness.sim.simulator import MachineModel, plan_groups, simulate_system
+from harness.sim.simulator import (
+    MachineModel,
+    SimLayout,
+    SimOptions,
+    plan_groups,
+    simulate_system,
+)
 from pipedream_impl.planner.cluster import Cluster, Level
 from pipedream_impl.planner.plan import plan_profile
 from pipedream_impl.profiling.profile import Profile
@@ -359,10 +365,10 @@ def _one(setup: _Setup, prof: Profile, system: str, w: int, progress: Progress) 
                     microbatches=m if kind == "flush" else None)
     progress.note(f"validation: {name} {cfg.system} on {w} worker(s)")
     summary = run(cfg, progress)
-    sim = simulate_system(prof, cluster, system, groups, replicas, placement,
-                          minibatches=k * w if kind == "data-parallel" else k, microbatches=m,
-                          latency_s=setup.latency,
-                          dp_overlap=spare, machine=model)
+    sim = simulate_system(prof, cluster, system, SimLayout(groups, replicas, placement),
+                          SimOptions(minibatches=k * w if kind == "data-parallel" else k,
+                                     microbatches=m, latency_s=setup.latency,
+                                     dp_overlap=spare, machine=model))
     # the runtime drains its pipeline at every epoch end: an epoch is k minibatches
     simulated = k * b / sim.total_s
     costs = " / ".join(" ".join([f"{kind} {1e3 * actions[st][kind]:.2f}"

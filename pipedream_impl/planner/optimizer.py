@@ -74,11 +74,11 @@ import numpy as np
 
 from core.collectives import ring_factor
 from pipedream_impl.planner.antichain import States
-from pipedream_impl.planner.cluster import Cluster
+from pipedream_impl.planner.cluster import Cluster, Level
 
-__all__ = ["COST_MODELS", "INF", "LevelSolution", "MAX_STATES_MULTI_LEVEL", "Solution",
-           "allreduce_time", "data_parallel_time", "effective_params", "range_tables", "solve",
-           "solve_level"]
+__all__ = ["COST_MODELS", "INF", "LevelInput", "LevelSolution", "MAX_STATES_MULTI_LEVEL",
+           "Solution", "SolveOptions", "allreduce_time", "data_parallel_time",
+           "effective_params", "range_tables", "solve", "solve_level"]
 
 COST_MODELS = ("pipebench", "pipedream-2019")
 INF = np.inf
@@ -118,15 +118,38 @@ def range_tables(states: States) -> tuple[np.ndarray, np.ndarray, np.ndarray, np
     return tables[0], tables[1], tables[2], valid
 
 
-def solve_level(compute: np.ndarray, params: np.ndarray, acts: np.ndarray, valid: np.ndarray,
-                out: np.ndarray, precedes: np.ndarray, units: int, bandwidth: float,
-                inner_units: int, model: str, straight: bool, memory_limit: float | None,
-                final: bool, chunk_elems: int = 1 << 23,
-                sync_params: np.ndarray | None = None,
-                dp_inner: tuple[np.ndarray, np.ndarray] | None = None) -> LevelSolution:
-    """One level's DP. ``sync_params``: the ``pipebench`` model's P_eff table (default P);
-    ``dp_inner``: (C, P_eff) of each range run data parallel inside a unit, a second
-    candidate for every stage; ``inner_units``: G, used only by ``pipedream-2019``."""
+@dataclass(frozen=True)
+class SolveOptions:
+    """What holds for every level of one solve."""
+    model: str = "pipebench"  # a cost model of COST_MODELS
+    straight: bool = False  # no replication
+    memory_limit: float | None = None  # bytes per worker
+
+
+@dataclass(frozen=True)
+class LevelInput:
+    """One level's range tables ([R+1, N], row 0: prefixes, row i: ranges after state i-1;
+    NaN where a range is not valid) and the states' output bytes and precedence."""
+    compute: np.ndarray
+    params: np.ndarray
+    acts: np.ndarray
+    valid: np.ndarray
+    out: np.ndarray
+    precedes: np.ndarray
+
+
+def solve_level(tables: LevelInput, level: Level, inner_units: int, opts: SolveOptions,
+                final: bool, sync_params: np.ndarray | None = None,
+                dp_inner: tuple[np.ndarray, np.ndarray] | None = None,
+                chunk_elems: int = 1 << 23) -> LevelSolution:
+    """One level's DP over ``level.workers`` units joined at ``level.bandwidth``.
+    ``sync_params``: the ``pipebench`` model's P_eff table (default P); ``dp_inner``:
+    (C, P_eff) of each range run data parallel inside a unit, a second candidate for every
+    stage; ``inner_units``: G, used only by ``pipedream-2019``."""
+    compute, params, acts, valid = tables.compute, tables.params, tables.acts, tables.valid
+    out, precedes = tables.out, tables.precedes
+    units, bandwidth = level.workers, level.bandwidth
+    model, straight, memory_limit = opts.model, opts.straight, opts.memory_limit
     rows_total, n = compute.shape
     if sync_params is None:
         sync_params = params
@@ -213,6 +236,7 @@ def solve(states: States, cluster: Cluster, model: str = "pipebench", straight: 
     if model not in COST_MODELS:
         raise ValueError(f"unknown cost model {model!r}; choose one of {COST_MODELS}")
     compute, params, acts, valid = range_tables(states)
+    opts = SolveOptions(model, straight, memory_limit)
     sols = []
     inner = 1
     peff = params
@@ -220,9 +244,9 @@ def solve(states: States, cluster: Cluster, model: str = "pipebench", straight: 
     for i, level in enumerate(cluster.levels):
         final = i == len(cluster.levels) - 1
         use_dp = model == "pipebench" and i > 0 and not straight
-        sol = solve_level(compute, params, acts, valid, states.output_bytes, states.precedes,
-                          level.workers, level.bandwidth, inner, model, straight,
-                          memory_limit, final, sync_params=peff,
+        tables = LevelInput(compute, params, acts, valid, states.output_bytes,
+                            states.precedes)
+        sol = solve_level(tables, level, inner, opts, final, sync_params=peff,
                           dp_inner=(dp_c, dp_pe) if use_dp else None)
         sols.append(sol)
         if not final:

@@ -6,7 +6,13 @@ from pathlib import Path
 
 import pytest
 
-from harness.sim.simulator import MachineModel, layout_for, simulate_system
+from harness.sim.simulator import (
+    MachineModel,
+    SimLayout,
+    SimOptions,
+    layout_for,
+    simulate_system,
+)
 from pipedream_impl.planner.cluster import Cluster, Level, parse_cluster
 from pipedream_impl.profiling.graph import Node
 from pipedream_impl.profiling.profile import Profile, load_profile
@@ -15,10 +21,13 @@ PROFILES = Path(__file__).resolve().parents[4] / "shared" / "pipedream-profiles"
 MB = 1e6
 
 
-def chain(fwd_ms: list[float], act_bytes: list[float], params: list[float],
-          batch: int = 8) -> Profile:
-    nodes = tuple(Node(f"n{i}", f"Layer{i}", f, 2 * f, (a,), p)
-                  for i, (f, a, p) in enumerate(zip(fwd_ms, act_bytes, params, strict=True)))
+def chain(
+    fwd_ms: list[float], act_bytes: list[float], params: list[float], batch: int = 8
+) -> Profile:
+    nodes = tuple(
+        Node(f"n{i}", f"Layer{i}", f, 2 * f, (a,), p)
+        for i, (f, a, p) in enumerate(zip(fwd_ms, act_bytes, params, strict=True))
+    )
     edges = tuple((f"n{i}", f"n{i + 1}") for i in range(len(nodes) - 1))
     return Profile(nodes, edges, batch_size=batch)
 
@@ -31,7 +40,7 @@ FLAT2 = Cluster((Level(2, BW),))
 
 
 def test_model_parallelism_is_the_sum_of_all_work_and_both_transfers() -> None:
-    r = simulate_system(PROF, FLAT2, "mp", GROUPS, (1, 1), minibatches=10)
+    r = simulate_system(PROF, FLAT2, "mp", SimLayout(GROUPS, (1, 1)), SimOptions(minibatches=10))
     # per minibatch: F0 + send + F1 + B1 + send back + B0 = 10 + 10 + 10 + 20 + 10 + 20
     assert r.time_per_minibatch_s == pytest.approx(0.080)
     assert r.bytes_per_level == {0: pytest.approx(10 * 2 * MB)}
@@ -41,7 +50,9 @@ def test_model_parallelism_is_the_sum_of_all_work_and_both_transfers() -> None:
 def test_pipedream_reaches_the_slowest_stage_in_steady_state() -> None:
     n = 200
     fast = Cluster((Level(2, 1e15),))  # transfers free
-    r = simulate_system(PROF, fast, "pipedream", GROUPS, (1, 1), minibatches=n)
+    r = simulate_system(
+        PROF, fast, "pipedream", SimLayout(GROUPS, (1, 1)), SimOptions(minibatches=n)
+    )
     # 1F1B keeps both stages busy: F + B = 30 ms per minibatch each, plus the fill (F0)
     # and the drain (B0)
     assert r.total_s == pytest.approx(n * 0.030 + 0.010 + 0.020, rel=1e-3)
@@ -53,7 +64,9 @@ def test_pipedream_reaches_the_slowest_stage_in_steady_state() -> None:
     assert r.peak_memory[1]["stashed_weights"] == 0
     # with 10 ms transfers each way, NOAM = 2 no longer hides the round trip: stage 0's
     # period is (its F + B + the round trip F1 + B1 + 2 transfers) / 2 minibatches
-    slow = simulate_system(PROF, FLAT2, "pipedream", GROUPS, (1, 1), minibatches=n)
+    slow = simulate_system(
+        PROF, FLAT2, "pipedream", SimLayout(GROUPS, (1, 1)), SimOptions(minibatches=n)
+    )
     assert slow.time_per_minibatch_s == pytest.approx((0.030 + 0.030 + 0.020) / 2, rel=0.01)
 
 
@@ -65,24 +78,51 @@ def test_measured_action_costs_and_rendezvous_transfers() -> None:
     n = 200
     costs = {0: {"F": 0.010, "B": 0.020, "U": 0.002}, 1: {"F": 0.012, "B": 0.022, "U": 0.004}}
     fast = Cluster((Level(2, 1e15),))
-    free = simulate_system(PROF, fast, "pipedream", GROUPS, (1, 1), minibatches=n,
-                           machine=MachineModel(action_s=costs))
+    free = simulate_system(
+        PROF,
+        fast,
+        "pipedream",
+        SimLayout(GROUPS, (1, 1)),
+        SimOptions(minibatches=n, machine=MachineModel(action_s=costs)),
+    )
     # 1F1B in steady state: the slowest stage's F + B + U per minibatch
     assert free.time_per_minibatch_s == pytest.approx(0.038, rel=0.01)
     moves = {(0, "F"): 0.001, (1, "B"): 0.001}
-    eager = simulate_system(PROF, fast, "pipedream", GROUPS, (1, 1), minibatches=n,
-                            machine=MachineModel(action_s=costs, transfer_s=moves))
+    eager = simulate_system(
+        PROF,
+        fast,
+        "pipedream",
+        SimLayout(GROUPS, (1, 1)),
+        SimOptions(minibatches=n, machine=MachineModel(action_s=costs, transfer_s=moves)),
+    )
     assert eager.time_per_minibatch_s == pytest.approx(0.038, rel=0.01)  # hidden by NOAM
     # stage 1 posts its receive when it is done with the previous minibatch, then waits
     # 1 ms for the activations: 38 + 1 ms
-    rdv = simulate_system(PROF, fast, "pipedream", GROUPS, (1, 1), minibatches=n,
-                          machine=MachineModel(action_s=costs, transfer_s=moves,
-                                               rendezvous=True))
+    rdv = simulate_system(
+        PROF,
+        fast,
+        "pipedream",
+        SimLayout(GROUPS, (1, 1)),
+        SimOptions(
+            minibatches=n, machine=MachineModel(action_s=costs, transfer_s=moves, rendezvous=True)
+        ),
+    )
     assert rdv.time_per_minibatch_s == pytest.approx(0.039, rel=0.01)
-    own = simulate_system(PROF, fast, "pipedream", GROUPS, (1, 1), minibatches=n,
-                          machine=MachineModel(action_s=costs, transfer_s=moves,
-                                               rendezvous=True,
-                                               send_s={(0, "F"): 0.0, (1, "B"): 0.002}))
+    own = simulate_system(
+        PROF,
+        fast,
+        "pipedream",
+        SimLayout(GROUPS, (1, 1)),
+        SimOptions(
+            minibatches=n,
+            machine=MachineModel(
+                action_s=costs,
+                transfer_s=moves,
+                rendezvous=True,
+                send_s={(0, "F"): 0.0, (1, "B"): 0.002},
+            ),
+        ),
+    )
     assert own.time_per_minibatch_s == pytest.approx(0.041, rel=0.01)
 
 
@@ -95,12 +135,24 @@ def test_more_workers_than_cores_are_bounded_by_the_cpu_capacity() -> None:
     costs = {s: {"F": 0.010, "B": 0.020} for s in range(4)}
     flat4 = Cluster((Level(4, 1e15),))
     shared = MachineModel(action_s=costs, cores=2)
-    pd = simulate_system(prof, flat4, "pipedream", groups, (1,) * 4, minibatches=n,
-                         machine=shared)
+    pd = simulate_system(
+        prof,
+        flat4,
+        "pipedream",
+        SimLayout(groups, (1,) * 4),
+        SimOptions(minibatches=n, machine=shared),
+    )
     assert pd.time_per_minibatch_s == pytest.approx(4 * 0.030 / 2, rel=0.01)
-    mp = simulate_system(prof, flat4, "mp", groups, (1,) * 4, minibatches=n, machine=shared)
-    alone = simulate_system(prof, flat4, "mp", groups, (1,) * 4, minibatches=n,
-                            machine=MachineModel(action_s=costs))
+    mp = simulate_system(
+        prof, flat4, "mp", SimLayout(groups, (1,) * 4), SimOptions(minibatches=n, machine=shared)
+    )
+    alone = simulate_system(
+        prof,
+        flat4,
+        "mp",
+        SimLayout(groups, (1,) * 4),
+        SimOptions(minibatches=n, machine=MachineModel(action_s=costs)),
+    )
     assert mp.time_per_minibatch_s == pytest.approx(alone.time_per_minibatch_s)
     assert mp.time_per_minibatch_s == pytest.approx(4 * 0.030)
 
@@ -108,11 +160,13 @@ def test_more_workers_than_cores_are_bounded_by_the_cpu_capacity() -> None:
 def test_a_measured_all_reduce_replaces_the_ring_formula() -> None:
     prof = chain([10.0, 10.0], [0.0, 0.0], [40 * MB, 40 * MB])
     four = Cluster((Level(4, BW),))
-    groups, replicas, _, _ = layout_for(prof, four, "dp")
-    model = MachineModel(action_s={0: {"F": 0.020, "B": 0.040, "U": 0.005}},
-                         allreduce_fit=(0.003, 1e-9))
-    r = simulate_system(prof, four, "dp", groups, replicas, minibatches=40,
-                        dp_overlap=False, machine=model)
+    dp_layout = layout_for(prof, four, "dp")
+    model = MachineModel(
+        action_s={0: {"F": 0.020, "B": 0.040, "U": 0.005}}, allreduce_fit=(0.003, 1e-9)
+    )
+    r = simulate_system(
+        prof, four, "dp", dp_layout, SimOptions(minibatches=40, dp_overlap=False, machine=model)
+    )
     # one round (4 minibatches): F + B + U + 3 ms + 1 ns x 80 MB
     assert r.time_per_minibatch_s == pytest.approx((0.065 + 0.003 + 0.080) / 4)
     assert r.bytes_per_level == {0: pytest.approx(10 * 2 * 3 / 4 * 80 * MB * 4)}
@@ -121,7 +175,9 @@ def test_a_measured_all_reduce_replaces_the_ring_formula() -> None:
 def test_gpipe_bubble_follows_the_flush_formula() -> None:
     m, n = 4, 20
     prof = chain([10.0, 10.0], [0.0, 0.0], [0.0, 0.0])  # no transfer time, no weights
-    r = simulate_system(prof, FLAT2, "gpipe", GROUPS, (1, 1), minibatches=n, microbatches=m)
+    r = simulate_system(
+        prof, FLAT2, "gpipe", SimLayout(GROUPS, (1, 1)), SimOptions(minibatches=n, microbatches=m)
+    )
     f, b = 10.0 / m, 20.0 / m  # ms per microbatch and stage
     # per minibatch: (M + S - 1) forward slots then (M + S - 1) backward slots (S = 2)
     assert r.time_per_minibatch_s * 1e3 == pytest.approx((m + 1) * (f + b))
@@ -130,12 +186,13 @@ def test_gpipe_bubble_follows_the_flush_formula() -> None:
 def test_data_parallel_exposes_only_the_all_reduce_the_backward_does_not_hide() -> None:
     prof = chain([10.0, 10.0], [0.0, 0.0], [40 * MB, 40 * MB])
     four = Cluster((Level(4, BW),))
-    groups, replicas, _, _ = layout_for(prof, four, "dp")
+    dp_layout = layout_for(prof, four, "dp")
     ring = 2 * 3 / 4 * 80 * MB / BW  # 1.2 s per all-reduce of 80 MB over 4 workers
     compute = 0.060  # F + B of the whole model
-    over = simulate_system(prof, four, "dp", groups, replicas, minibatches=40)
-    flat = simulate_system(prof, four, "dp", groups, replicas, minibatches=40,
-                           dp_overlap=False)
+    over = simulate_system(prof, four, "dp", dp_layout, SimOptions(minibatches=40))
+    flat = simulate_system(
+        prof, four, "dp", dp_layout, SimOptions(minibatches=40, dp_overlap=False)
+    )
     # 4 minibatches per round, one per replica
     assert flat.time_per_minibatch_s == pytest.approx((compute + ring) / 4)
     assert over.time_per_minibatch_s == pytest.approx((compute + ring - 0.040) / 4)
@@ -145,16 +202,23 @@ def test_data_parallel_exposes_only_the_all_reduce_the_backward_does_not_hide() 
 def test_transfers_use_the_level_the_two_workers_share() -> None:
     prof = chain([1.0, 1.0], [1 * MB, 0.0], [0.0, 0.0])
     two_servers = Cluster((Level(1, 1e12), Level(2, BW)))  # one worker per server
-    same = simulate_system(prof, Cluster((Level(2, 1e12), Level(1, BW))), "mp", GROUPS,
-                           (1, 1), minibatches=4)
-    apart = simulate_system(prof, two_servers, "mp", GROUPS, (1, 1), minibatches=4)
-    assert apart.time_per_minibatch_s - same.time_per_minibatch_s == pytest.approx(0.020,
-                                                                                   rel=1e-3)
+    same = simulate_system(
+        prof,
+        Cluster((Level(2, 1e12), Level(1, BW))),
+        "mp",
+        SimLayout(GROUPS, (1, 1)),
+        SimOptions(minibatches=4),
+    )
+    apart = simulate_system(
+        prof, two_servers, "mp", SimLayout(GROUPS, (1, 1)), SimOptions(minibatches=4)
+    )
+    assert apart.time_per_minibatch_s - same.time_per_minibatch_s == pytest.approx(0.020, rel=1e-3)
     assert set(apart.bytes_per_level) == {1}
 
 
-@pytest.mark.skipif(not (PROFILES / "vgg16" / "graph.txt").exists(),
-                    reason="needs ../shared/pipedream-profiles")
+@pytest.mark.skipif(
+    not (PROFILES / "vgg16" / "graph.txt").exists(), reason="needs ../shared/pipedream-profiles"
+)
 def test_vgg16_on_cluster_a_simulation_agrees_with_the_planner(tmp_path) -> None:
     """The planner's cost model and the simulator are two implementations of the same
     cluster model (the planner: a formula per stage; the simulator: the runtime's
@@ -165,8 +229,8 @@ def test_vgg16_on_cluster_a_simulation_agrees_with_the_planner(tmp_path) -> None
     prof = load_profile(PROFILES / "vgg16" / "graph.txt")
     cl = parse_cluster("A:4x4")
     plan = plan_profile(prof, cl)
-    pd = simulate_system(prof, cl, "pipedream", *layout_for(prof, cl, "pipedream", plan=plan)[:3])
-    dp = simulate_system(prof, cl, "dp", *layout_for(prof, cl, "dp")[:3], dp_overlap=False)
+    pd = simulate_system(prof, cl, "pipedream", layout_for(prof, cl, "pipedream", plan=plan))
+    dp = simulate_system(prof, cl, "dp", layout_for(prof, cl, "dp"), SimOptions(dp_overlap=False))
     speedup = pd.throughput_samples_s / dp.throughput_samples_s
     assert speedup == pytest.approx(plan.predicted["speedup_vs_data_parallel"], rel=0.10)
     # hierarchical ring, as the time model: each rank sends 2 (4-1)/4 x the weights inside
@@ -184,12 +248,19 @@ def _bottleneck(nodes, replicas, cl, topo, bounds) -> float:  # noqa: ANN001
     for i, ((a, b), r) in enumerate(zip(bounds, replicas, strict=True)):
         c = sum(x.forward_ms + x.backward_ms for x in nodes[a:b]) / 1e3
         p = sum(x.parameter_bytes for x in nodes[a:b])
-        ar = sum(2 * (k - 1) / k * p / cl.levels[lv].bandwidth
-                 for lv, k in topo.ring_levels(tuple(range(off, off + r))))
+        ar = sum(
+            2 * (k - 1) / k * p / cl.levels[lv].bandwidth
+            for lv, k in topo.ring_levels(tuple(range(off, off + r)))
+        )
         t = (c + ar) / r
         if i:
-            t = max(t, 2 * nodes[a - 1].activation_bytes / cl.levels[0].bandwidth
-                    / min(r, replicas[i - 1]))
+            t = max(
+                t,
+                2
+                * nodes[a - 1].activation_bytes
+                / cl.levels[0].bandwidth
+                / min(r, replicas[i - 1]),
+            )
         worst, off = max(worst, t), off + r
     return worst
 
@@ -203,17 +274,20 @@ def test_config_split_is_the_best_contiguous_split_by_brute_force() -> None:
     rng = random.Random(3)
     for trial in range(20):
         n = rng.randint(4, 8)
-        prof = chain([rng.uniform(1, 20) for _ in range(n)],
-                     [rng.uniform(0.1, 3) * MB for _ in range(n)],
-                     [rng.uniform(0, 50) * MB for _ in range(n)])
+        prof = chain(
+            [rng.uniform(1, 20) for _ in range(n)],
+            [rng.uniform(0.1, 3) * MB for _ in range(n)],
+            [rng.uniform(0, 50) * MB for _ in range(n)],
+        )
         replicas = rng.choice([(1, 1), (2, 1), (1, 2, 1), (3, 1), (2, 1, 1)])
         cl = Cluster((Level(sum(replicas), rng.choice([BW, 10 * BW])),))
         topo = Topology(cl, list(range(sum(replicas))))
         nodes = list(prof.layers)
         k = len(replicas)
-        best = min(_bottleneck(nodes, replicas, cl, topo,
-                               list(zip((0, *cuts), (*cuts, n), strict=True)))
-                   for cuts in itertools.combinations(range(1, n), k - 1))
+        best = min(
+            _bottleneck(nodes, replicas, cl, topo, list(zip((0, *cuts), (*cuts, n), strict=True)))
+            for cuts in itertools.combinations(range(1, n), k - 1)
+        )
         bounds, a = [], 0
         for g in config_groups(prof, replicas, cl):
             bounds.append((a, a + len(g)))
@@ -221,8 +295,9 @@ def test_config_split_is_the_best_contiguous_split_by_brute_force() -> None:
         assert _bottleneck(nodes, replicas, cl, topo, bounds) == pytest.approx(best), trial
 
 
-@pytest.mark.skipif(not (PROFILES / "vgg16" / "graph.txt").exists(),
-                    reason="needs ../shared/pipedream-profiles")
+@pytest.mark.skipif(
+    not (PROFILES / "vgg16" / "graph.txt").exists(), reason="needs ../shared/pipedream-profiles"
+)
 def test_reproduce_rows_quote_the_paper_and_simulate_our_plan() -> None:
     from harness.reporting.progress import quiet
     from harness.sim import reproduce as rp
@@ -247,18 +322,63 @@ def test_simulate_cli_rejects_an_unknown_system(tmp_path: Path) -> None:
     prof = chain([1.0, 1.0], [1.0, 1.0], [1.0, 1.0])
     path = tmp_path / "profile.json"
     path.write_text(prof.to_json())
-    r = subprocess.run([sys.executable, "-m", "harness.cli", "simulate", "--profile",
-                        str(path), "--cluster", "2", "--system", "fsdp"],
-                       capture_output=True, text=True, timeout=120)
-    ok = subprocess.run([sys.executable, "-m", "harness.cli", "simulate", "--profile",
-                         str(path), "--cluster", "2", "--system", "mp", "--config", "1-1"],
-                        capture_output=True, text=True, timeout=120)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "harness.cli",
+            "simulate",
+            "--profile",
+            str(path),
+            "--cluster",
+            "2",
+            "--system",
+            "fsdp",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    ok = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "harness.cli",
+            "simulate",
+            "--profile",
+            str(path),
+            "--cluster",
+            "2",
+            "--system",
+            "mp",
+            "--config",
+            "1-1",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert r.returncode == 2 and "unknown simulated system 'fsdp'" in r.stderr
     assert ok.returncode == 0 and "time per minibatch" in ok.stdout
     # every data-parallel system of the registry simulates as data parallelism
-    dp = [subprocess.run([sys.executable, "-m", "harness.cli", "simulate", "--profile",
-                          str(path), "--cluster", "2", "--system", name],
-                         capture_output=True, text=True,
-                         timeout=120).stdout.partition("time per minibatch")[2]
-          for name in ("dp", "ddp", "horovod")]
+    dp = [
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "harness.cli",
+                "simulate",
+                "--profile",
+                str(path),
+                "--cluster",
+                "2",
+                "--system",
+                name,
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        ).stdout.partition("time per minibatch")[2]
+        for name in ("dp", "ddp", "horovod")
+    ]
     assert dp[0] == dp[1] == dp[2] and "samples/s" in dp[0]
