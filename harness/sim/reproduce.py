@@ -224,7 +224,7 @@ def _gpipe_with_copies(prof: Profile, cl, depth: int, minibatches: int,  # noqa:
                           SimOptions(minibatches=minibatches, compute_factor=factor))
     t = one.time_per_minibatch_s
     if copies > 1:
-        from harness.sim.simulator import stage_costs
+        from harness.sim.costs import stage_costs
 
         bw = cl.levels[-1].bandwidth if len(cl.levels) > 1 else cl.levels[0].bandwidth
         biggest = max(s.parameter_bytes for s in stage_costs(prof, layout.groups))

@@ -35,9 +35,6 @@ from __future__ import annotations
 import os
 import statistics
 import tempfile
-import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -47,8 +44,9 @@ from core.markdown import markdown_table
 from harness import systems as registry_of_systems
 from harness.config import RunConfig
 from harness.reporting.progress import Progress
+from harness.sim.costs import MachineModel
+from harness.sim.microbench import measure_allreduce, measure_link, measure_transfers
 from harness.sim.simulator import (
-    MachineModel,
     SimLayout,
     SimOptions,
     plan_groups,
@@ -61,8 +59,7 @@ from pipedream_impl.profiling.profiler import profile_workload
 from workloads import registry
 from workloads.recipe import load_splits
 
-__all__ = ["ValidationRow", "markdown", "measure_allreduce", "measure_link", "measure_transfers",
-           "measured_actions", "validate"]
+__all__ = ["ValidationRow", "markdown", "measured_actions", "validate"]
 
 
 @dataclass
@@ -78,176 +75,6 @@ class ValidationRow:
     @property
     def error(self) -> float:
         return self.simulated / self.measured - 1.0
-
-
-def _bench_worker(rank: int, world: int, port: int, out, fn, args) -> None:  # noqa: ANN001
-    """One process of a microbenchmark: a gloo group of ``world``, then ``fn``; rank 0
-    puts what ``fn`` returns on ``out``."""
-    import torch.distributed as dist
-
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                            world_size=world)
-    try:
-        result = fn(rank, *args)
-        if rank == 0:
-            out.put(result)
-    finally:
-        dist.destroy_process_group()
-
-
-def _bench(fn, world: int, args: tuple, load: int = 0):  # noqa: ANN001, ANN202
-    """Run ``fn(rank, *args)`` in ``world`` spawned processes joined by gloo, with ``load``
-    other processes computing meanwhile; returns rank 0's result. A process that dies is
-    an error at once, not a timeout."""
-    import queue
-
-    import torch.multiprocessing as mp
-
-    from harness.experiments.pipeline_trainer import free_port
-
-    ctx = mp.get_context("spawn")
-    out = ctx.Queue()
-    port = free_port()
-    procs = [ctx.Process(target=_bench_worker, args=(r, world, port, out, fn, args),
-                         daemon=True) for r in range(world)]
-    with _busy_cores(ctx, load):
-        for p in procs:
-            p.start()
-        try:
-            deadline = time.monotonic() + 300
-            while True:
-                try:
-                    result = out.get(timeout=1.0)
-                    break
-                except queue.Empty:
-                    dead = [p.exitcode for p in procs if p.exitcode not in (None, 0)]
-                    if dead or time.monotonic() > deadline:
-                        raise RuntimeError(f"microbenchmark {fn.__name__} failed (exit codes "
-                                           f"{[p.exitcode for p in procs]})") from None
-        finally:
-            for p in procs:
-                p.join(timeout=60)
-                if p.is_alive():
-                    p.kill()
-    return result
-
-
-def _pingpong(rank: int, sizes: list[int], reps: int) -> dict[int, float]:
-    import torch.distributed as dist
-
-    times = {}
-    for n in sizes:
-        t = torch.zeros(max(1, n // 4))
-        for rep in range(reps + 2):
-            if rep == 2:
-                t0 = time.perf_counter()
-            if rank == 0:
-                dist.send(t, 1)
-                dist.recv(t, 1)
-            else:
-                dist.recv(t, 0)
-                dist.send(t, 0)
-        times[n] = (time.perf_counter() - t0) / (2 * reps)  # one way
-    return times
-
-
-def measure_link(reps: int = 50) -> tuple[float, float]:
-    """(latency s, bandwidth bytes/s) of gloo between two local processes."""
-    sizes = [4, 4 << 20]
-    times = _bench(_pingpong, 2, (sizes, reps))
-    latency = times[sizes[0]]
-    return latency, sizes[1] / max(1e-9, times[sizes[1]] - latency)
-
-
-def _allreduce_bench(rank: int, sizes: list[int], reps: int) -> dict[int, float]:
-    import torch.distributed as dist
-
-    times = {}
-    for n in sizes:
-        t = torch.ones(max(1, n // 4))
-        for _ in range(3):
-            dist.all_reduce(t)
-        t0 = time.perf_counter()
-        for _ in range(reps):
-            dist.all_reduce(t)
-        times[n] = (time.perf_counter() - t0) / reps
-    return times
-
-
-def measure_allreduce(world: int, reps: int = 20, load: int = 0) -> tuple[float, float]:
-    """(fixed s, s per byte) of a gloo all-reduce among ``world`` local processes, from a
-    4-byte and a 4 MiB all-reduce; ``load``: that many other processes computing
-    meanwhile."""
-    sizes = [4, 4 << 20]
-    times = _bench(_allreduce_bench, world, (sizes, reps), load)
-    fixed = times[sizes[0]]
-    return fixed, max(0.0, times[sizes[1]] - fixed) / sizes[1]
-
-
-def _transfer_bench(rank: int, messages: list, static: bool, reps: int) \
-        -> list[tuple[float, float]]:
-    from pipedream_impl.runtime.comm import Comm
-
-    peer = 1 - rank
-    times = []
-    for kind, shapes in messages:  # a fresh Comm each: its own shape header state
-        comm = Comm(rank, torch.device("cpu"), 60.0, static)
-        tensors = tuple(torch.ones(shape, dtype=dtype) for dtype, shape in shapes)
-        trips, in_send = [], []
-        for rep in range(reps + 3):
-            t0 = time.perf_counter()
-            if rank == 0:
-                comm.send(tensors, peer, kind)
-                t1 = time.perf_counter()
-                comm.recv(peer, kind)
-            else:
-                comm.send(comm.recv(peer, kind), peer, kind)
-                t1 = t0
-            if rep >= 3:
-                trips.append(time.perf_counter() - t0)
-                in_send.append(t1 - t0)
-        comm.flush()
-        # medians: (one way, the sender's own time in the send call)
-        times.append((statistics.median(trips) / 2, statistics.median(in_send)))
-    return times
-
-
-def _spin(stop) -> None:  # noqa: ANN001
-    torch.set_num_threads(1)
-    x = torch.randn(128, 128)
-    while not stop.is_set():
-        x @ x
-
-
-@contextmanager
-def _busy_cores(ctx, n: int) -> Iterator[None]:  # noqa: ANN001
-    """``n`` processes computing (one thread each) for the duration of the block."""
-    stop = ctx.Event()
-    spinners = [ctx.Process(target=_spin, args=(stop,), daemon=True) for _ in range(n)]
-    for p in spinners:
-        p.start()
-    try:
-        yield
-    finally:
-        stop.set()
-        for p in spinners:
-            p.join(timeout=60)
-
-
-def measure_transfers(messages: dict[tuple[int, str], list[tuple]], static: bool,
-                      reps: int = 30, load: int = 0) \
-        -> dict[tuple[int, str], tuple[float, float]]:
-    """One-way seconds of each message through the runtime's ``Comm`` (gloo, shape header
-    as the workload uses it) between two local processes: a ping-pong of the real
-    tensors' shapes and dtypes; ``load``: that many other processes computing meanwhile
-    (the cores as busy as in a run where every worker computes). Values: (one-way
-    seconds, seconds the sender spends in the send call itself)."""
-    if not messages:
-        return {}
-    keys = sorted(messages)
-    args = [(kind, messages[(stage, kind)]) for stage, kind in keys]
-    return dict(zip(keys, _bench(_transfer_bench, 2, (args, static, reps), load), strict=True))
 
 
 def measured_actions(name: str, replicas: tuple[int, ...], bounds: tuple[tuple[int, int], ...],

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
+from harness.sim.costs import MachineModel
 from harness.sim.simulator import (
-    MachineModel,
     SimLayout,
     SimOptions,
     layout_for,
@@ -269,7 +269,8 @@ def test_config_split_is_the_best_contiguous_split_by_brute_force() -> None:
     import itertools
     import random
 
-    from harness.sim.simulator import Topology, config_groups
+    from harness.sim.costs import Topology
+    from harness.sim.simulator import config_groups
 
     rng = random.Random(3)
     for trial in range(20):
