@@ -53,6 +53,8 @@ class RunConfig:
             raise UserInputError(f"--batch-size must be positive (got {self.batch_size})")
         if self.workers < 1:
             raise UserInputError(f"--workers must be at least 1 (got {self.workers})")
+        if self.warmup_steps < 0:
+            raise UserInputError(f"--warmup-steps must be 0 or more (got {self.warmup_steps})")
         if self.threads is not None and self.threads < 1:
             raise UserInputError(f"--threads must be at least 1 (got {self.threads})")
         if self.device not in ("auto", "cpu", "cuda"):

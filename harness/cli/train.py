@@ -40,6 +40,8 @@ def run(
     threads: Annotated[int | None, typer.Option(help="torch threads per worker")] = None,
     device: Annotated[str, typer.Option(help="auto, cpu or cuda")] = "auto",
     max_steps: Annotated[int | None, typer.Option(help="cap on steps per epoch")] = None,
+    warmup_steps: Annotated[int, typer.Option(help="first minibatches of the run left out "
+                                              "of throughput")] = 2,
     experiment: Annotated[str, typer.Option(help="MLflow experiment")] = "pipebench",
     quiet: Annotated[bool, typer.Option(help="no progress output")] = False,
     workers: Annotated[int, typer.Option(help="worker processes (pipeline systems)")] = 1,
@@ -66,6 +68,7 @@ def run(
     cfg = RunConfig(system=system, workload=workload, scale=scale, epochs=epochs, target=target,
                     data=data, batch_size=batch_size, lr=lr, seed=seed, threads=threads,
                     device=device, max_steps_per_epoch=max_steps, experiment=experiment,
+                    warmup_steps=warmup_steps,
                     workers=workers, plan=plan, config=config, weights=weights,
                     in_flight=in_flight, timeout_s=timeout, microbatches=microbatches,
                     recompute=recompute,

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 
 from baselines.peers import check_peer_boundaries
-from core.errors import WorkloadError
+from core.errors import UserInputError, WorkloadError
 from harness.config import RunConfig
 from pipedream_impl.planner.cluster import Cluster, Level
 from pipedream_impl.planner.plan import Plan, balanced_bounds, plan_profile
@@ -32,7 +32,7 @@ def pipeline_layout(cfg: RunConfig, workload: Workload, batch_size: int,
     system = cfg.definition
     if system.kind == "data-parallel":  # one stage, every worker a replica of the whole model
         if cfg.plan or cfg.config:
-            raise WorkloadError(f"{cfg.system} replicates the whole model: drop "
+            raise UserInputError(f"{cfg.system} replicates the whole model: drop "
                                 f"--plan/--config")
         n = len(workload.build(cfg.scale, {}).layers)
         return (cfg.workers,), ((0, n),), "data parallel (whole model on every worker)"
@@ -57,10 +57,10 @@ def pipeline_layout(cfg: RunConfig, workload: Workload, batch_size: int,
             bounds = tuple(tuple(s.layers) for s in plan.stages)
             how = f"planned here ({plan.config}) from a local profile"
     if system.straight and any(r != 1 for r in replicas):
-        raise WorkloadError(f"{cfg.system} runs unreplicated stages; got config "
+        raise UserInputError(f"{cfg.system} runs unreplicated stages; got config "
                             f"{'-'.join(map(str, replicas))}")
     if sum(replicas) != cfg.workers:
-        raise WorkloadError(f"the layout {'-'.join(map(str, replicas))} needs "
+        raise UserInputError(f"the layout {'-'.join(map(str, replicas))} needs "
                             f"{sum(replicas)} workers but --workers is {cfg.workers}")
     model = workload.build(cfg.scale, {})
     if bounds[-1][1] != len(model.layers):

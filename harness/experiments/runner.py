@@ -61,6 +61,7 @@ def run(cfg: RunConfig, progress: Progress | None = None,
             "metric": workload.metric, "data": splits.description,
             "optimizer": spec.optimizer, "lr": cfg.lr if cfg.lr is not None else spec.lr,
             "threads": cfg.threads_per_worker(), "device": str(device),
+            "warmup_steps": cfg.warmup_steps,
             "hardware": tracking.hardware(device), "git_sha": tracking.git_sha(),
             "torch_version": torch.__version__,
             "num_parameters": count_parameters(trainer.model), **layout_params})

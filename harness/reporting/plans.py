@@ -61,7 +61,7 @@ def planner_markdown(profiles: Path, command: str) -> str:
         "and includes reading the profile and building its states.",
         "",
         "`pipedream-2019` reproduces the original optimizer's formulas; `pipebench` is our "
-        "runtime's model (see `pipedream_impl/optimizer.py`). Configs read first stage "
+        "runtime's model (see `pipedream_impl/planner/optimizer.py`). Configs read first stage "
         "first, replicas per stage; `straight` = unreplicated pipeline; a single number = "
         "data parallelism.",
         "",

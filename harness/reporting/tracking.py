@@ -27,7 +27,7 @@ __all__ = ["EPOCH_METRICS", "PARAM_KEYS", "REPO", "RUN_METRICS", "TARGET_METRICS
 REPO = Path(__file__).resolve().parents[2]
 PARAM_KEYS = ("system", "workload", "scale", "batch_size", "global_batch_size", "workers",
               "seed", "epochs", "target", "metric", "data", "optimizer", "lr", "threads",
-              "device", "hardware", "git_sha", "torch_version", "num_parameters")
+              "device", "hardware", "git_sha", "torch_version", "num_parameters", "warmup_steps")
 EPOCH_METRICS = ("epoch_time_s", "samples_per_s", "train_loss", "quality", "eval_time_s")
 RUN_METRICS = ("throughput_samples_per_s", "final_quality", "best_quality", "total_time_s",
                "epochs_run", "bytes_communicated_per_sample", "peak_memory_bytes_max")

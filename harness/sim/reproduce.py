@@ -240,7 +240,7 @@ def markdown(title: str, note: str, columns: tuple[str, ...], rows: list[list[st
 
 TABLE_NOTE = (
     "Columns marked paper are quoted from the PipeDream paper; planned and simulated come "
-    "from this project (`harness/simulator.py`, steady state of 256 minibatches) on the "
+    "from this project (`harness/sim/simulator.py`, steady state of 256 minibatches) on the "
     "profile named in the row. Speedup = simulated PipeDream throughput / "
     "simulated data-parallel throughput on the same cluster; DP is simulated with its "
     "all-reduce overlapped with the backward (as DDP and Horovod do) and without overlap "

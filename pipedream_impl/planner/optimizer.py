@@ -73,6 +73,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from core.collectives import ring_factor
+from core.errors import UserInputError
 from pipedream_impl.planner.antichain import States
 from pipedream_impl.planner.cluster import Cluster, Level
 
@@ -234,7 +235,7 @@ class Solution:
 def solve(states: States, cluster: Cluster, model: str = "pipebench", straight: bool = False,
           memory_limit: float | None = None) -> Solution:
     if model not in COST_MODELS:
-        raise ValueError(f"unknown cost model {model!r}; choose one of {COST_MODELS}")
+        raise UserInputError(f"unknown cost model {model!r}; choose one of {COST_MODELS}")
     compute, params, acts, valid = range_tables(states)
     opts = SolveOptions(model, straight, memory_limit)
     sols = []

@@ -69,14 +69,14 @@ class Plan:
     def __post_init__(self) -> None:
         used = sorted(r for s in self.stages for r in s.ranks)
         if len(set(used)) != len(used):
-            raise ValueError(f"a rank appears in two stages: {used}")
+            raise UserInputError(f"a rank appears in two stages: {used}")
         for s in self.stages:
             if s.replicas != len(s.ranks) or s.replicas < 1:
-                raise ValueError(f"stage {s.layers} has {s.replicas} replicas but ranks "
-                                 f"{s.ranks}")
+                raise UserInputError(f"stage {s.layers} has {s.replicas} replicas but ranks "
+                                     f"{s.ranks}")
         for a, b in zip(self.stages, self.stages[1:], strict=False):
             if a.layers[1] != b.layers[0]:
-                raise ValueError(f"stages {a.layers} and {b.layers} are not contiguous")
+                raise UserInputError(f"stages {a.layers} and {b.layers} are not contiguous")
 
     @property
     def config(self) -> str:
@@ -146,7 +146,7 @@ def build_plan(sol: Solution, batch_size: int = 0, profile: str = "") -> Plan:
     states: States = sol.states
     cluster = sol.cluster
     if not math.isfinite(sol.time):
-        raise ValueError("no feasible plan (is the memory limit too small?)")
+        raise UserInputError("no feasible plan (is the memory limit too small?)")
     top = len(cluster.levels) - 1
     flat = _flatten(sol, top, 0, len(states) - 1, cluster.levels[top].workers - 1)
     rank_lists = _assign_ranks(flat, [lv.workers for lv in cluster.levels])

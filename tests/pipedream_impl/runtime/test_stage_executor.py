@@ -165,3 +165,12 @@ def test_a_worker_that_dies_silently_ends_the_job(splits) -> None:
         trainer.train_epoch(0)
     assert time.monotonic() - t0 < 60
     assert all(not p.is_alive() for p in trainer.launcher.procs)
+
+
+@pytest.mark.parametrize("warmup", [0, 4])
+def test_throughput_leaves_out_the_configured_warm_up(splits, warmup: int) -> None:
+    """RunConfig.warmup_steps reaches the workers: the first epoch's timed samples leave
+    out exactly that many minibatches (none when 0)."""
+    _, stats = _train(splits, (1, 1), ((0, 12), (12, 40)), warmup_steps=warmup)
+    assert stats.timed_samples == (STEPS - warmup) * WL.spec("tiny").batch_size
+    assert 0 < stats.timed_s <= stats.time_s
