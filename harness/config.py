@@ -46,7 +46,7 @@ class RunConfig:
         system = systems.get(self.system)  # unknown names: a clear error
         if self.scale not in SCALES:
             raise UserInputError(f"unknown scale {self.scale!r}; choose one of: "
-                                f"{', '.join(SCALES)}")
+                                 f"{', '.join(SCALES)}")
         if self.epochs is not None and self.epochs < 1:
             raise UserInputError(f"--epochs must be at least 1 (got {self.epochs})")
         if self.batch_size is not None and self.batch_size < 1:

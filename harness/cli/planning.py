@@ -91,7 +91,7 @@ def plan(
 
     if cost_model not in COST_MODELS:
         raise UserInputError(f"unknown cost model {cost_model!r}; choose one of: "
-                            f"{', '.join(COST_MODELS)}")
+                             f"{', '.join(COST_MODELS)}")
     if (profile_path is None) == (workload is None):
         raise UserInputError("give exactly one of --profile FILE or --workload NAME")
     if profile_path is not None:
@@ -129,7 +129,7 @@ def planner_table(
     root = Path(profiles)
     if not (root / "vgg16" / "graph.txt").exists():
         raise UserInputError(f"{profiles}: expected <model>/graph.txt files (the PipeDream "
-                            "profiles, e.g. ../shared/pipedream-profiles)")
+                             "profiles, e.g. ../shared/pipedream-profiles)")
     text = planner_markdown(root, f"pipebench planner-table --profiles {profiles} -o {output}")
     Path(output).write_text(text)
     console.print(text)

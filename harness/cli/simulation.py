@@ -129,7 +129,7 @@ def reproduce(
                            command) + rp.GPIPE_EXPLANATION
     else:
         raise UserInputError(f"unknown table {table!r}; choose table1, other-tasks, gpipe or "
-                            "validation")
+                             "validation")
     if output and table in rp.PLOTS:
         png = str(Path(output).with_suffix(".png"))
         series, ylabel = rp.PLOTS[table]

@@ -70,7 +70,7 @@ def bench(base: RunConfig, systems: tuple[str, ...], steps: int, progress: Progr
         k = min(steps, n_train // (m * b))
         if k < 1:
             raise UserInputError(f"the training set ({n_train} samples) holds no minibatch of "
-                                f"{m} x {b}: lower --batch-size or --microbatches")
+                                 f"{m} x {b}: lower --batch-size or --microbatches")
         for system in systems:
             progress.note(f"bench: {system}")
             try:

@@ -33,7 +33,7 @@ def pipeline_layout(cfg: RunConfig, workload: Workload, batch_size: int,
     if system.kind == "data-parallel":  # one stage, every worker a replica of the whole model
         if cfg.plan or cfg.config:
             raise UserInputError(f"{cfg.system} replicates the whole model: drop "
-                                f"--plan/--config")
+                                 f"--plan/--config")
         n = len(workload.build(cfg.scale, {}).layers)
         return (cfg.workers,), ((0, n),), "data parallel (whole model on every worker)"
     if cfg.plan is not None:
@@ -58,10 +58,10 @@ def pipeline_layout(cfg: RunConfig, workload: Workload, batch_size: int,
             how = f"planned here ({plan.config}) from a local profile"
     if system.straight and any(r != 1 for r in replicas):
         raise UserInputError(f"{cfg.system} runs unreplicated stages; got config "
-                            f"{'-'.join(map(str, replicas))}")
+                             f"{'-'.join(map(str, replicas))}")
     if sum(replicas) != cfg.workers:
         raise UserInputError(f"the layout {'-'.join(map(str, replicas))} needs "
-                            f"{sum(replicas)} workers but --workers is {cfg.workers}")
+                             f"{sum(replicas)} workers but --workers is {cfg.workers}")
     model = workload.build(cfg.scale, {})
     if bounds[-1][1] != len(model.layers):
         raise WorkloadError(f"plan covers {bounds[-1][1]} layers, {workload.name}/{cfg.scale} "

@@ -104,7 +104,7 @@ def simulate_system(profile: Profile, cluster: Cluster, system: str, layout: Sim
         raise UserInputError("--allreduce must be ring or ps")
     if sum(replicas) > cluster.workers:
         raise UserInputError(f"config {'-'.join(map(str, replicas))} needs {sum(replicas)} "
-                            f"workers; the cluster has {cluster.workers}")
+                             f"workers; the cluster has {cluster.workers}")
     b = profile.batch_size or infer_batch_size(profile) or 1
     m = (microbatches or 4 * len(replicas)) if kind == "flush" else 1
     sched = build_schedule(kind, replicas, minibatches, m)
@@ -144,7 +144,7 @@ def plan_groups(plan: Plan) -> tuple[list[tuple[str, ...]], tuple[int, ...], lis
     """(nodes per stage, replicas per stage, cluster worker of each schedule rank)."""
     if any(not s.nodes for s in plan.stages):
         raise UserInputError("this plan lists no nodes per stage; make it with `pipebench "
-                            "plan` from the same profile")
+                             "plan` from the same profile")
     placement = [w for s in plan.stages for w in s.ranks]
     return [tuple(s.nodes) for s in plan.stages], tuple(s.replicas for s in plan.stages), \
         placement
@@ -245,7 +245,7 @@ def layout_for(profile: Profile, cluster: Cluster, system: str, config: str | No
         replicas = Layout.from_config(config).replicas
         if sum(replicas) > cluster.workers:
             raise UserInputError(f"config {config} needs {sum(replicas)} workers; the "
-                                f"cluster has {cluster.workers}")
+                                 f"cluster has {cluster.workers}")
         groups, placement = config_groups(profile, replicas, cluster), None
         how = f"config {config}, split chosen on the profile and cluster"
     else:
@@ -258,5 +258,5 @@ def layout_for(profile: Profile, cluster: Cluster, system: str, config: str | No
         how = f"planned ({p.config}{', straight' if straight else ''})"
     if sim.straight and any(r != 1 for r in replicas):
         raise UserInputError(f"{system} runs unreplicated stages; got "
-                            f"{'-'.join(map(str, replicas))}")
+                             f"{'-'.join(map(str, replicas))}")
     return SimLayout(groups, replicas, placement, how)

@@ -67,7 +67,7 @@ def parse_bandwidth(text: str) -> float:
     unit = m.group(2) if m else None
     if m is None or unit not in _UNITS:
         raise UserInputError(f"cannot read bandwidth {text!r}; write e.g. 15.75GB/s, 10Gbps "
-                            "or 1.25e9 (bytes/s)")
+                             "or 1.25e9 (bytes/s)")
     return float(m.group(1)) * _UNITS[unit]
 
 
@@ -83,7 +83,7 @@ def parse_cluster(spec: str, bandwidth: str | None = None) -> Cluster:
     m = re.fullmatch(r"(\d+)(?:x(\d+))?", shape)
     if m is None:
         raise UserInputError(f"cannot read cluster {spec!r}; write SxG (servers x workers per "
-                            "server, e.g. 4x4), a flat count (16), or a preset (A:4x4)")
+                             "server, e.g. 4x4), a flat count (16), or a preset (A:4x4)")
     servers, per_server = (int(m.group(1)), int(m.group(2))) if m.group(2) \
         else (1, int(m.group(1)))
     if bandwidth:
@@ -94,7 +94,7 @@ def parse_cluster(spec: str, bandwidth: str | None = None) -> Cluster:
         bws = bws * 2
     if len(bws) != 2:
         raise UserInputError(f"--bandwidth needs two values (inside a server, between "
-                            f"servers) for a two-level cluster, got {len(bws)}")
+                             f"servers) for a two-level cluster, got {len(bws)}")
     levels = [Level(per_server, bws[0]), Level(servers, bws[1])]
     kept = tuple(lv for lv in levels if lv.workers > 1) or (levels[0],)
     return Cluster(kept, name=f"{preset + ':' if preset else ''}{shape}")

@@ -213,7 +213,7 @@ def plan_profile(profile: Profile, cluster: Cluster, model: str = "pipebench",
     sol = solve(states, cluster, model, straight, memory_limit)
     if not math.isfinite(sol.time):
         raise UserInputError("no feasible plan: every partition exceeds the memory limit "
-                            "(raise --memory-limit or add workers)")
+                             "(raise --memory-limit or add workers)")
     b = batch_size or profile.batch_size or infer_batch_size(profile)
     return build_plan(sol, b, profile.source or profile.workload)
 
