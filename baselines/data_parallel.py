@@ -24,8 +24,8 @@ class DataParallelExecutor(Executor):
         self.world = self.layout.workers
         self.model = pieces.model.to(self.device).train()
         self.sent = 0  # bytes this rank sends in gradient all-reduces (ring formula)
-        self.net, self.optimizer = self._wrap(self.model, pieces.optimizer(
-            self.model.parameters()))
+        self.net, self.optimizer = self._wrap(self.model,
+                                             self.optimizer_for(self.model.parameters()))
         self.n_steps = pieces.steps_per_epoch()
 
     def _wrap(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer):  # noqa: ANN202

@@ -156,6 +156,7 @@ def horovodrun() -> str:
 class HorovodLauncher(Launcher):
     def _start(self, specs: list[WorkerSpec]) -> None:
         n = len(specs)
+        exe = horovodrun()  # before anything is opened: nothing to clean up if it is missing
         authkey = os.urandom(16)
         self._listener = Listener(("127.0.0.1", 0), authkey=authkey)
         host, port = self._listener.address
@@ -163,7 +164,7 @@ class HorovodLauncher(Launcher):
         spec_file = Path(self._tmp.name) / "spec.pkl"
         spec_file.write_bytes(pickle.dumps(specs[0]))
         self.log_path = Path(self._tmp.name) / "horovodrun.log"
-        cmd = [horovodrun(), "-np", str(n), "-H", f"localhost:{n}", "--gloo",
+        cmd = [exe, "-np", str(n), "-H", f"localhost:{n}", "--gloo",
                sys.executable, "-m", "baselines.horovod", str(spec_file), host, str(port),
                authkey.hex()]
         env = {**os.environ, **HOROVOD_ENV,
@@ -197,7 +198,11 @@ class HorovodLauncher(Launcher):
                     self.fail(f"horovodrun ended (exit code {popen.poll()}) before all "
                                f"{n} ranks connected:\n{self.log_tail()}")
                 continue
-            rank = end.get(timeout=30)
+            try:
+                rank = end.get(timeout=30)
+            except (queue.Empty, EOFError, OSError):
+                self.fail(f"a horovodrun rank connected but did not say which it is:\n"
+                          f"{self.log_tail()}")
             ends[rank] = end
             threading.Thread(target=self._read, args=(end,), daemon=True).start()
         return [ends[r] for r in range(n)]

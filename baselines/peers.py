@@ -36,7 +36,6 @@ __all__ = ["DeepSpeedPipeExecutor", "EngineStage", "TorchPipeExecutor",
            "check_peer_boundaries"]
 
 
-
 def _tup(x) -> tuple:  # noqa: ANN001
     return x if isinstance(x, tuple) else (x,)
 
@@ -151,7 +150,7 @@ class TorchPipeExecutor(PeerExecutor):
         cls = ScheduleGPipe if self.system.schedule == "flush" else Schedule1F1B
         # scale_grads: gradients averaged over microbatches = the minibatch's mean loss
         self.schedule = cls(self.pipe_stage, self.m, loss_fn=self.loss_fn, scale_grads=True)
-        self.optimizer = self.pieces.optimizer(self.module.parameters())
+        self.optimizer = self.optimizer_for(self.module.parameters())
 
     def _step(self, k: int) -> list[float]:
         self.optimizer.zero_grad(set_to_none=True)
@@ -194,7 +193,7 @@ class DeepSpeedPipeExecutor(PeerExecutor):
                                       s == self.n_stages - 1))
         pipe = PipelineModule(layers=layers, num_stages=self.n_stages, loss_fn=self.loss_fn,
                               partition_method="uniform", activation_checkpoint_interval=0)
-        optimizer = self.pieces.optimizer(self.module.parameters())
+        optimizer = self.optimizer_for(self.module.parameters())
         config = {"train_batch_size": self.run.batch_size,
                   "train_micro_batch_size_per_gpu": self.run.batch_size // self.m,
                   "gradient_accumulation_steps": self.m, "steps_per_print": 1 << 30,

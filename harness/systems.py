@@ -19,11 +19,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from core.errors import UserInputError
+from pipedream_impl.runtime import SPAWN_LAUNCHER, STAGE_EXECUTOR
 
 __all__ = ["PAPER", "SIMULATED", "SYSTEMS", "VALIDATED", "System", "get", "names", "simulated"]
 
-_OUR_EXECUTOR = "pipedream_impl.runtime.stage_executor:StageExecutor"
-_SPAWN = "pipedream_impl.runtime.launcher:Launcher"
 
 
 @dataclass(frozen=True)
@@ -32,7 +31,7 @@ class System:
     kind: str  # "one-process", "pipeline" or "data-parallel"
     summary: str  # one line for help texts and listings
     executor: str | None = None  # module:Class every worker runs (None: single process)
-    launcher: str | None = _SPAWN  # module:Class that starts and drives the workers
+    launcher: str | None = SPAWN_LAUNCHER  # module:Class that starts and drives the workers
     replicated_stages: bool = False  # pipeline stages may have replicas (PipeDream's plans)
     microbatched: bool = False  # a flush pipeline: minibatches split into microbatches
     weight_modes: bool = False  # --weights / --in-flight apply
@@ -57,13 +56,13 @@ class System:
 SYSTEMS: tuple[System, ...] = (
     System("single", "one-process", "one process, the whole model (the reference)", launcher=None),
     System("pipedream", "pipeline", "PipeDream: 1F1B(-RR) with weight stashing, planned "
-           "stages (replicas allowed)", _OUR_EXECUTOR, replicated_stages=True,
+           "stages (replicas allowed)", STAGE_EXECUTOR, replicated_stages=True,
            weight_modes=True, reports_idle=True, schedule="1f1b", sim="1f1b"),
     System("gpipe", "pipeline", "GPipe: microbatches, flush, one synchronous update",
-           _OUR_EXECUTOR, microbatched=True, reports_idle=True, schedule="flush",
+           STAGE_EXECUTOR, microbatched=True, reports_idle=True, schedule="flush",
            sim="flush"),
     System("model-parallel", "pipeline", "one minibatch in flight across the stages",
-           _OUR_EXECUTOR, weight_modes=True, reports_idle=True, schedule="1f1b",
+           STAGE_EXECUTOR, weight_modes=True, reports_idle=True, schedule="1f1b",
            in_flight=1, sim="in-flight-1", aliases=("mp",)),
     System("horovod", "data-parallel", "Horovod data parallelism (horovodrun --gloo)",
            "baselines.horovod:HorovodExecutor", "baselines.horovod:HorovodLauncher",

@@ -233,7 +233,7 @@ def gpipe(layout: Layout, minibatches: int, microbatches: int) -> Schedule:
 class TickCosts:
     """The schedule grid's illustrative costs: forward 1 tick, backward 2, the rest free.
 
-    A cost model answers three questions (``harness.simulator.ClusterCosts`` answers them
+    A cost model answers three questions (``harness.sim.costs.ClusterCosts`` answers them
     from a profile and a cluster): how long a rank's compute action takes, when a message
     sent at ``t`` leaves the sender free, when it is in once the receiver posts its receive
     (``send`` returns a token ``receive`` reads: an eager transfer's arrival time, or a

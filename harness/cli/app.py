@@ -4,7 +4,8 @@ This module holds the typer app, the console and ``main``; the commands live bes
 (``train``: workloads, run, compare-run, bench; ``planning``: profile, plan,
 planner-table, schedule; ``simulation``: simulate, reproduce). Commands import what they
 need inside their bodies, so ``pipebench --help``, ``plan``, ``simulate``, ``schedule``
-and ``reproduce table1`` start without importing torch or mlflow (tests/test_cli_imports.py).
+and ``reproduce table1`` start without importing torch or mlflow
+(tests/harness/cli/test_imports.py).
 
 Wrong input raises ``UserInputError``; ``main`` prints its message as one line and exits 2.
 """

@@ -98,13 +98,13 @@ def reproduce(
     gpipe), or the simulator against runs on this machine (validation)."""
     from pathlib import Path
 
+    from harness.paths import RESULTS
     from harness.reporting.progress import Progress
     from harness.sim import paper
     from harness.sim import reproduce as rp
 
     progress = Progress(enabled=not quiet)
-    cpu_profiles = cpu_profiles or str(Path(__file__).resolve().parents[2] / "results"
-                                       / "profiles")
+    cpu_profiles = cpu_profiles or str(RESULTS / "profiles")
     command = command_line()
     if table == "validation":
         from harness.sim.validation import markdown, validate

@@ -48,9 +48,11 @@ class BenchRow:
 
 def bench(base: RunConfig, systems: tuple[str, ...], steps: int, progress: Progress) \
         -> list[BenchRow]:
-    from harness.experiments.pipeline_trainer import PipelineFailure
     from harness.experiments.runner import run
+    from pipedream_impl.runtime.launcher import PipelineFailure
 
+    for s in systems:
+        registry_of_systems.get(s)  # unknown names: a clear error before anything runs
     wl = registry.get(base.workload)
     spec = wl.spec(base.scale)
     b = base.batch_size or spec.batch_size

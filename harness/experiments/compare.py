@@ -181,8 +181,8 @@ def system_config(base: RunConfig, system: str, plan: str | None, **changes) -> 
 
 def _run_one(base: RunConfig, system: str, plans: dict[str, str], parent_id: str,
              progress: Progress) -> Row:
-    from harness.experiments.pipeline_trainer import PipelineFailure
     from harness.experiments.runner import run
+    from pipedream_impl.runtime.launcher import PipelineFailure
 
     replicated = registry_of_systems.get(system).replicated_stages
     cfg = system_config(base, system, plans.get("planned" if replicated else "straight"))

@@ -11,27 +11,26 @@ single-process training.
 
 from __future__ import annotations
 
-import importlib
 import time
 from dataclasses import dataclass
 
 import torch
 
 from core.errors import UserInputError
+from core.imports import load
 from harness.config import RunConfig
 from harness.experiments.training import EpochStats
 from harness.reporting.progress import Progress
-from harness.systems import System
 from pipedream_impl.runtime.contract import (
     EpochReport,
     RunSettings,
     SystemSettings,
     WorkerSpec,
 )
-from pipedream_impl.runtime.launcher import Launcher, PipelineFailure, free_port
+from pipedream_impl.runtime.launcher import Launcher, free_port
 from workloads.base import DataSplits, Workload
 
-__all__ = ["PipelineFailure", "PipelineMetrics", "PipelineTrainer", "system_settings"]
+__all__ = ["PipelineMetrics", "PipelineTrainer", "system_settings"]
 
 
 @dataclass
@@ -72,11 +71,6 @@ def system_settings(cfg: RunConfig, replicas: tuple[int, ...],
     return settings, params
 
 
-def _launcher_class(system: System) -> type[Launcher]:
-    module, cls = system.launcher.split(":")
-    return getattr(importlib.import_module(module), cls)
-
-
 class PipelineTrainer:
     def __init__(self, cfg: RunConfig, workload: Workload, splits: DataSplits,
                  replicas: tuple[int, ...], bounds: tuple[tuple[int, int], ...],
@@ -98,7 +92,7 @@ class PipelineTrainer:
                           device.type, cfg.warmup_steps, cfg.timeout_s, cfg.fail_at)
         init = f"tcp://127.0.0.1:{free_port()}"
         specs = [WorkerSpec(rank, run, self.settings, init) for rank in range(sum(replicas))]
-        self.launcher = _launcher_class(cfg.definition)(specs)
+        self.launcher: Launcher = load(cfg.definition.launcher)(specs)
 
     def train_epoch(self, epoch: int) -> EpochStats:
         t0 = time.time()
@@ -118,6 +112,8 @@ class PipelineTrainer:
         if epoch == 0 and warm and steps > self.cfg.warmup_steps:
             stats.timed_samples = samples - self.cfg.warmup_steps * self.batch_size
             stats.timed_s = end - min(warm)
+        elif epoch == 0 and self.cfg.warmup_steps:  # all warm-up: nothing timed, as in
+            stats.timed_samples, stats.timed_s = 0, 0.0  # one process (NaN samples/s)
         else:
             stats.timed_samples, stats.timed_s = samples, end - t0
         self._absorb(reports)

@@ -122,13 +122,14 @@ def _less_or_more(ratio: float) -> str:
 DISCUSSION = """\
 - How we know `pipedream-2019` makes the original's decisions: the DP equals brute-force
   enumeration of every partition and replication under the same formulas
-  (tests/test_optimizer.py, one and two levels), and a loop-for-loop transcription of the
-  original's `compute_partitioning` and data-parallel formula, run on this machine and not
-  kept in the repository, gave bit-identical bottleneck and data-parallel times on the
-  VGG-16 and AlexNet profiles for A:1x4, A:2x4, A:4x4, B:1x8, B:2x8, C:4x1 and a flat 16,
-  straight and replicated (28 cases, largest relative difference 0). On branching graphs
-  the original's answer depends on its hash-seeded state order (see antichain.py), so there
-  we match its formulas, not a single reference run.
+  (tests/pipedream_impl/planner/test_optimizer.py, one and two levels), and a
+  loop-for-loop transcription of the original's `compute_partitioning` and data-parallel
+  formula, run on this machine and not kept in the repository, gave bit-identical
+  bottleneck and data-parallel times on the VGG-16 and AlexNet profiles for A:1x4, A:2x4,
+  A:4x4, B:1x8, B:2x8, C:4x1 and a flat 16, straight and replicated (28 cases, largest
+  relative difference 0). On branching graphs the original's answer depends on its
+  hash-seeded state order (see antichain.py), so there we match its formulas, not a single
+  reference run.
 - The paper's configurations came from the optimizer run with bandwidths the paper does not
   list per row, with profiles that may differ from the ones published in the repository,
   and several rows (Table 1 vs the epoch-time section) disagree with each other for the

@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-__all__ = ["parameter_counts", "print_summary", "workloads_table"]
-
 from rich.console import Console
 from rich.table import Table
 
 from harness.experiments.training import RunSummary
 from harness.reporting.units import fmt_bytes, fmt_count
 from workloads.base import Workload, count_parameters
+
+__all__ = ["parameter_counts", "print_summary", "workloads_table"]
 
 
 def workloads_table(workloads: list[Workload], parameter_counts: dict[str, dict[str, int]]) \

@@ -20,11 +20,12 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["EPOCH_METRICS", "PARAM_KEYS", "REPO", "RUN_METRICS", "TARGET_METRICS", "Tracker",
+from harness.paths import REPO
+
+__all__ = ["EPOCH_METRICS", "PARAM_KEYS", "RUN_METRICS", "TARGET_METRICS", "Tracker",
            "artifact_root", "default_tracking_uri", "git_sha", "hardware", "peak_memory_key",
            "tracked_run"]
 
-REPO = Path(__file__).resolve().parents[2]
 PARAM_KEYS = ("system", "workload", "scale", "batch_size", "global_batch_size", "workers",
               "seed", "epochs", "target", "metric", "data", "optimizer", "lr", "threads",
               "device", "hardware", "git_sha", "torch_version", "num_parameters", "warmup_steps")

@@ -44,7 +44,7 @@ def _bench(fn, world: int, args: tuple, load: int = 0):  # noqa: ANN001, ANN202
 
     import torch.multiprocessing as mp
 
-    from harness.experiments.pipeline_trainer import free_port
+    from pipedream_impl.runtime.launcher import free_port
 
     ctx = mp.get_context("spawn")
     out = ctx.Queue()

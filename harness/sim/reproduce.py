@@ -308,19 +308,19 @@ EXPLANATION = """
   slower than this ideal; against an ideal DP most pipelines gain little, which is the
   main reason our speedups are lower. The non-overlapped column is the fairer comparison
   with the paper's optimizer; it reproduces our planner's own predictions (checked in
-  tests/test_simulator.py on VGG-16, A:4x4: within 10%).
+  tests/harness/sim/test_simulator.py on VGG-16, A:4x4: within 10%).
 - **Our planner's cross-server replication.** An earlier `pipebench` cost model divided
   the weight synchronisation of a stage replicated across servers by the workers per
   server, so it planned configurations such as VGG-16 6-2 on A:2x4 (predicted 1.04x over
   DP) that simulate at 0.3-0.5x. It now charges each stage the bytes its server really
-  pushes per minibatch (the range's parameters over its replicas inside the server, or
-  the data-parallel-inside-the-server candidate, whichever is faster) and, checked by
-  brute force in tests/test_optimizer.py, still has data parallelism as a candidate. Where
-  it now plans plain data parallelism (VGG-16 on A:2x4 and B:2x8, ResNet-50), it predicts
-  no gain over an ideal ring DP. Some of the paper's configurations simulate better than
-  ours (VGG-16 7-1 on A:2x4: 1.43x vs DP not overlapped): a stage that takes part of a
-  server (7 = 4 + 3 workers) is outside our hierarchical planner's search space, whose
-  outer level hands whole servers to stages.
+  pushes per minibatch (the range's parameters over its replicas inside the server, or the
+  data-parallel-inside-the-server candidate, whichever is faster) and, checked by brute
+  force in tests/pipedream_impl/planner/test_optimizer.py, still has data parallelism as a
+  candidate. Where it now plans plain data parallelism (VGG-16 on A:2x4 and B:2x8,
+  ResNet-50), it predicts no gain over an ideal ring DP. Some of the paper's
+  configurations simulate better than ours (VGG-16 7-1 on A:2x4: 1.43x vs DP not
+  overlapped): a stage that takes part of a server (7 = 4 + 3 workers) is outside our
+  hierarchical planner's search space, whose outer level hands whole servers to stages.
 - **Splits.** The paper gives configurations, not layer ranges; its configurations are
   simulated with the split an exact DP picks for them under the simulator's costs.
 - **Profiles.** Rows on the shared V100 profiles use the authors' measurements at their

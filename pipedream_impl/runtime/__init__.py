@@ -1,3 +1,11 @@
 """The runtime: the executor contract (contract), our stage executor (stage_executor),
 communication with byte counts (comm), weight versions (weight_stash), the process
-launcher (launcher), all ranks in one process (local) and the torchrun entry point."""
+launcher (launcher), all ranks in one process (local) and the torchrun entry point.
+
+The two names below are how a registry or a spec refers to our executor and launcher
+without importing them (and torch): ``module:Class`` strings, loaded with
+``core.imports.load`` when a run starts.
+"""
+
+STAGE_EXECUTOR = "pipedream_impl.runtime.stage_executor:StageExecutor"
+SPAWN_LAUNCHER = "pipedream_impl.runtime.launcher:Launcher"

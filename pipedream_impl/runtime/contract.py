@@ -21,7 +21,6 @@ launcher (``pipedream_impl.runtime.launcher``) then stops every worker.
 from __future__ import annotations
 
 import datetime
-import importlib
 import time
 import traceback
 from dataclasses import dataclass, field
@@ -30,16 +29,16 @@ from typing import ClassVar
 import torch
 import torch.distributed as dist
 
+from core.imports import load
+from pipedream_impl.runtime import STAGE_EXECUTOR
 from pipedream_impl.schedule import Layout
 from workloads import registry
 from workloads.base import DataSplits, LayerModel, ScaleSpec, Workload
 from workloads.recipe import dropout_seed, epoch_order, load_splits, make_optimizer
 from workloads.recipe import peak_memory_bytes as _peak_memory_bytes
 
-__all__ = ["EpochReport", "Executor", "RunSettings", "STAGE_EXECUTOR", "SystemSettings",
-           "WorkerPieces", "WorkerSpec", "worker_main"]
-
-STAGE_EXECUTOR = "pipedream_impl.runtime.stage_executor:StageExecutor"
+__all__ = ["EpochReport", "Executor", "RunSettings", "SystemSettings", "WorkerPieces",
+           "WorkerSpec", "worker_main"]
 
 
 @dataclass(frozen=True)
@@ -124,9 +123,6 @@ class WorkerPieces:
         return cls(spec, Layout(spec.system.replicas), device, wl, wl.spec(spec.run.scale),
                    splits, model)
 
-    def optimizer(self, params) -> torch.optim.Optimizer:  # noqa: ANN001
-        return make_optimizer(self.scale_spec, params, self.spec.run.lr)
-
     def steps_per_epoch(self) -> int:
         n = len(self.splits.train) // self.spec.run.batch_size
         return n if self.spec.run.max_steps is None else min(n, self.spec.run.max_steps)
@@ -139,11 +135,16 @@ class Executor:
     n_steps: int  # minibatches per epoch, set by the subclass
 
     def __init__(self, pieces: WorkerPieces) -> None:
-        self.pieces = pieces
+        # the pieces themselves are not kept: their whole model would stay alive on a
+        # worker that needs one stage of it
         self.spec, self.layout, self.device = pieces.spec, pieces.layout, pieces.device
         self.run, self.system = pieces.spec.run, pieces.spec.system
         self.rank = pieces.spec.rank
         self.wl, self.scale_spec, self.splits = pieces.workload, pieces.scale_spec, pieces.splits
+
+    def optimizer_for(self, params) -> torch.optim.Optimizer:  # noqa: ANN001
+        """The workload's optimizer (the run's learning rate) over ``params``."""
+        return make_optimizer(self.scale_spec, params, self.run.lr)
 
     def run_epoch(self, epoch: int) -> EpochReport:
         raise NotImplementedError
@@ -196,8 +197,7 @@ def _serve(spec: WorkerSpec, control, results) -> None:  # noqa: ANN001
     if spec.run.device == "cuda":  # one GPU per local rank; NCCL below
         device = torch.device(f"cuda:{spec.local_rank % max(1, torch.cuda.device_count())}")
         torch.cuda.set_device(device)
-    module_name, cls_name = spec.system.executor.split(":")
-    executor_cls = getattr(importlib.import_module(module_name), cls_name)
+    executor_cls = load(spec.system.executor)
     if executor_cls.torch_distributed:  # Horovod brings its own
         dist.init_process_group("nccl" if device.type == "cuda" else "gloo",
                                 init_method=spec.init_method, rank=spec.rank,

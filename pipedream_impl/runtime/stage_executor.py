@@ -59,7 +59,7 @@ class StageExecutor(Executor):
         a, b = system.bounds[self.stage]
         self.module = pieces.model.stage(a, b).to(self.device).train()
         self.params = list(self.module.parameters())
-        self.optimizer = pieces.optimizer(self.params)
+        self.optimizer = self.optimizer_for(self.params)
         self.store = WeightStore(self.module, layout.replicas[self.stage],
                                  system.weights == "vertical-sync")
         self.replica_ranks = tuple(layout.rank(self.stage, i)

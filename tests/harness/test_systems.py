@@ -2,20 +2,14 @@
 
 from __future__ import annotations
 
-import importlib
-
 import pytest
 
 from core.errors import UserInputError
+from core.imports import load
 from harness import systems
 from harness.config import RunConfig
 from pipedream_impl.runtime.contract import Executor
 from pipedream_impl.runtime.launcher import Launcher
-
-
-def _load(ref: str) -> type:
-    module, cls = ref.split(":")
-    return getattr(importlib.import_module(module), cls)
 
 
 @pytest.mark.parametrize("system", systems.SYSTEMS, ids=lambda s: s.name)
@@ -25,8 +19,8 @@ def test_every_entry_names_an_executor_and_a_launcher_that_exist(system) -> None
         return
     if "horovod" in system.executor:
         pytest.importorskip("horovod.torch")
-    assert issubclass(_load(system.executor), Executor)
-    assert issubclass(_load(system.launcher), Launcher)
+    assert issubclass(load(system.executor), Executor)
+    assert issubclass(load(system.launcher), Launcher)
     assert system.kind in ("pipeline", "data-parallel")
     if system.kind == "pipeline" and system.executor.endswith("StageExecutor"):
         assert system.schedule in ("1f1b", "flush")

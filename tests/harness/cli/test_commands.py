@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from harness.paths import REPO
 from harness.reporting import tracking
 
 pytestmark = pytest.mark.cli
@@ -21,7 +22,7 @@ def _run(args: list[str], env_uri: str | None = None) -> subprocess.CompletedPro
     if env_uri:
         env["MLFLOW_TRACKING_URI"] = env_uri
     return subprocess.run(PIPEBENCH + args, capture_output=True, text=True, env=env,
-                          timeout=600, cwd=tracking.REPO)
+                          timeout=600, cwd=REPO)
 
 
 def test_workloads_lists_all_six() -> None:
@@ -100,7 +101,7 @@ def test_failed_run_is_marked_failed(mlflow_uri: str, monkeypatch: pytest.Monkey
 def test_default_store_is_sqlite_under_results(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     uri = tracking.default_tracking_uri()
-    assert uri == f"sqlite:///{Path(tracking.REPO) / 'results' / 'mlflow.db'}"
+    assert uri == f"sqlite:///{REPO / 'results' / 'mlflow.db'}"
     monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://localhost:5000")
     assert tracking.default_tracking_uri() == "http://localhost:5000"
 

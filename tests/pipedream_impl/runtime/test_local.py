@@ -24,7 +24,7 @@ def _spec(replicas=(1, 1, 1), bounds=BOUNDS, **kw) -> WorkerSpec:
 
 def test_in_process_run_follows_pipedreams_update_rule() -> None:
     """The same handlers, interleaved in one process, give the weights the update rule
-    defines (as the multi-process runtime does in test_runtime.py), and the action costs
+    defines (as the multi-process runtime does in test_stage_executor.py), and the action costs
     count every action of the schedule."""
     torch.set_num_threads(1)
     executors = local_executors(_spec())

@@ -9,8 +9,9 @@ import pytest
 import torch
 
 from harness.config import RunConfig
-from harness.experiments.pipeline_trainer import PipelineFailure, PipelineTrainer
+from harness.experiments.pipeline_trainer import PipelineTrainer
 from harness.reporting.progress import quiet
+from pipedream_impl.runtime.launcher import PipelineFailure
 from pipedream_impl.schedule import Layout, one_f_one_b
 from tests.pipeline_reference import simulate_pipedream, single_process_reference
 from workloads.registry import get
