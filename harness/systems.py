@@ -39,13 +39,23 @@ class System:
     float_boundaries_only: bool = False  # the engine carries only float tensors between stages
     schedule: str | None = None  # the runtime schedule its executor runs: "1f1b" or "flush"
     in_flight: int | None = None  # minibatches in flight, forced (1: model parallelism)
-    sim: str | None = None  # simulator schedule: "1f1b", "flush", "in-flight-1", "data-parallel"
     aliases: tuple[str, ...] = ()  # other names the simulator accepts (the paper's mp/dp)
     params: dict[str, str] = field(default_factory=dict)  # logged with every run
 
     @property
     def multi_process(self) -> bool:
         return self.kind != "one-process"
+
+    @property
+    def sim(self) -> str | None:
+        """How the simulator schedules it: our executor's schedule ("1f1b", "flush", or
+        "in-flight-1" for one minibatch in flight), "data-parallel" for a replicated whole
+        model; None where the simulator has no model of the engine (the peers)."""
+        if self.kind == "data-parallel":
+            return "data-parallel"
+        if self.executor != STAGE_EXECUTOR:
+            return None
+        return "in-flight-1" if self.in_flight == 1 else self.schedule
 
     @property
     def straight(self) -> bool:
@@ -57,22 +67,20 @@ SYSTEMS: tuple[System, ...] = (
     System("single", "one-process", "one process, the whole model (the reference)", launcher=None),
     System("pipedream", "pipeline", "PipeDream: 1F1B(-RR) with weight stashing, planned "
            "stages (replicas allowed)", STAGE_EXECUTOR, replicated_stages=True,
-           weight_modes=True, reports_idle=True, schedule="1f1b", sim="1f1b"),
+           weight_modes=True, reports_idle=True, schedule="1f1b"),
     System("gpipe", "pipeline", "GPipe: microbatches, flush, one synchronous update",
-           STAGE_EXECUTOR, microbatched=True, reports_idle=True, schedule="flush",
-           sim="flush"),
+           STAGE_EXECUTOR, microbatched=True, reports_idle=True, schedule="flush"),
     System("model-parallel", "pipeline", "one minibatch in flight across the stages",
            STAGE_EXECUTOR, weight_modes=True, reports_idle=True, schedule="1f1b",
-           in_flight=1, sim="in-flight-1", aliases=("mp",)),
+           in_flight=1, aliases=("mp",)),
     System("horovod", "data-parallel", "Horovod data parallelism (horovodrun --gloo)",
            "baselines.horovod:HorovodExecutor", "baselines.horovod:HorovodLauncher",
-           sim="data-parallel",
            params={"gradient_sync": "hvd.DistributedOptimizer(op=Average, compression=none)",
                    "broadcast": "parameters and optimizer state from rank 0",
                    "tensor_fusion": "default (HOROVOD_FUSION_THRESHOLD unset: 64 MiB)",
                    "autotune": "off", "launcher": "horovodrun --gloo"}),
     System("ddp", "data-parallel", "torch DistributedDataParallel", "baselines.ddp:DDPExecutor",
-           sim="data-parallel", aliases=("dp",),
+           aliases=("dp",),
            params={"gradient_sync": "DDP all-reduce (average), default buckets"}),
     System("torch-gpipe", "pipeline", "torch.distributed.pipelining ScheduleGPipe",
            "baselines.peers:TorchPipeExecutor", microbatched=True,
