@@ -323,63 +323,17 @@ def test_simulate_cli_rejects_an_unknown_system(tmp_path: Path) -> None:
     prof = chain([1.0, 1.0], [1.0, 1.0], [1.0, 1.0])
     path = tmp_path / "profile.json"
     path.write_text(prof.to_json())
-    r = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "harness.cli",
-            "simulate",
-            "--profile",
-            str(path),
-            "--cluster",
-            "2",
-            "--system",
-            "fsdp",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    ok = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "harness.cli",
-            "simulate",
-            "--profile",
-            str(path),
-            "--cluster",
-            "2",
-            "--system",
-            "mp",
-            "--config",
-            "1-1",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+
+    def simulate(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "harness.cli", "simulate", "--profile",
+                               str(path), "--cluster", "2", *args],
+                              capture_output=True, text=True, timeout=120)
+
+    r = simulate("--system", "fsdp")
+    ok = simulate("--system", "mp", "--config", "1-1")
     assert r.returncode == 2 and "unknown simulated system 'fsdp'" in r.stderr
     assert ok.returncode == 0 and "time per minibatch" in ok.stdout
     # every data-parallel system of the registry simulates as data parallelism
-    dp = [
-        subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "harness.cli",
-                "simulate",
-                "--profile",
-                str(path),
-                "--cluster",
-                "2",
-                "--system",
-                name,
-            ],
-            capture_output=True,
-            text=True,
-            timeout=120,
-        ).stdout.partition("time per minibatch")[2]
-        for name in ("dp", "ddp", "horovod")
-    ]
+    dp = [simulate("--system", name).stdout.partition("time per minibatch")[2]
+          for name in ("dp", "ddp", "horovod")]
     assert dp[0] == dp[1] == dp[2] and "samples/s" in dp[0]
