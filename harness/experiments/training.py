@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
+from core.errors import UserInputError
 from harness.config import RunConfig
 from harness.reporting.progress import Progress
 from workloads.base import Batch, Dataset, DataSplits, LayerModel, ScaleSpec, Workload
@@ -78,8 +79,6 @@ def resolve_device(name: str) -> torch.device:
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if name == "cuda" and not torch.cuda.is_available():
-        from core.errors import UserInputError
-
         raise UserInputError("--device cuda was asked for but no CUDA device is visible")
     return torch.device(name)
 
