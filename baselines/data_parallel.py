@@ -52,8 +52,8 @@ class DataParallelExecutor(Executor):
             b = microbatch(self.splits.train, self.wl, self.order, k, self.rank,
                            self.run.batch_size, self.world).to(self.device)
             loss = self._step(b)
-            self.synchronize()
-            report.busy_s += time.perf_counter() - t0
+            self.synchronize()  # one span: the all-reduces overlap the backward
+            self.record(report, "step", t0, time.perf_counter())
             report.losses.append(loss)
             self.mark_warm(report, k)
         report.allreduce_bytes = self.sent

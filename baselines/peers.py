@@ -125,7 +125,7 @@ class PeerExecutor(Executor):
             t0 = time.perf_counter()
             losses = self._step(k)
             self.synchronize()
-            report.busy_s += time.perf_counter() - t0
+            self.record(report, "step", t0, time.perf_counter())
             if self.last:
                 report.losses.extend(losses)
                 self.mark_warm(report, k)

@@ -46,10 +46,14 @@ from dataclasses import dataclass
 
 from core.errors import ScheduleError
 
-__all__ = ["Action", "Layout", "Schedule", "TickCosts", "WEIGHT_MODES", "gpipe", "grid",
-           "interleave", "one_f_one_b", "parse_action", "simulate", "validate", "warmup_count"]
+__all__ = ["ACTION_NAMES", "Action", "Layout", "Schedule", "TickCosts", "WEIGHT_MODES",
+           "gpipe", "grid", "interleave", "one_f_one_b", "parse_action", "simulate",
+           "validate", "warmup_count"]
 
 WEIGHT_MODES = ("stash", "vertical-sync", "none")
+ACTION_NAMES = {"RF": "receive activations", "F": "forward", "SF": "send activations",
+                "RB": "receive gradients", "B": "backward", "SB": "send gradients",
+                "A": "all-reduce", "U": "update"}  # what each action kind does
 _ACTION = re.compile(r"^(RF|SF|RB|SB|F|B|A|U)(\d+)(?:v(\d+))?(?:([<>])(\d+))?$")
 
 

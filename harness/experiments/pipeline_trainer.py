@@ -30,7 +30,9 @@ from pipedream_impl.runtime.contract import (
 from pipedream_impl.runtime.launcher import Launcher, free_port
 from workloads.base import DataSplits, Workload
 
-__all__ = ["PipelineMetrics", "PipelineTrainer", "system_settings"]
+__all__ = ["RUN_TRACE_EVENTS", "PipelineMetrics", "PipelineTrainer", "system_settings"]
+
+RUN_TRACE_EVENTS = 100_000  # trace events kept per worker for a whole run
 
 
 @dataclass
@@ -44,6 +46,9 @@ class PipelineMetrics:
     stash_weights: dict[int, int] | None = None
     stash_activations: dict[int, int] | None = None
     links: dict[tuple[int, int], int] | None = None
+    events: dict[int, list] | None = None  # per rank, every epoch's trace events (capped)
+    events_dropped: int = 0
+    placement: dict[int, tuple[int, int]] | None = None  # rank -> (stage, replica)
 
 
 def system_settings(cfg: RunConfig, replicas: tuple[int, ...],
@@ -137,6 +142,13 @@ class PipelineTrainer:
                                for k in {*r.action_s, *before.get(r.rank, {})}}
                       for r in reports}
         m.peak_memory = {r.rank: r.peak_memory for r in reports}
+        m.events = m.events or {}
+        for r in reports:
+            kept = m.events.setdefault(r.rank, [])
+            room = max(0, RUN_TRACE_EVENTS - len(kept))
+            kept.extend(r.events[:room])
+            m.events_dropped += r.events_dropped + max(0, len(r.events) - room)
+        m.placement = {r.rank: (r.stage, r.replica) for r in reports}
         m.stash_weights = {r.rank: r.stash_weight_bytes for r in reports}
         m.stash_activations = {r.rank: r.stash_activation_bytes for r in reports}
         self.replica_states = {r.rank: r.state for r in reports}

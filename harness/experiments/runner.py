@@ -2,7 +2,8 @@
 
 ``run`` resolves the config's defaults, builds the system's trainer (single process, or
 the multi-process trainer on the layout ``layout.pipeline_layout`` chooses), trains with
-the shared epoch loop and logs the schema of ``harness.reporting.tracking``.
+the shared epoch loop and logs the schema of ``harness.reporting.tracking`` and the
+artifacts of ``harness.reporting.artifacts`` (tables, figures, trace, plan).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from harness.experiments.training import (
     run_training,
 )
 from harness.reporting import tracking
+from harness.reporting.artifacts import log_artifacts
 from harness.reporting.progress import Progress
 from workloads import registry
 from workloads.base import DataSplits, Workload, count_parameters
@@ -53,7 +55,7 @@ def run(cfg: RunConfig, progress: Progress | None = None,
 
     run_name = f"{cfg.system}-{workload.name}-{cfg.scale}-w{cfg.workers}-s{cfg.seed}"
     with tracking.tracked_run(cfg.experiment, run_name, tags=cfg.tags,
-                              parent_run_id=parent_run_id) as tracker:
+                              parent_run_id=parent_run_id, system_metrics=True) as tracker:
         tracker.params({
             "system": cfg.system, "workload": workload.name, "scale": cfg.scale,
             "batch_size": batch_size, "global_batch_size": batch_size,
@@ -82,6 +84,8 @@ def run(cfg: RunConfig, progress: Progress | None = None,
         summary.run_id, summary.tracking_uri = tracker.run_id, tracker.uri
         tracker.metrics(final)
         summary.final_metrics, summary.layout_params = final, layout_params
+        if tracker.active:
+            log_artifacts(tracker, cfg, summary, trainer, workload)
     return summary
 
 

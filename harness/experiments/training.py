@@ -55,6 +55,7 @@ class RunSummary:
     target: float
     qualities: list[float] = field(default_factory=list)
     epochs: list[EpochStats] = field(default_factory=list)
+    elapsed_s: list[float] = field(default_factory=list)  # at each epoch's evaluation's end
     time_to_target_s: float | None = None
     epochs_to_target: int | None = None
     total_time_s: float = 0.0
@@ -118,6 +119,7 @@ def run_training(cfg: RunConfig, workload: Workload, target: float,
         eval_time = time.perf_counter() - t_eval
         summary.epochs.append(stats)
         summary.qualities.append(quality)
+        summary.elapsed_s.append(time.perf_counter() - start)
         log_epoch(epoch, stats, quality, eval_time)
         progress.note(f"epoch {epoch + 1}/{cfg.epochs}: loss {stats.train_loss:.4f}, "
                       f"{workload.metric} {quality:.4f} (target {target}), "

@@ -7,6 +7,11 @@ Default store: ``sqlite:///<repo>/results/mlflow.db`` with artifacts in
 The schema (documented in results/README.md; tests check it): keys in ``PARAM_KEYS`` are
 params of every run, ``EPOCH_METRICS`` are logged each epoch with ``step=epoch``, and
 ``RUN_METRICS`` once at the end (``time_to_target_s`` only when the target was reached).
+
+``PIPEBENCH_TRACKING=off`` turns tracking off: ``tracked_run`` then yields a tracker that
+logs nothing and never imports mlflow (the harness-overhead measurement and machines
+without mlflow use it). Training runs also record MLflow's system metrics (CPU, memory,
+GPU when ``nvidia-ml-py`` sees one) every ``SYSTEM_METRICS_INTERVAL_S`` seconds.
 """
 
 from __future__ import annotations
@@ -22,9 +27,9 @@ import torch
 
 from harness.paths import REPO
 
-__all__ = ["EPOCH_METRICS", "PARAM_KEYS", "RUN_METRICS", "TARGET_METRICS", "Tracker",
-           "artifact_root", "default_tracking_uri", "git_sha", "hardware", "peak_memory_key",
-           "tracked_run"]
+__all__ = ["EPOCH_METRICS", "PARAM_KEYS", "RUN_METRICS", "SYSTEM_METRICS_INTERVAL_S",
+           "TARGET_METRICS", "Tracker", "artifact_root", "default_tracking_uri", "enabled",
+           "git_sha", "hardware", "peak_memory_key", "tracked_run"]
 
 PARAM_KEYS = ("system", "workload", "scale", "batch_size", "global_batch_size", "workers",
               "seed", "epochs", "target", "metric", "data", "optimizer", "lr", "threads",
@@ -33,6 +38,13 @@ EPOCH_METRICS = ("epoch_time_s", "samples_per_s", "train_loss", "quality", "eval
 RUN_METRICS = ("throughput_samples_per_s", "final_quality", "best_quality", "total_time_s",
                "epochs_run", "bytes_communicated_per_sample", "peak_memory_bytes_max")
 TARGET_METRICS = ("time_to_target_s", "epochs_to_target")
+SYSTEM_METRICS_INTERVAL_S = 2.0
+
+
+def enabled() -> bool:
+    """False when ``PIPEBENCH_TRACKING`` is off (``off``, ``0``, ``false``, ``no``)."""
+    return os.environ.get("PIPEBENCH_TRACKING", "on").strip().lower() not in (
+        "off", "0", "false", "no")
 
 
 def peak_memory_key(rank: int) -> str:
@@ -76,31 +88,69 @@ def hardware(device: torch.device) -> str:
 
 
 class Tracker:
-    """A thin wrapper over one active MLflow run (created by ``tracked_run``)."""
+    """A thin wrapper over one active MLflow run (created by ``tracked_run``); with
+    tracking off (``run_id`` None) every method does nothing."""
 
-    def __init__(self, run_id: str, uri: str) -> None:
+    def __init__(self, run_id: str | None, uri: str | None) -> None:
         self.run_id, self.uri = run_id, uri
 
-    def params(self, params: dict) -> None:
-        import mlflow
+    @property
+    def active(self) -> bool:
+        return self.run_id is not None
 
-        mlflow.log_params({k: ("" if v is None else str(v)) for k, v in params.items()})
+    def params(self, params: dict) -> None:
+        if self.active:
+            import mlflow
+
+            mlflow.log_params({k: ("" if v is None else str(v)) for k, v in params.items()})
 
     def metrics(self, metrics: dict[str, float], step: int | None = None) -> None:
-        import mlflow
+        if self.active:
+            import mlflow
 
-        mlflow.log_metrics({k: float(v) for k, v in metrics.items()}, step=step)
+            mlflow.log_metrics({k: float(v) for k, v in metrics.items()}, step=step)
+
+    def tags(self, tags: dict[str, str]) -> None:
+        if self.active:
+            import mlflow
+
+            mlflow.set_tags(tags)
 
     def text(self, text: str, name: str) -> None:
-        import mlflow
+        if self.active:
+            import mlflow
 
-        mlflow.log_text(text, name)
+            mlflow.log_text(text, name)
+
+    def json(self, obj: dict | list, name: str) -> None:
+        if self.active:
+            import mlflow
+
+            mlflow.log_dict(obj, name)
+
+    def table(self, columns: dict[str, list], name: str) -> None:
+        """Per-worker or per-stage numbers as an MLflow table (``mlflow.log_table``)."""
+        if self.active and columns and any(columns.values()):
+            import mlflow
+
+            mlflow.log_table(data=columns, artifact_file=name)
+
+    def figure(self, fig, name: str) -> None:  # noqa: ANN001 - a matplotlib Figure
+        if self.active:
+            import mlflow
+
+            mlflow.log_figure(fig, name)
 
 
 @contextmanager
 def tracked_run(experiment: str, run_name: str, tags: dict[str, str] | None = None,
-                parent_run_id: str | None = None) -> Iterator[Tracker]:
-    """Start an MLflow run; mark it FAILED (keeping what was logged) if the body raises."""
+                parent_run_id: str | None = None,
+                system_metrics: bool = False) -> Iterator[Tracker]:
+    """Start an MLflow run; mark it FAILED (keeping what was logged) if the body raises.
+    ``system_metrics``: sample CPU, memory (and GPU) while the run is open."""
+    if not enabled():
+        yield Tracker(None, None)
+        return
     import mlflow
 
     uri = default_tracking_uri()
@@ -110,8 +160,11 @@ def tracked_run(experiment: str, run_name: str, tags: dict[str, str] | None = No
     if mlflow.get_experiment_by_name(experiment) is None:
         mlflow.create_experiment(experiment, artifact_location=artifact_root(uri))
     mlflow.set_experiment(experiment)
+    if system_metrics:
+        mlflow.set_system_metrics_sampling_interval(SYSTEM_METRICS_INTERVAL_S)
+        mlflow.set_system_metrics_samples_before_logging(1)
     run = mlflow.start_run(run_name=run_name, tags=tags, nested=parent_run_id is not None,
-                           parent_run_id=parent_run_id)
+                           parent_run_id=parent_run_id, log_system_metrics=system_metrics)
     try:
         yield Tracker(run.info.run_id, uri)
     except BaseException:

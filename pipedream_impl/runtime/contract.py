@@ -11,8 +11,14 @@ executor shares, so it is written once:
 - warm-up: the first ``RunSettings.warmup_steps`` minibatches of the run are excluded from
   throughput; ``mark_warm`` stamps when they are done;
 - failure injection for tests (``RunSettings.fail_at``: raise at a rank's minibatch);
-- reports: ``start_epoch`` opens one, ``close_report`` stamps the end, peak memory and the
-  stage's weights.
+- reports: ``start_epoch`` opens one, ``record`` books each timed span (busy or idle,
+  by action kind) and keeps it as a trace event, ``close_report`` stamps the end, peak
+  memory and the stage's weights.
+
+Trace events are ``(name, start, duration, busy)`` with ``start`` in wall-clock seconds
+(``time.time``, comparable across the processes of one machine); at most
+``TRACE_EVENTS_PER_EPOCH`` are kept per epoch, and the busy/idle sums count every span
+whether kept or not. ``harness.reporting.trace`` turns them into Chrome trace JSON.
 
 A worker that raises reports its traceback on the results queue and exits non-zero; the
 launcher (``pipedream_impl.runtime.launcher``) then stops every worker.
@@ -37,8 +43,10 @@ from workloads.base import DataSplits, LayerModel, ScaleSpec, Workload
 from workloads.recipe import dropout_seed, epoch_order, load_splits, make_optimizer
 from workloads.recipe import peak_memory_bytes as _peak_memory_bytes
 
-__all__ = ["EpochReport", "Executor", "RunSettings", "SystemSettings", "WorkerPieces",
-           "WorkerSpec", "worker_main"]
+__all__ = ["TRACE_EVENTS_PER_EPOCH", "EpochReport", "Executor", "RunSettings",
+           "SystemSettings", "WorkerPieces", "WorkerSpec", "worker_main"]
+
+TRACE_EVENTS_PER_EPOCH = 20_000  # per worker: a full-scale epoch is not shipped whole
 
 
 @dataclass(frozen=True)
@@ -93,6 +101,8 @@ class EpochReport:
     busy_s: float = 0.0
     idle_s: float = 0.0
     action_s: dict = field(default_factory=dict)  # seconds per action kind (F, B, SF, ...)
+    events: list = field(default_factory=list)  # (name, start wall s, duration s, busy)
+    events_dropped: int = 0  # spans beyond TRACE_EVENTS_PER_EPOCH (still counted above)
     payload: dict = field(default_factory=dict)
     header: dict = field(default_factory=dict)
     allreduce_bytes: int = 0
@@ -153,7 +163,24 @@ class Executor:
         """Seed this rank's epoch, set its sample order and open its report."""
         torch.manual_seed(dropout_seed(self.run.seed, epoch, self.rank))
         self.order = epoch_order(len(self.splits.train), self.run.seed, epoch)
+        # one anchor per epoch maps perf_counter spans onto the wall clock
+        self._wall0, self._perf0 = time.time(), time.perf_counter()
         return EpochReport(self.rank, stage, replica)
+
+    def record(self, report: EpochReport, name: str, t0: float, t1: float,
+               busy: bool = True) -> None:
+        """Book the span ``t0..t1`` (``time.perf_counter`` readings) as ``name``: busy or
+        idle time, seconds per action kind, and a trace event."""
+        dt = t1 - t0
+        report.action_s[name] = report.action_s.get(name, 0.0) + dt
+        if busy:
+            report.busy_s += dt
+        else:
+            report.idle_s += dt
+        if len(report.events) < TRACE_EVENTS_PER_EPOCH:
+            report.events.append((name, self._wall0 + (t0 - self._perf0), dt, busy))
+        else:
+            report.events_dropped += 1
 
     def check_injected_failure(self, minibatch: int) -> None:
         if self.run.fail_at is not None and self.run.fail_at == (self.rank, minibatch):

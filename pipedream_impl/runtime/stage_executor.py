@@ -103,12 +103,7 @@ class StageExecutor(Executor):
         t0 = time.perf_counter()
         waited = self.handlers[act.kind](act, pos)
         self.synchronize()
-        dt = time.perf_counter() - t0
-        self.report.action_s[act.kind] = self.report.action_s.get(act.kind, 0.0) + dt
-        if waited:
-            self.report.idle_s += dt
-        else:
-            self.report.busy_s += dt
+        self.record(self.report, act.kind, t0, time.perf_counter(), busy=not waited)
 
     def finish_epoch(self) -> EpochReport:
         self.comm.flush()
