@@ -77,7 +77,7 @@ SYSTEMS: tuple[System, ...] = (
            "baselines.horovod:HorovodExecutor", "baselines.horovod:HorovodLauncher",
            params={"gradient_sync": "hvd.DistributedOptimizer(op=Average, compression=none)",
                    "broadcast": "parameters and optimizer state from rank 0",
-                   "tensor_fusion": "default (HOROVOD_FUSION_THRESHOLD unset: 64 MiB)",
+                   "tensor_fusion": "default (HOROVOD_FUSION_THRESHOLD unset: 128 MiB)",
                    "autotune": "off", "launcher": "horovodrun --gloo"}),
     System("ddp", "data-parallel", "torch DistributedDataParallel", "baselines.ddp:DDPExecutor",
            aliases=("dp",),

@@ -1,4 +1,5 @@
-"""Commands that train: ``workloads``, ``run``, ``compare-run``, ``bench``."""
+"""Commands that train: ``workloads``, ``run``, ``compare-run`` (``bench`` and the suites:
+``harness.cli.suites``)."""
 
 from __future__ import annotations
 
@@ -7,9 +8,9 @@ from typing import Annotated
 import typer
 
 from harness import systems as system_registry
-from harness.cli.app import app, command_line, console, emit
+from harness.cli.app import app, command_line, console
 
-__all__ = ["bench", "compare_run", "run", "workloads"]
+__all__ = ["compare_run", "run", "workloads"]
 
 
 @app.command()
@@ -131,43 +132,3 @@ def compare_run(
         console.print(f"wrote {output}")
     if any(r.failed for r in cmp.rows):
         raise typer.Exit(1)
-
-
-@app.command()
-def bench(
-    workload: Annotated[str, typer.Option("--workload", "-w", help="see `pipebench workloads`")]
-    = "vgg16",
-    workers: Annotated[int, typer.Option(help="workers (stages of the straight split)")] = 2,
-    systems: Annotated[str, typer.Option(help="comma-separated systems")]
-    = ",".join(system_registry.names()),
-    scale: Annotated[str, typer.Option(help="tiny, small or full")] = "tiny",
-    steps: Annotated[int, typer.Option(help="flush minibatches per epoch (others: x M)")]
-    = 12,
-    epochs: Annotated[int, typer.Option(help="epochs (throughput: median)")] = 5,
-    batch_size: Annotated[int | None, typer.Option(help="microbatch size b (default: the "
-                                                   "workload's batch size)")] = None,
-    microbatches: Annotated[int | None, typer.Option(help="flush pipelines' microbatches "
-                                                     "(default 4 x stages)")] = None,
-    threads: Annotated[int, typer.Option(help="torch threads per worker")] = 1,
-    device: Annotated[str, typer.Option(help="auto, cpu or cuda")] = "auto",
-    experiment: Annotated[str, typer.Option(help="MLflow experiment")] = "pipebench-bench",
-    output: Annotated[str | None, typer.Option("--output", "-o", help="markdown file")]
-    = None,
-    quiet: Annotated[bool, typer.Option(help="no progress output")] = False,
-) -> None:
-    """Throughput of every system at equal microbatch size on one split (recorded, not
-    asserted)."""
-    from harness.config import RunConfig
-    from harness.experiments import bench as bench_lib
-    from harness.reporting.progress import Progress
-
-    base = RunConfig(system=system_registry.PAPER["planned"], workload=workload,
-                     scale=scale, epochs=epochs,
-                     batch_size=batch_size, threads=threads, device=device,
-                     experiment=experiment, workers=workers, microbatches=microbatches)
-    names = tuple(s.strip() for s in systems.split(",") if s.strip())
-    rows = bench_lib.bench(base, names, steps, Progress(enabled=not quiet))
-    text = bench_lib.markdown(rows, base, command_line())
-    emit(text, output)
-
-

@@ -48,6 +48,8 @@ class PipelineMetrics:
     links: dict[tuple[int, int], int] | None = None
     events: dict[int, list] | None = None  # per rank, every epoch's trace events (capped)
     events_dropped: int = 0
+    last_events: dict[int, list] | None = None  # per rank, the latest epoch's events
+    actions: int = 0  # spans booked over the run, every worker (kept in the trace or not)
     placement: dict[int, tuple[int, int]] | None = None  # rank -> (stage, replica)
 
 
@@ -149,6 +151,8 @@ class PipelineTrainer:
             kept.extend(r.events[:room])
             m.events_dropped += r.events_dropped + max(0, len(r.events) - room)
         m.placement = {r.rank: (r.stage, r.replica) for r in reports}
+        m.last_events = {r.rank: r.events for r in reports}
+        m.actions += sum(len(r.events) + r.events_dropped for r in reports)
         m.stash_weights = {r.rank: r.stash_weight_bytes for r in reports}
         m.stash_activations = {r.rank: r.stash_activation_bytes for r in reports}
         self.replica_states = {r.rank: r.state for r in reports}

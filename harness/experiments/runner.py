@@ -67,6 +67,7 @@ def run(cfg: RunConfig, progress: Progress | None = None,
             "hardware": tracking.hardware(device), "git_sha": tracking.git_sha(),
             "torch_version": torch.__version__,
             "num_parameters": count_parameters(trainer.model), **layout_params})
+        num_parameters = count_parameters(trainer.model)
 
         def log_epoch(epoch: int, stats: EpochStats, quality: float, eval_s: float) -> None:
             tracker.metrics({"epoch_time_s": stats.time_s, "samples_per_s": stats.samples_per_s,
@@ -84,6 +85,10 @@ def run(cfg: RunConfig, progress: Progress | None = None,
         summary.run_id, summary.tracking_uri = tracker.run_id, tracker.uri
         tracker.metrics(final)
         summary.final_metrics, summary.layout_params = final, layout_params
+        summary.num_parameters = num_parameters
+        if cfg.definition.multi_process:
+            summary.last_epoch_events = dict(trainer.metrics.last_events or {})
+            summary.placement = dict(trainer.metrics.placement or {})
         if tracker.active:
             log_artifacts(tracker, cfg, summary, trainer, workload)
     return summary
@@ -128,6 +133,7 @@ def _final_metrics(cfg: RunConfig, trainer, summary: RunSummary,  # noqa: ANN001
             extra[f"stash_activation_bytes_worker_{r}"] = m.stash_activations[r]
         for (a, b), n in m.links.items():
             extra[f"bytes_link_{a}_to_{b}"] = n
+        extra["actions_per_epoch"] = m.actions / max(1, len(summary.epochs))
     else:
         summary.peak_memory_bytes = {0: peak_memory_bytes(device)}
     final = {"throughput_samples_per_s": summary.throughput,

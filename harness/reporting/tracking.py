@@ -28,8 +28,8 @@ import torch
 from harness.paths import REPO
 
 __all__ = ["EPOCH_METRICS", "PARAM_KEYS", "RUN_METRICS", "SYSTEM_METRICS_INTERVAL_S",
-           "TARGET_METRICS", "Tracker", "artifact_root", "default_tracking_uri", "enabled",
-           "git_sha", "hardware", "peak_memory_key", "tracked_run"]
+           "TARGET_METRICS", "DetachedRun", "Tracker", "artifact_root", "default_tracking_uri",
+           "detached_run", "enabled", "git_sha", "hardware", "peak_memory_key", "tracked_run"]
 
 PARAM_KEYS = ("system", "workload", "scale", "batch_size", "global_batch_size", "workers",
               "seed", "epochs", "target", "metric", "data", "optimizer", "lr", "threads",
@@ -153,13 +153,8 @@ def tracked_run(experiment: str, run_name: str, tags: dict[str, str] | None = No
         return
     import mlflow
 
-    uri = default_tracking_uri()
-    if uri.startswith("sqlite:///"):
-        Path(uri[len("sqlite:///"):]).parent.mkdir(parents=True, exist_ok=True)
-    mlflow.set_tracking_uri(uri)
-    if mlflow.get_experiment_by_name(experiment) is None:
-        mlflow.create_experiment(experiment, artifact_location=artifact_root(uri))
-    mlflow.set_experiment(experiment)
+    uri, exp_id = _experiment_id(experiment)
+    mlflow.set_experiment(experiment_id=exp_id)
     if system_metrics:
         mlflow.set_system_metrics_sampling_interval(SYSTEM_METRICS_INTERVAL_S)
         mlflow.set_system_metrics_samples_before_logging(1)
@@ -171,3 +166,99 @@ def tracked_run(experiment: str, run_name: str, tags: dict[str, str] | None = No
         mlflow.end_run(status="FAILED")
         raise
     mlflow.end_run(status="FINISHED")
+
+
+class DetachedRun:
+    """A run driven through ``MlflowClient`` rather than the fluent API's one active run:
+    a suite keeps its parent and one run per cell open while the cells' training runs
+    come and go. With tracking off every method does nothing and ``run_id`` is None."""
+
+    def __init__(self, client, experiment_id: str | None, run_id: str | None,  # noqa: ANN001
+                 uri: str | None, experiment: str) -> None:
+        self.client, self.experiment_id, self.run_id = client, experiment_id, run_id
+        self.uri, self.experiment = uri, experiment
+        self.children: list[DetachedRun] = []
+        self.ended = False
+
+    def child(self, name: str, tags: dict[str, str]) -> DetachedRun:
+        if self.run_id is None:
+            return DetachedRun(None, None, None, None, self.experiment)
+        run = self.client.create_run(self.experiment_id, run_name=name,
+                                     tags={**tags, "mlflow.parentRunId": self.run_id})
+        out = DetachedRun(self.client, self.experiment_id, run.info.run_id, self.uri,
+                          self.experiment)
+        self.children.append(out)
+        return out
+
+    def params(self, params: dict) -> None:
+        if self.run_id:
+            from mlflow.entities import Param
+
+            self.client.log_batch(self.run_id, params=[Param(k, str(v))
+                                                       for k, v in params.items()])
+
+    def metrics(self, metrics: dict[str, float]) -> None:
+        if self.run_id:
+            import time
+
+            from mlflow.entities import Metric
+
+            now = int(time.time() * 1000)
+            self.client.log_batch(self.run_id, metrics=[Metric(k, float(v), now, 0)
+                                                        for k, v in metrics.items()])
+
+    def json(self, obj: dict | list, name: str) -> None:
+        if self.run_id:
+            self.client.log_dict(self.run_id, obj, name)
+
+    def end(self, status: str = "FINISHED") -> None:
+        if self.run_id and not self.ended:
+            self.client.set_terminated(self.run_id, status)
+        self.ended = True
+
+    def describe(self) -> dict | None:
+        if self.run_id is None:
+            return None
+        return {"tracking_uri": self.uri, "experiment": self.experiment,
+                "parent_run_id": self.run_id}
+
+
+def _experiment_id(experiment: str) -> tuple[str, str]:
+    """Point mlflow at the store and return (uri, experiment id), creating both once."""
+    import mlflow
+
+    uri = default_tracking_uri()
+    if uri.startswith("sqlite:///"):
+        Path(uri[len("sqlite:///"):]).parent.mkdir(parents=True, exist_ok=True)
+    mlflow.set_tracking_uri(uri)
+    exp = mlflow.get_experiment_by_name(experiment)
+    if exp is None:
+        return uri, mlflow.create_experiment(experiment, artifact_location=artifact_root(uri))
+    return uri, exp.experiment_id
+
+
+@contextmanager
+def detached_run(experiment: str, run_name: str, tags: dict[str, str]) \
+        -> Iterator[DetachedRun]:
+    """A parent run for a suite; it and its unfinished children end FAILED if the body
+    raises (KILLED on Ctrl-C), FINISHED otherwise."""
+    if not enabled():
+        yield DetachedRun(None, None, None, None, experiment)
+        return
+    from mlflow import MlflowClient
+
+    uri, exp_id = _experiment_id(experiment)
+    client = MlflowClient(uri)
+    run = client.create_run(exp_id, run_name=run_name, tags=tags)
+    parent = DetachedRun(client, exp_id, run.info.run_id, uri, experiment)
+    try:
+        yield parent
+    except BaseException as e:
+        status = "KILLED" if isinstance(e, KeyboardInterrupt) else "FAILED"
+        for c in parent.children:
+            c.end(status)
+        parent.end(status)
+        raise
+    for c in parent.children:
+        c.end()
+    parent.end()

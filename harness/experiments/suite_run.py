@@ -1,0 +1,244 @@
+"""Run a benchmark suite: every cell ``repeats`` times, systems interleaved, into one
+suite result (``harness.reporting.results``) and one MLflow parent run.
+
+Why: one run per system decides nothing on a machine whose speed swings by 15%; repeats
+interleaved across systems (repeat 1 of every system, then repeat 2 of every system, each
+repeat starting the group one system later) spread slow phases of the machine over all
+systems instead of charging them to one.
+
+MLflow: a parent run per suite (tags ``pipebench.kind=suite``, ``pipebench.suite``,
+``pipebench.git_sha``, ``pipebench.machine``; the result as ``suite.json``), under it one
+run per cell (``pipebench.kind=cell``, its median/min/max metrics) and, under each cell,
+the training run of every repeat with the usual schema. ``regressions --history`` finds
+earlier results through those tags.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import datetime
+import os
+import platform
+import statistics
+import tempfile
+from collections.abc import Iterator
+from importlib import metadata
+from pathlib import Path
+
+from core.errors import UserInputError
+from harness import systems
+from harness.config import RunConfig
+from harness.experiments.compare import shared_plans, system_config
+from harness.experiments.suite import Cell, Suite
+from harness.reporting import tracking
+from harness.reporting.progress import Progress
+from harness.reporting.results import COUNTERS, METRICS, RULE, SCHEMA, overhead_rows, summarise
+from harness.reporting.trace import chrome_trace, spans_by_worker
+from workloads import registry
+from workloads.recipe import load_splits
+
+__all__ = ["environment", "run_suite"]
+
+
+def environment(device: str, threads: int) -> dict:
+    """What the numbers depend on besides the code: versions, hardware, threads."""
+    from harness.experiments.training import resolve_device
+
+    def version(pkg: str) -> str | None:
+        try:
+            return metadata.version(pkg)
+        except metadata.PackageNotFoundError:
+            return None
+
+    dev = resolve_device(device)
+    hw = tracking.hardware(dev)
+    return {"git_sha": tracking.git_sha(), "python": platform.python_version(),
+            **{p: version(p) for p in ("torch", "torchvision", "horovod", "deepspeed",
+                                       "mlflow")},
+            "hardware": hw, "machine": f"{platform.node()}|{hw}" if os.environ.get(
+                "PIPEBENCH_MACHINE") is None else os.environ["PIPEBENCH_MACHINE"],
+            "cpu_count": os.cpu_count(), "threads_per_worker": threads,
+            "device": dev.type, "platform": platform.platform()}
+
+
+@contextlib.contextmanager
+def _tracking(on: bool) -> Iterator[None]:
+    """Tracking on or off for one cell (the overhead measurement)."""
+    before = os.environ.get("PIPEBENCH_TRACKING")
+    if not on:
+        os.environ["PIPEBENCH_TRACKING"] = "off"
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop("PIPEBENCH_TRACKING", None)
+        else:
+            os.environ["PIPEBENCH_TRACKING"] = before
+
+
+class _Group:
+    """What cells of one group share: the plans, and the bench's minibatch shape."""
+
+    def __init__(self, cell: Cell, suite: Suite, experiment: str, workdir: Path) -> None:
+        self.base = RunConfig(system=systems.PAPER["planned"], workload=cell.workload,
+                              scale=cell.scale, batch_size=cell.batch_size,
+                              threads=suite.threads, device=suite.device,
+                              experiment=experiment, workers=cell.workers,
+                              microbatches=cell.microbatches)
+        self.workload = registry.get(cell.workload)
+        workdir.mkdir(parents=True, exist_ok=True)
+        self.plans = shared_plans(self.base, workdir) if cell.workers > 1 else {}
+        self.n_train = len(load_splits(self.workload, cell.scale, None, 0).train)
+
+    def config(self, cell: Cell) -> RunConfig:
+        system = systems.get(cell.system)
+        if cell.mode == "time-to-target":
+            plan = self.plans.get("planned" if system.replicated_stages else "straight")
+            return system_config(self.base, cell.system, plan, epochs=cell.epochs,
+                                 max_steps_per_epoch=cell.steps)
+        import json
+
+        plan = self.plans.get("straight")
+        stages = len(json.loads(Path(plan).read_text())["stages"]) if plan else 1
+        m = self.base.microbatches or 4 * stages
+        b = self.base.batch_size or self.workload.spec(cell.scale).batch_size
+        k = min(cell.steps or 1, self.n_train // (m * b))
+        if k < 1:
+            raise UserInputError(f"{cell.key}: the training set ({self.n_train} samples) "
+                                 f"holds no minibatch of {m} x {b}")
+        never = 1e9 if self.workload.higher_is_better else -1e9  # every epoch runs
+        if system.microbatched:  # m microbatches of b
+            return system_config(self.base, cell.system, plan, target=never, epochs=cell.epochs,
+                                 max_steps_per_epoch=k, batch_size=m * b, microbatches=m)
+        return system_config(self.base, cell.system, plan, target=never, epochs=cell.epochs,
+                             max_steps_per_epoch=k * m, batch_size=b)
+
+
+def _measure(summary) -> tuple[dict, dict]:  # noqa: ANN001 - a RunSummary
+    m = summary.final_metrics
+    bubbles = [v for k, v in m.items() if k.startswith("bubble_fraction_worker_")]
+    metrics = {"throughput_samples_per_s": summary.throughput,
+               "time_to_target_s": summary.time_to_target_s,
+               "epochs_to_target": summary.epochs_to_target,
+               "peak_memory_bytes_max": m.get("peak_memory_bytes_max"),
+               "bubble_fraction": statistics.mean(bubbles) if bubbles else None}
+    counters = {"bytes_per_sample": m.get("bytes_communicated_per_sample"),
+                "num_parameters": summary.num_parameters,
+                "steps_per_epoch": summary.epochs[0].steps if summary.epochs else None,
+                "actions_per_epoch": m.get("actions_per_epoch")}
+    return metrics, counters
+
+
+def _timeline(summary) -> dict | None:  # noqa: ANN001
+    if not summary.last_epoch_events:
+        return None
+    spans = spans_by_worker(chrome_trace(summary.last_epoch_events, summary.placement))
+    return {"labels": {r: f"w{r} s{st}" for r, (st, _) in summary.placement.items()},
+            "spans": {r: [[round(a, 3), round(d, 3), k, b] for a, d, k, b in rows]
+                      for r, rows in spans.items()}}
+
+
+def _order(cells: list[Cell], repeat: int) -> list[Cell]:
+    """Repeat ``repeat`` of the suite: groups in order, each group's systems rotated by
+    the repeat, so no system is always first (cold) or last."""
+    groups: dict[tuple, list[Cell]] = {}
+    for c in cells:
+        groups.setdefault(c.group, []).append(c)
+    out = []
+    for members in groups.values():
+        r = repeat % len(members)
+        out += members[r:] + members[:r]
+    return out
+
+
+def run_suite(suite: Suite, progress: Progress, experiment: str = "pipebench-suite",
+              repeats: int | None = None) -> dict:
+    """Run ``suite`` and return its result document (schema in ``results``)."""
+    from harness.experiments.runner import run
+    from pipedream_impl.runtime.launcher import PipelineFailure
+
+    repeats = repeats or suite.repeats
+    env = environment(suite.device, suite.threads)
+    cells = list(suite.cells)
+    record = {c.key: {"values": [], "counters": [], "run_ids": [], "status": "ok",
+                      "note": ""} for c in cells}
+    tags = {"pipebench.kind": "suite", "pipebench.suite": suite.name,
+            "pipebench.git_sha": env["git_sha"], "pipebench.machine": env["machine"]}
+    with tempfile.TemporaryDirectory(prefix="pipebench-suite-") as tmp, \
+            tracking.detached_run(experiment, f"suite-{suite.name}", tags) as parent:
+        cell_runs = {c.key: parent.child(c.key, {"pipebench.kind": "cell",
+                                                  "pipebench.cell": c.key}) for c in cells}
+        group_setups: dict[tuple, _Group] = {}
+        total, done = repeats * len(cells), 0
+        for rep in range(repeats):
+            for cell in _order(cells, rep):
+                rec = record[cell.key]
+                done += 1
+                if rec["status"] != "ok":
+                    continue  # unsupported or failed once: not retried
+                progress.note(f"[{done}/{total}] repeat {rep + 1}/{repeats}: {cell.key}")
+                try:
+                    if cell.group not in group_setups:
+                        group_setups[cell.group] = _Group(cell, suite, experiment,
+                                                          Path(tmp) / str(len(group_setups)))
+                    cfg = group_setups[cell.group].config(cell)
+                    with _tracking(cell.tracking):
+                        summary = run(cfg, progress, parent_run_id=cell_runs[cell.key].run_id)
+                except UserInputError as e:
+                    rec.update(status="unsupported", note=str(e).splitlines()[0])
+                    continue
+                except PipelineFailure as e:
+                    rec.update(status="failed", note=str(e).splitlines()[0])
+                    continue
+                metrics, counters = _measure(summary)
+                rec["values"].append(metrics)
+                rec["counters"].append(counters)
+                rec["run_ids"].append(summary.run_id)
+                rec.update(config=summary.layout_params.get("config", "1"),
+                           batch=cfg.batch_size,
+                           microbatch=cfg.batch_size // (cfg.microbatches or 1)
+                           if cfg.definition.microbatched else cfg.batch_size,
+                           metric=summary.metric, target=summary.target,
+                           curve={"seconds": summary.elapsed_s, "quality": summary.qualities},
+                           timeline=_timeline(summary))
+        out_cells = [_cell_result(c, record[c.key]) for c in cells]
+        result = {"schema": SCHEMA,
+                  "created": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+                  "suite": {"name": suite.name, "description": suite.description,
+                            "source": suite.source, "repeats": repeats,
+                            "threads": suite.threads, "device": suite.device},
+                  "environment": env, "rule": RULE,
+                  "mlflow": parent.describe(), "cells": out_cells,
+                  "overhead": overhead_rows(out_cells)}
+        for c in out_cells:
+            run_ = cell_runs[c["key"]]
+            run_.metrics({f"{name}{suffix}": s[key] for name, s in c["metrics"].items()
+                          for suffix, key in (("", "median"), ("_min", "min"),
+                                              ("_max", "max"))})
+            run_.params({k: c[k] for k in ("workload", "scale", "workers", "system", "mode",
+                                           "tracking", "status")})
+            run_.end("FINISHED" if c["status"] != "failed" else "FAILED")
+        parent.json(result, "suite.json")
+    return result
+
+
+def _cell_result(cell: Cell, rec: dict) -> dict:
+    out = {"key": cell.key, **dataclasses.asdict(cell), "status": rec["status"],
+           "note": rec["note"]}
+    if not rec["values"]:
+        out.update(metrics={}, counters={}, counters_consistent=True, run_ids=[])
+        return out
+    stats = {}
+    for name in METRICS:
+        s = summarise(v[name] for v in rec["values"])
+        if s is not None:
+            stats[name] = s.to_json()
+    first = rec["counters"][0]
+    consistent = all(c == first for c in rec["counters"])
+    out.update({k: rec.get(k) for k in ("config", "batch", "microbatch", "metric", "target",
+                                        "curve", "timeline")})
+    out.update(metrics=stats, counters={k: first.get(k) for k in COUNTERS},
+               counters_consistent=consistent, run_ids=rec["run_ids"],
+               reached=sum(v["time_to_target_s"] is not None for v in rec["values"]))
+    return out

@@ -1,0 +1,162 @@
+"""The suite result: its versioned JSON schema and the one rule that turns repeats into a
+number with a spread.
+
+Why: the nightly benchmark, ``regressions`` and the dashboard all read the same document,
+so its shape and the statistics rule have one home.
+
+The rule (written down as the issue asks; MLPerf Training runs a benchmark several times
+and drops the fastest and slowest before aggregating; TorchBench marks a benchmark
+unstable when repeated runs disagree beyond a threshold):
+- every cell runs ``repeats`` times, systems interleaved across repeats;
+- with 5 or more repeats the lowest and highest value are dropped (MLPerf); the centre
+  is the median of what is kept, the spread its min and max;
+- a cell is ``stable`` when (max - min) / median <= ``STABILITY`` (TorchBench-style), and
+  regressions use that relative spread to set their threshold.
+
+Schema ``pipebench-suite/1`` (``SCHEMA``)::
+
+    {"schema": "pipebench-suite/1", "created": ISO time,
+     "suite": {"name", "description", "source", "repeats", "threads", "device"},
+     "environment": {"git_sha", "python", "torch", "torchvision", "horovod", "deepspeed",
+                     "mlflow", "hardware", "machine", "cpu_count", "threads_per_worker",
+                     "device", "platform"},
+     "rule": {"centre", "spread", "drop_extremes_from", "stability"},
+     "mlflow": {"tracking_uri", "experiment", "parent_run_id"} or null,
+     "cells": [{"key", "workload", "scale", "workers", "system", "mode", "tracking",
+                "status": "ok" | "failed" | "unsupported", "note", "config", "batch",
+                "microbatch", "metric", "target",
+                "metrics": {NAME: {"median", "min", "max", "rel_spread", "n", "values",
+                                   "stable"}},
+                "counters": {NAME: number}, "counters_consistent": bool,
+                "curve": {"seconds": [...], "quality": [...]} (last repeat),
+                "timeline": {"labels": {rank: str}, "spans": {rank: [[start ms, dur ms,
+                             kind, busy], ...]}} (last repeat, last epoch) or null,
+                "run_ids": [...]}],
+     "overhead": [{"cell", "tracked", "untracked", "overhead"}]}
+
+``METRICS`` are noisy (compared with the spread), ``COUNTERS`` must not move at all.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+from dataclasses import dataclass
+from pathlib import Path
+
+from core.errors import UserInputError
+from harness.reporting.units import fmt_bytes
+
+__all__ = ["COUNTERS", "DROP_EXTREMES_FROM", "METRICS", "RULE", "SCHEMA", "STABILITY",
+           "Stat", "cell_row", "load_result", "overhead_rows", "summarise", "write_result"]
+
+SCHEMA = "pipebench-suite/1"
+STABILITY = 0.10
+DROP_EXTREMES_FROM = 5
+# noisy metrics: name -> True when higher is better
+METRICS = {"throughput_samples_per_s": True, "time_to_target_s": False,
+           "epochs_to_target": False, "peak_memory_bytes_max": False,
+           "bubble_fraction": False}
+# exact counters: must be identical between results of the same cell
+COUNTERS = ("bytes_per_sample", "num_parameters", "steps_per_epoch", "actions_per_epoch")
+RULE = {"centre": "median", "spread": "min-max of the kept values",
+        "drop_extremes_from": DROP_EXTREMES_FROM, "stability": STABILITY}
+
+
+@dataclass(frozen=True)
+class Stat:
+    median: float
+    low: float
+    high: float
+    n: int
+    values: tuple[float, ...]
+
+    @property
+    def rel_spread(self) -> float:
+        return (self.high - self.low) / abs(self.median) if self.median else 0.0
+
+    @property
+    def stable(self) -> bool:
+        return self.rel_spread <= STABILITY
+
+    def to_json(self) -> dict:
+        return {"median": self.median, "min": self.low, "max": self.high,
+                "rel_spread": self.rel_spread, "n": self.n, "values": list(self.values),
+                "stable": self.stable}
+
+    @classmethod
+    def from_json(cls, d: dict) -> Stat:
+        return summarise(d["values"])
+
+
+def summarise(values) -> Stat | None:  # noqa: ANN001 - any iterable of numbers or None
+    """The rule above over one cell's repeats (None and NaN left out)."""
+    vals = [float(v) for v in values if v is not None and not math.isnan(float(v))]
+    if not vals:
+        return None
+    kept = sorted(vals)
+    if len(kept) >= DROP_EXTREMES_FROM:
+        kept = kept[1:-1]
+    return Stat(statistics.median(kept), kept[0], kept[-1], len(vals), tuple(vals))
+
+
+def overhead_rows(cells: list[dict]) -> list[dict]:
+    """Harness overhead from cells measured with tracking on and off: the relative loss
+    of throughput (median over repeats) of the tracked cell."""
+    by_key = {c["key"]: c for c in cells}
+    out = []
+    for c in cells:
+        if not c["key"].endswith("/untracked"):
+            continue
+        on = by_key.get(c["key"][:-len("/untracked")])
+        thr = "throughput_samples_per_s"
+        if not on or thr not in on.get("metrics", {}) or thr not in c.get("metrics", {}):
+            continue
+        t_on, t_off = on["metrics"][thr]["median"], c["metrics"][thr]["median"]
+        out.append({"cell": on["key"], "tracked": t_on, "untracked": t_off,
+                    "overhead": 1 - t_on / t_off})
+    return out
+
+
+def cell_row(c: dict, single: float | None = None) -> tuple:
+    """One cell as a report row: system, status, config, microbatch, samples/s median,
+    min-max, spread, vs single, time to target, bytes/sample, peak memory, bubble."""
+    thr = c.get("metrics", {}).get("throughput_samples_per_s")
+    if c["status"] != "ok" or thr is None:
+        why = c["status"] + (f": {c['note']}" if c.get("note") else "")
+        return (c["system"], why) + ("",) * 10
+    m = c["metrics"]
+    ttt = m.get("time_to_target_s")
+    reached = (f"{ttt['median']:.1f} s ({m['epochs_to_target']['median']:.0f} ep, "
+               f"{c.get('reached', ttt['n'])}/{len(c['run_ids'])})" if ttt else
+               ("not reached" if c["mode"] == "time-to-target" else "-"))
+    bubble = m.get("bubble_fraction")
+    mem = m.get("peak_memory_bytes_max")
+    return (c["system"], "ok" if thr["stable"] else "ok ~", c.get("config") or "",
+            c.get("microbatch") or "", f"{thr['median']:.0f}",
+            f"{thr['min']:.0f}-{thr['max']:.0f}", f"{100 * thr['rel_spread']:.1f}%",
+            f"{thr['median'] / single:.2f}x" if single else "-", reached,
+            fmt_bytes(c["counters"].get("bytes_per_sample") or 0),
+            fmt_bytes(mem["median"]) if mem else "-",
+            f"{100 * bubble['median']:.0f}%" if bubble else "-")
+
+
+def write_result(result: dict, path: str | Path) -> None:
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    Path(path).write_text(json.dumps(result, indent=1, sort_keys=False) + "\n")
+
+
+def load_result(path: str | Path) -> dict:
+    """A suite result file, checked for its schema."""
+    p = Path(path)
+    if not p.is_file():
+        raise UserInputError(f"no suite result at {p}")
+    try:
+        data = json.loads(p.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise UserInputError(f"{p}: not a JSON suite result ({e})") from None
+    if not isinstance(data, dict) or data.get("schema") != SCHEMA:
+        raise UserInputError(f"{p}: not a {SCHEMA} result (schema "
+                             f"{data.get('schema') if isinstance(data, dict) else None!r})")
+    return data
