@@ -10,7 +10,7 @@ import typer
 from harness import systems as system_registry
 from harness.cli.app import app, command_line, console, emit
 
-__all__ = ["bench"]
+__all__ = ["bench", "compare", "dashboard", "regressions"]
 
 
 @app.command()
@@ -70,3 +70,144 @@ def bench(
     if result["mlflow"]:
         console.print(f"MLflow parent run {result['mlflow']['parent_run_id']} "
                       f"({result['mlflow']['tracking_uri']})", highlight=False)
+
+
+@app.command()
+def regressions(
+    current: Annotated[str, typer.Option(help="the suite result to judge: a JSON file or the "
+                                         "MLflow run id of a suite")],
+    baseline: Annotated[str | None, typer.Option(help="compare with this result (file or "
+                                                 "run id)")] = None,
+    history: Annotated[int | None, typer.Option(help="compare with the last N results of "
+                                                "the same suite on the same machine, found "
+                                                "in the MLflow store")] = None,
+    experiment: Annotated[str | None, typer.Option(help="MLflow experiment of the history "
+                                                   "(default: the current result's)")] = None,
+    min_threshold: Annotated[float, typer.Option(help="smallest relative move flagged in a "
+                                                 "noisy metric")] = 0.05,
+    show_all: Annotated[bool, typer.Option("--all", help="also list moves within the "
+                                           "noise")] = False,
+    output: Annotated[str | None, typer.Option("--output", "-o", help="markdown report")]
+    = None,
+) -> None:
+    """Compare suite results: exact counters must match, noisy metrics are flagged beyond
+    a threshold set by their measured spread. Exit code 1 on a regression."""
+    from core.errors import UserInputError
+    from core.markdown import markdown_table
+    from harness.reporting import regressions as reg
+    from harness.reporting.store import load_result_or_run, suite_history
+
+    if (baseline is None) == (history is None):
+        raise UserInputError("give --baseline FILE|RUN or --history N (one of them)")
+    if history is not None and history < 1:
+        raise UserInputError(f"--history must be at least 1 (got {history})")
+    if not 0 <= min_threshold < 1:
+        raise UserInputError(f"--min-threshold must be in [0, 1) (got {min_threshold})")
+    cur = load_result_or_run(current)
+    if baseline is not None:
+        bases, against = [load_result_or_run(baseline)], baseline
+    else:
+        bases = suite_history(cur, history, experiment)
+        against = f"the last {len(bases)} {cur['suite']['name']} result(s) on this machine"
+        if not bases:
+            console.print(f"no earlier {cur['suite']['name']} result on machine "
+                          f"{cur['environment']['machine']!r}: nothing to compare",
+                          highlight=False)
+            return
+    changes = reg.compare_results(bases, cur, min_threshold)
+    lines = [f"# Regressions: {current} against {against}", ""]
+    table = reg.rows(changes, show_all)
+    lines += markdown_table(("verdict", "cell", "what", "baseline", "current", "change",
+                             "threshold"), table) if table else ["Nothing moved beyond "
+                                                                 "the noise."]
+    verdict = "REGRESSION" if reg.has_regression(changes) else "no regression"
+    lines += ["", f"Verdict: {verdict}."]
+    emit("\n".join(lines) + "\n", output)
+    if reg.has_regression(changes):
+        raise typer.Exit(1)
+
+
+@app.command()
+def compare(
+    experiment: Annotated[str, typer.Option(help="MLflow experiment")] = "pipebench",
+    filter_string: Annotated[str, typer.Option("--filter", help="MLflow search filter, e.g. "
+                                               "\"params.workload = 'vgg16'\"")] = "",
+    fmt: Annotated[str, typer.Option("--format", help="md, csv or json")] = "md",
+    output: Annotated[str | None, typer.Option("--output", "-o", help="write here")] = None,
+) -> None:
+    """The comparison table of training runs already in the MLflow store (nothing is
+    re-run)."""
+    import csv
+    import io
+    import json
+
+    from core.errors import UserInputError
+    from core.markdown import markdown_table
+    from harness.reporting.store import (
+        COMPARE_COLUMNS,
+        compare_records,
+        compare_rows,
+        search_runs,
+    )
+
+    if fmt not in ("md", "csv", "json"):
+        raise UserInputError(f"--format must be md, csv or json (got {fmt!r})")
+    records = compare_records(search_runs(experiment, filter_string))
+    if fmt == "json":
+        text = json.dumps(records, indent=1) + "\n"
+    elif fmt == "csv":
+        buf = io.StringIO()
+        writer = csv.DictWriter(buf, fieldnames=list(records[0]) if records else ["run_id"])
+        writer.writeheader()
+        writer.writerows(records)
+        text = buf.getvalue()
+    else:
+        text = "\n".join([f"# Runs in {experiment}" + (f" where {filter_string}"
+                                                        if filter_string else ""), ""]
+                         + markdown_table(COMPARE_COLUMNS, compare_rows(records))) + "\n"
+    if output:
+        from pathlib import Path
+
+        Path(output).write_text(text)
+        console.print(f"wrote {output}")
+    else:
+        typer.echo(text, nl=False)
+
+
+@app.command()
+def dashboard(
+    output: Annotated[str, typer.Option("--output", "-o", help="the HTML file to write")]
+    = "report.html",
+    experiment: Annotated[str, typer.Option(help="MLflow experiment of the suites")]
+    = "pipebench-suite",
+    suite: Annotated[str | None, typer.Option(help="which suite (default: the newest "
+                                              "suite run's)")] = None,
+    history: Annotated[int, typer.Option(help="results of the suite to show in its history")]
+    = 30,
+    json_in: Annotated[list[str] | None, typer.Option("--json", help="build from these "
+                                                      "suite result files instead of the "
+                                                      "store (oldest first; repeatable)")]
+    = None,
+) -> None:
+    """One self-contained HTML page: time-to-accuracy curves, throughput with spread, bytes
+    per sample, memory and bubble per worker, the suite's history with regressions marked,
+    per-worker timelines."""
+    from pathlib import Path
+
+    from core.errors import UserInputError
+    from harness.reporting.dashboard import build_dashboard
+    from harness.reporting.results import load_result
+    from harness.reporting.store import load_result_or_run, suite_runs
+
+    if history < 1:
+        raise UserInputError(f"--history must be at least 1 (got {history})")
+    if json_in:
+        results = [load_result(p) for p in json_in]
+    else:
+        runs = suite_runs(experiment, suite, limit=history)
+        results = [load_result_or_run(r.info.run_id) for r in runs][::-1]
+        if results and suite is None:  # the newest run's suite only
+            name = results[-1]["suite"]["name"]
+            results = [r for r in results if r["suite"]["name"] == name]
+    Path(output).write_text(build_dashboard(results))
+    console.print(f"wrote {output} ({len(results)} suite result(s))", highlight=False)

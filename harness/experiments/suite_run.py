@@ -130,6 +130,16 @@ def _measure(summary) -> tuple[dict, dict]:  # noqa: ANN001 - a RunSummary
     return metrics, counters
 
 
+def _per_worker(final: dict) -> dict:
+    """The last repeat's per-worker peak memory and bubble: {name: {rank: value}}."""
+    out: dict[str, dict] = {"peak_memory_bytes": {}, "bubble_fraction": {}}
+    for key, value in final.items():
+        for name in out:
+            if key.startswith(f"{name}_worker_"):
+                out[name][int(key.rsplit("_", 1)[1])] = value
+    return out
+
+
 def _timeline(summary) -> dict | None:  # noqa: ANN001
     if not summary.last_epoch_events:
         return None
@@ -199,7 +209,9 @@ def run_suite(suite: Suite, progress: Progress, experiment: str = "pipebench-sui
                            batch=cfg.batch_size,
                            microbatch=cfg.batch_size // (cfg.microbatches or 1)
                            if cfg.definition.microbatched else cfg.batch_size,
-                           metric=summary.metric, target=summary.target,
+                           metric=summary.metric,
+                           target=summary.target if cell.mode == "time-to-target" else None,
+                           per_worker=_per_worker(summary.final_metrics),
                            curve={"seconds": summary.elapsed_s, "quality": summary.qualities},
                            timeline=_timeline(summary))
         out_cells = [_cell_result(c, record[c.key]) for c in cells]
@@ -237,7 +249,7 @@ def _cell_result(cell: Cell, rec: dict) -> dict:
     first = rec["counters"][0]
     consistent = all(c == first for c in rec["counters"])
     out.update({k: rec.get(k) for k in ("config", "batch", "microbatch", "metric", "target",
-                                        "curve", "timeline")})
+                                        "curve", "timeline", "per_worker")})
     out.update(metrics=stats, counters={k: first.get(k) for k in COUNTERS},
                counters_consistent=consistent, run_ids=rec["run_ids"],
                reached=sum(v["time_to_target_s"] is not None for v in rec["values"]))

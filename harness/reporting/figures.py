@@ -3,17 +3,19 @@ and a value with its spread per system.
 
 Why one module: a run logs its curves and timeline to MLflow (``log_figure``) and the
 dashboard draws the same pictures from the store, so both call these. Each function
-returns a matplotlib ``Figure`` (Agg backend, nothing shown); ``svg`` turns one into an
-inline SVG string for a self-contained HTML page.
+returns a matplotlib ``Figure`` (Agg backend, nothing shown); ``data_uri`` turns one into
+a PNG ``data:`` URI, so a page that shows it needs no other file.
 """
 
 from __future__ import annotations
 
+import base64
 import io
 
 from pipedream_impl.schedule import ACTION_NAMES
 
-__all__ = ["COLOURS", "curves_figure", "spread_figure", "svg", "timeline_figure"]
+__all__ = ["COLOURS", "bars_figure", "curves_figure", "data_uri", "history_figure",
+           "spread_figure", "timeline_figure"]
 
 COLOURS = {"F": "#4c72b0", "B": "#55a868", "A": "#dd8452", "U": "#8172b2",
            "SF": "#937860", "SB": "#937860", "RF": "#cccccc", "RB": "#cccccc",
@@ -95,10 +97,50 @@ def spread_figure(values: dict[str, tuple[float, float, float]], ylabel: str,
     return fig
 
 
-def svg(fig) -> str:  # noqa: ANN001
-    """The figure as an inline ``<svg>`` element (the figure is closed)."""
-    buf = io.StringIO()
-    fig.savefig(buf, format="svg")
+def bars_figure(groups: dict[str, dict[str, float]], ylabel: str, title: str = ""):  # noqa: ANN201
+    """Grouped bars: ``{label: {series: value}}`` (e.g. system -> worker -> peak memory)."""
+    plt = _plt()
+    labels = list(groups)
+    series = sorted({k for v in groups.values() for k in v}, key=str)
+    fig, ax = plt.subplots(figsize=(max(5, 0.8 * len(labels) + 2), 3.6))
+    width = 0.8 / max(1, len(series))
+    for j, name in enumerate(series):
+        ax.bar([i + j * width for i in range(len(labels))],
+               [groups[k].get(name, 0.0) for k in labels], width, label=str(name))
+    ax.set_xticks([i + 0.4 - width / 2 for i in range(len(labels))])
+    ax.set_xticklabels(labels, rotation=35, ha="right", fontsize=7)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    if len(series) > 1:
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    return fig
+
+
+def history_figure(series: dict[str, list[float | None]], xlabels: list[str],
+                   marks: dict[str, list[int]]):  # noqa: ANN201
+    """One line per series over results (None: not measured then); red crosses at the
+    indices ``marks`` names (regressions)."""
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(11, 4.5))
+    for label, ys in series.items():
+        xs = [i for i, y in enumerate(ys) if y is not None]
+        ax.plot(xs, [ys[i] for i in xs], marker=".", linewidth=1, label=label)
+        bad = [i for i in marks.get(label, []) if ys[i] is not None]
+        ax.plot(bad, [ys[i] for i in bad], "x", color="red", markersize=10, mew=2)
+    ax.set_xticks(range(len(xlabels)))
+    ax.set_xticklabels(xlabels, fontsize=6, rotation=30, ha="right")
+    ax.set_ylabel("samples/s (median)")
+    ax.set_title("suite history (red x: regression against the results before it)")
+    if 0 < len(series) <= 20:
+        ax.legend(fontsize=6, ncol=2)
+    fig.tight_layout()
+    return fig
+
+
+def data_uri(fig) -> str:  # noqa: ANN001
+    """The figure as a PNG ``data:`` URI (the figure is closed)."""
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=90)
     _plt().close(fig)
-    text = buf.getvalue()
-    return text[text.index("<svg"):]
+    return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()

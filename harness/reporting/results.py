@@ -31,6 +31,8 @@ Schema ``pipebench-suite/1`` (``SCHEMA``)::
                 "curve": {"seconds": [...], "quality": [...]} (last repeat),
                 "timeline": {"labels": {rank: str}, "spans": {rank: [[start ms, dur ms,
                              kind, busy], ...]}} (last repeat, last epoch) or null,
+                "per_worker": {"peak_memory_bytes": {rank: n}, "bubble_fraction":
+                               {rank: x}} (last repeat),
                 "run_ids": [...]}],
      "overhead": [{"cell", "tracked", "untracked", "overhead"}]}
 

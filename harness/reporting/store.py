@@ -1,0 +1,150 @@
+"""Reading the MLflow store back: suite results by run, a suite's history on a machine,
+and training runs as a comparison table.
+
+Why: ``regressions --history``, ``compare`` and ``dashboard`` look at what earlier runs
+logged instead of running anything; the tags they search by are written by
+``harness.experiments.suite_run`` (``pipebench.kind``, ``pipebench.suite``,
+``pipebench.machine``) and the columns they read are the run schema of ``tracking``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from pathlib import Path
+
+from core.errors import UserInputError
+from harness.reporting import tracking
+from harness.reporting.results import SCHEMA, load_result
+from harness.reporting.units import fmt_bytes
+
+__all__ = ["COMPARE_COLUMNS", "compare_records", "compare_rows", "load_result_or_run",
+           "search_runs",
+           "suite_history", "suite_runs"]
+
+_RUN_ID = re.compile(r"^[0-9a-f]{32}$")
+COMPARE_COLUMNS = ("run", "system", "workload", "scale", "workers", "config", "samples/s",
+                   "time to target (s)", "epochs", "best quality", "bytes/sample",
+                   "peak mem", "bubble", "start")
+
+
+def _mlflow():  # noqa: ANN202
+    import mlflow
+
+    mlflow.set_tracking_uri(tracking.default_tracking_uri())
+    return mlflow
+
+
+def _suite_json(run_id: str) -> dict:
+    mlflow = _mlflow()
+    try:
+        path = mlflow.artifacts.download_artifacts(run_id=run_id, artifact_path="suite.json")
+    except Exception as e:  # noqa: BLE001 - mlflow raises several kinds for a missing run
+        raise UserInputError(f"run {run_id}: no suite.json in "
+                             f"{tracking.default_tracking_uri()} ({type(e).__name__})") from None
+    data = json.loads(Path(path).read_text())
+    if data.get("schema") != SCHEMA:
+        raise UserInputError(f"run {run_id}: suite.json is not a {SCHEMA} result")
+    return data
+
+
+def load_result_or_run(ref: str) -> dict:
+    """A suite result from a file, or from the MLflow run (32 hex digits) that logged it."""
+    if Path(ref).exists() or not _RUN_ID.match(ref):
+        return load_result(ref)
+    return _suite_json(ref)
+
+
+def suite_runs(experiment: str, suite: str | None = None, machine: str | None = None,
+               limit: int = 100) -> list:
+    """Finished suite parent runs, newest first (mlflow Run objects)."""
+    mlflow = _mlflow()
+    if mlflow.get_experiment_by_name(experiment) is None:
+        return []
+    filt = ["tags.`pipebench.kind` = 'suite'", "attributes.status = 'FINISHED'"]
+    if suite:
+        filt.append(f"tags.`pipebench.suite` = '{suite}'")
+    if machine:
+        filt.append(f"tags.`pipebench.machine` = '{machine}'")
+    return mlflow.search_runs(experiment_names=[experiment], filter_string=" and ".join(filt),
+                              order_by=["attributes.start_time DESC"], max_results=limit,
+                              output_format="list")
+
+
+def suite_history(current: dict, n: int, experiment: str | None = None) -> list[dict]:
+    """The last ``n`` results of ``current``'s suite on its machine, oldest first, leaving
+    out ``current`` itself and anything that started after it."""
+    exp = experiment or (current.get("mlflow") or {}).get("experiment") or "pipebench-suite"
+    own = (current.get("mlflow") or {}).get("parent_run_id")
+    found = []
+    for run in suite_runs(exp, current["suite"]["name"], current["environment"]["machine"]):
+        if run.info.run_id == own:
+            continue
+        result = _suite_json(run.info.run_id)
+        if result["created"] <= current["created"]:
+            found.append(result)
+        if len(found) == n:
+            break
+    return found[::-1]
+
+
+def search_runs(experiment: str, filter_string: str = ""):  # noqa: ANN201 - a DataFrame
+    """Training runs (not suite or cell runs) of ``experiment``, newest first."""
+    mlflow = _mlflow()
+    if mlflow.get_experiment_by_name(experiment) is None:
+        raise UserInputError(f"no MLflow experiment {experiment!r} in "
+                             f"{tracking.default_tracking_uri()}")
+    base = "params.system != ''"
+    filt = f"{base} and {filter_string}" if filter_string else base
+    try:
+        return mlflow.search_runs(experiment_names=[experiment], filter_string=filt,
+                                  order_by=["attributes.start_time DESC"])
+    except mlflow.exceptions.MlflowException as e:
+        raise UserInputError(f"--filter {filter_string!r}: {e.message}") from None
+
+
+def _num(row, col: str) -> float | None:  # noqa: ANN001
+    try:
+        v = float(row.get(col))
+    except (TypeError, ValueError):
+        return None
+    return None if math.isnan(v) else v
+
+
+def _param(row, name: str) -> str | None:  # noqa: ANN001 - pandas gives NaN when unset
+    v = row.get(f"params.{name}")
+    return v if isinstance(v, str) else None
+
+
+def compare_records(frame) -> list[dict]:  # noqa: ANN001 - the DataFrame of search_runs
+    """One record per run with the numbers as logged (``None`` where not logged)."""
+    out = []
+    bubble_cols = [c for c in frame.columns if c.startswith("metrics.bubble_fraction_worker_")]
+    for _, r in frame.iterrows():
+        bubbles = [b for b in (_num(r, c) for c in bubble_cols) if b is not None]
+        rec = {"run_id": r["run_id"], "start_time": str(r["start_time"])[:19]}
+        rec.update({k: _param(r, k) for k in ("system", "workload", "scale", "workers")})
+        rec["config"] = _param(r, "config") or "1"
+        rec.update({k: _num(r, f"metrics.{k}") for k in (
+            "throughput_samples_per_s", "time_to_target_s", "epochs_run", "best_quality",
+            "bytes_communicated_per_sample", "peak_memory_bytes_max")})
+        rec["bubble_fraction"] = sum(bubbles) / len(bubbles) if bubbles else None
+        out.append(rec)
+    return out
+
+
+def compare_rows(records: list[dict]) -> list[tuple]:
+    """``compare_records`` formatted for people, in the columns ``COMPARE_COLUMNS``."""
+    def f(v, fmt: str) -> str:  # noqa: ANN001
+        return "" if v is None else format(v, fmt)
+
+    return [(r["run_id"][:8], r["system"], r["workload"], r["scale"], r["workers"], r["config"],
+             f(r["throughput_samples_per_s"], ".0f"),
+             "not reached" if r["time_to_target_s"] is None else f"{r['time_to_target_s']:.1f}",
+             f(r["epochs_run"], ".0f"), f(r["best_quality"], ".4g"),
+             "" if r["bytes_communicated_per_sample"] is None
+             else fmt_bytes(r["bytes_communicated_per_sample"]),
+             "" if r["peak_memory_bytes_max"] is None else fmt_bytes(r["peak_memory_bytes_max"]),
+             "-" if r["bubble_fraction"] is None else f"{100 * r['bubble_fraction']:.0f}%",
+             r["start_time"]) for r in records]
