@@ -15,13 +15,14 @@ demo: install
 	$(VENV)/bin/pipebench compare-run --workload gnmt8 --workers 2 --threads 1 -o results/demo/compare-gnmt8-tiny.md
 
 test: install
+	@./scripts/install_browser.sh
 	$(VENV)/bin/ruff check .
 	$(PY) -m pytest
 
 # the unit tier (no worker processes, no CLI subprocesses): under 2 minutes here
 test-fast: install
 	$(VENV)/bin/ruff check .
-	$(PY) -m pytest -m "not multiprocess and not cli"
+	$(PY) -m pytest -m "not multiprocess and not cli and not browser"
 
 lint: install
 	$(VENV)/bin/ruff check .

@@ -8,7 +8,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 VENV=${VENV:-.venv}
-PLAYWRIGHT_VERSION=1.65.2
+PLAYWRIGHT_VERSION=$(sed -n 's/^playwright==\([0-9.]*\).*/\1/p' requirements.txt)  # the pin's one home
 
 log() { printf '\033[1m[install_browser]\033[0m %s\n' "$*"; }
 

@@ -12,6 +12,8 @@ import pytest
 
 from tests.browser import BrowserUnavailable, check_page, ensure_chromium
 
+pytestmark = pytest.mark.browser
+
 # a 1x1 PNG
 PNG = (
     "data:image/png;base64,iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNk"

@@ -1,0 +1,74 @@
+"""harness/experiments/suite.py: suites are data, every key is checked, and repeats
+interleave the systems of a group."""
+
+from __future__ import annotations
+
+import pytest
+
+from core.errors import UserInputError
+from harness import systems
+from harness.experiments.suite import builtin_suites, load_suite, parse_suite
+from harness.experiments.suite_run import _order
+
+
+def test_the_builtin_suites_load_and_cover_what_their_names_promise() -> None:
+    assert {"smoke", "nightly", "gpu"} <= set(builtin_suites())
+    smoke = load_suite("smoke")
+    # every system once on VGG-16 and GNMT-8
+    assert {(c.workload, c.system) for c in smoke.cells} == {
+        (w, s) for w in ("vgg16", "gnmt8") for s in systems.names()}
+    assert smoke.repeats == 1
+    nightly = load_suite("nightly")
+    assert nightly.repeats >= 3
+    assert {c.workload for c in nightly.cells} == {"vgg16", "resnet50", "gnmt8", "gnmt16",
+                                                   "awd-lm", "s2vt"}
+    assert any(not c.tracking for c in nightly.cells)  # the overhead measurement
+    assert any(c.mode == "time-to-target" for c in nightly.cells)
+    assert {c.scale for c in load_suite("gpu").cells} == {"full"}
+
+
+def test_a_suite_file_by_path(tmp_path) -> None:  # noqa: ANN001
+    f = tmp_path / "mine.toml"
+    f.write_text('repeats = 2\n[[matrix]]\nworkloads = ["vgg16"]\nsystems = ["single", '
+                 '"ddp"]\nworkers = [2, 4]\nmode = "throughput"\nepochs = 1\nsteps = 1\n')
+    s = load_suite(str(f))
+    assert s.name == "mine" and s.repeats == 2
+    assert sorted(c.key for c in s.cells) == sorted(
+        f"vgg16/tiny/w{n}/{sys}/throughput" for n in (2, 4) for sys in ("single", "ddp"))
+
+
+@pytest.mark.parametrize("text, needle", [
+    ('[[matrix]]\nworkloads = ["vgg16"]\nbogus = 1\n', "unknown keys ['bogus']"),
+    ('[[matrix]]\nworkloads = ["nope"]\nepochs = 1\nsteps = 1\n', "nope"),
+    ('[[matrix]]\nworkloads = ["vgg16"]\nsystems = ["warp"]\nepochs = 1\nsteps = 1\n',
+     "warp"),
+    ('[[matrix]]\nworkloads = ["vgg16"]\nmode = "throughput"\n', "needs epochs and steps"),
+    ('[[matrix]]\nworkloads = ["vgg16"]\nworkers = [0]\nepochs = 1\nsteps = 1\n',
+     "workers must be a positive integer"),
+    ('repeats = 1\n', "at least one [[matrix]]"),
+    ('[[matrix]\n', "not valid TOML"),
+])
+def test_bad_suites_say_what_is_wrong(tmp_path, text: str, needle: str) -> None:  # noqa: ANN001
+    f = tmp_path / "bad.toml"
+    f.write_text(text)
+    with pytest.raises(UserInputError, match=None) as e:
+        load_suite(str(f))
+    assert needle in str(e.value)
+
+
+def test_an_unknown_suite_name_lists_the_builtin_ones() -> None:
+    with pytest.raises(UserInputError, match="smoke"):
+        load_suite("no-such-suite")
+
+
+def test_repeats_rotate_the_systems_of_each_group() -> None:
+    suite = parse_suite({"matrix": [{"workloads": ["vgg16", "gnmt8"],
+                                     "systems": ["single", "pipedream", "ddp"],
+                                     "epochs": 1, "steps": 1}]}, "test")
+    cells = list(suite.cells)
+    orders = [_order(cells, r) for r in range(3)]
+    for order in orders:  # every cell once per repeat, groups kept together
+        assert sorted(c.key for c in order) == sorted(c.key for c in cells)
+        assert [c.workload for c in order] == ["vgg16"] * 3 + ["gnmt8"] * 3
+    firsts = {order[0].system for order in orders}
+    assert firsts == {"single", "pipedream", "ddp"}  # nobody is always first

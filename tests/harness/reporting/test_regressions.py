@@ -1,0 +1,95 @@
+"""harness/reporting/regressions.py: a planted regression is flagged, an identical result
+is not, exact counters are flagged at any size, moves inside the noise are not."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+
+from harness.reporting.regressions import compare_results, has_regression
+from harness.reporting.results import SCHEMA, summarise
+
+
+def _cell(key: str, thr: list[float], bytes_per_sample: float = 1000.0,
+          status: str = "ok") -> dict:
+    return {"key": key, "status": status, "note": "",
+            "metrics": {"throughput_samples_per_s": summarise(thr).to_json(),
+                        "peak_memory_bytes_max": summarise([2e8] * len(thr)).to_json()},
+            "counters": {"bytes_per_sample": bytes_per_sample, "num_parameters": 650_000,
+                         "steps_per_epoch": 16, "actions_per_epoch": 160.0},
+            "counters_consistent": True}
+
+
+def _result(cells: list[dict], created: str = "2026-01-01T00:00:00+00:00") -> dict:
+    return {"schema": SCHEMA, "created": created, "suite": {"name": "t"},
+            "environment": {"machine": "m"}, "cells": cells}
+
+
+BASE = _result([_cell("vgg16/tiny/w2/pipedream/throughput", [100.0, 102.0, 98.0]),
+                _cell("vgg16/tiny/w2/ddp/throughput", [80.0, 81.0, 79.0])])
+
+
+def _verdicts(changes) -> dict:  # noqa: ANN001
+    return {(c.cell.split("/")[3], c.name): c.verdict for c in changes
+            if c.verdict != "changed-within-noise"}
+
+
+def test_an_identical_result_is_no_regression() -> None:
+    changes = compare_results([BASE], copy.deepcopy(BASE))
+    assert not has_regression(changes)
+    assert _verdicts(changes) == {}
+
+
+def test_a_planted_throughput_drop_is_flagged_and_a_rise_is_an_improvement() -> None:
+    cur = copy.deepcopy(BASE)
+    cur["cells"][0] = _cell(cur["cells"][0]["key"], [80.0, 81.0, 79.0])  # -20%
+    cur["cells"][1] = _cell(cur["cells"][1]["key"], [100.0, 101.0, 99.0])  # +25%
+    changes = compare_results([BASE], cur)
+    assert has_regression(changes)
+    assert _verdicts(changes) == {("pipedream", "throughput_samples_per_s"): "regression",
+                                  ("ddp", "throughput_samples_per_s"): "improvement"}
+    drop = next(c for c in changes if c.verdict == "regression")
+    assert drop.change == pytest.approx(-0.2)
+    assert drop.threshold == pytest.approx(max(0.05, 0.04 + 2 / 80))
+
+
+def test_a_move_inside_the_measured_spread_is_not_flagged() -> None:
+    noisy = _result([_cell("vgg16/tiny/w2/pipedream/throughput", [80.0, 100.0, 120.0])])
+    cur = _result([_cell("vgg16/tiny/w2/pipedream/throughput", [75.0, 88.0, 100.0])])  # -12%
+    assert not has_regression(compare_results([noisy], cur))
+    # the same -12% with tight repeats is a regression
+    tight = _result([_cell("vgg16/tiny/w2/pipedream/throughput", [99.0, 100.0, 101.0])])
+    cur = _result([_cell("vgg16/tiny/w2/pipedream/throughput", [87.0, 88.0, 89.0])])
+    assert has_regression(compare_results([tight], cur))
+
+
+def test_counters_must_match_exactly() -> None:
+    for name, value in (("bytes_per_sample", 1001.0), ("num_parameters", 650_001),
+                        ("actions_per_epoch", 161.0)):
+        cur = copy.deepcopy(BASE)
+        cur["cells"][1]["counters"][name] = value
+        changes = compare_results([BASE], cur)
+        assert _verdicts(changes) == {("ddp", name): "regression"}
+
+
+def test_a_cell_that_ran_and_now_fails_is_a_regression_a_new_one_is_not() -> None:
+    cur = copy.deepcopy(BASE)
+    cur["cells"][0].update(status="failed", note="rank 1 died")
+    cur["cells"].append(_cell("gnmt8/tiny/w2/ddp/throughput", [50.0]))
+    changes = compare_results([BASE], cur)
+    assert _verdicts(changes) == {("pipedream", "status"): "regression",
+                                  ("ddp", "cell"): "new"}
+    removed = _result([BASE["cells"][0]])
+    assert not has_regression(compare_results([BASE], removed))
+
+
+def test_history_pools_the_repeats_of_every_baseline() -> None:
+    """Three nights at 100, 110 and 90 give a baseline spread of 20%: a night at 85 is
+    inside max(5%, spread + spread) of the pooled median; against the single night at 100
+    alone it is a regression."""
+    nights = [_result([_cell("k/x/w2/pipedream/throughput", [v, v, v])]) for v in
+              (100.0, 110.0, 90.0)]
+    cur = _result([_cell("k/x/w2/pipedream/throughput", [85.0, 85.0, 85.0])])
+    assert not has_regression(compare_results(nights, cur))
+    assert has_regression(compare_results(nights[:1], cur))
