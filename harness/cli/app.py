@@ -42,7 +42,7 @@ def command_line() -> str:
 
 def main() -> None:
     try:
-        app(standalone_mode=False)
+        code = app(standalone_mode=False)  # click returns typer.Exit's code here
     except UserInputError as e:
         Console(stderr=True).print(f"error: {e}", highlight=False, markup=False, soft_wrap=True)
         sys.exit(2)
@@ -64,5 +64,7 @@ def main() -> None:
             e.show()
             sys.exit(2)
         raise
+    if isinstance(code, int) and code:
+        sys.exit(code)
 
 

@@ -228,8 +228,10 @@ def run_suite(suite: Suite, progress: Progress, experiment: str = "pipebench-sui
             run_.metrics({f"{name}{suffix}": s[key] for name, s in c["metrics"].items()
                           for suffix, key in (("", "median"), ("_min", "min"),
                                               ("_max", "max"))})
-            run_.params({k: c[k] for k in ("workload", "scale", "workers", "system", "mode",
-                                           "tracking", "status")})
+            # tags, not params: `compare` lists runs with a system param (training runs)
+            run_.tags({f"pipebench.{k}": str(c[k]) for k in ("workload", "scale", "workers",
+                                                              "system", "mode", "tracking",
+                                                              "status")})
             run_.end("FINISHED" if c["status"] != "failed" else "FAILED")
         parent.json(result, "suite.json")
     return result

@@ -197,6 +197,12 @@ class DetachedRun:
             self.client.log_batch(self.run_id, params=[Param(k, str(v))
                                                        for k, v in params.items()])
 
+    def tags(self, tags: dict[str, str]) -> None:
+        if self.run_id:
+            from mlflow.entities import RunTag
+
+            self.client.log_batch(self.run_id, tags=[RunTag(k, v) for k, v in tags.items()])
+
     def metrics(self, metrics: dict[str, float]) -> None:
         if self.run_id:
             import time

@@ -1,0 +1,215 @@
+"""The nightly benchmark end to end against a real ``mlflow server`` on loopback: a small
+suite's runs arrive (parent, cells, repeats with per-epoch metrics, system metrics, traces);
+each trace is valid Chrome trace JSON whose busy time per worker is the run's
+``busy_s_worker_<r>``; ``compare`` rebuilds the table from the store; ``regressions
+--history`` finds a planted earlier result there and flags it; the dashboard opens in
+headless Chromium with no console error and every plot visible."""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from harness.paths import REPO
+from pipedream_impl.runtime.launcher import free_port
+
+pytestmark = [pytest.mark.cli, pytest.mark.multiprocess]
+
+PIPEBENCH = [sys.executable, "-m", "harness.cli"]
+EXPERIMENT = "suite-test"
+SUITE = """name = "test-tiny"
+description = "three systems, two repeats"
+repeats = 2
+threads = 1
+device = "cpu"
+
+[[matrix]]
+workloads = ["vgg16"]
+systems = ["single", "pipedream", "ddp"]
+workers = [2]
+mode = "throughput"
+epochs = 2
+steps = 1
+"""
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """A real ``mlflow server`` (sqlite backend, served artifacts) on a free loopback port."""
+    root = tmp_path_factory.mktemp("server")
+    port = free_port()
+    uri = f"http://127.0.0.1:{port}"
+    proc = subprocess.Popen([str(Path(sys.executable).parent / "mlflow"), "server",
+                             "--host", "127.0.0.1", "--port", str(port), "--workers", "1",
+                             "--backend-store-uri", f"sqlite:///{root / 'store.db'}",
+                             "--artifacts-destination", str(root / "artifacts")],
+                            stdout=subprocess.DEVNULL, stderr=open(root / "server.log", "w"))
+    deadline = time.monotonic() + 120
+    while True:  # poll its health endpoint until it answers
+        try:
+            with urllib.request.urlopen(f"{uri}/health", timeout=2) as r:
+                if r.status == 200:
+                    break
+        except OSError:
+            pass
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            pytest.fail(f"mlflow server did not start: {(root / 'server.log').read_text()}")
+        time.sleep(0.5)
+    yield uri
+    proc.terminate()
+    proc.wait(timeout=30)
+
+
+def _run(args: list[str], uri: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "MLFLOW_TRACKING_URI": uri}
+    return subprocess.run(PIPEBENCH + args, capture_output=True, text=True, env=env,
+                          timeout=900, cwd=REPO)
+
+
+@pytest.fixture(scope="module")
+def suite_result(server: str, tmp_path_factory: pytest.TempPathFactory) -> dict:
+    root = tmp_path_factory.mktemp("suite")
+    (root / "tiny.toml").write_text(SUITE)
+    out = root / "result.json"
+    r = _run(["bench", "--suite", str(root / "tiny.toml"), "--json", str(out),
+              "--experiment", EXPERIMENT, "--quiet"], server)
+    assert r.returncode == 0, r.stdout + r.stderr
+    return json.loads(out.read_text())
+
+
+def _client(uri: str):  # noqa: ANN202
+    from mlflow import MlflowClient
+
+    return MlflowClient(uri)
+
+
+def _runs(uri: str) -> list:
+    client = _client(uri)
+    exp = client.get_experiment_by_name(EXPERIMENT)
+    return client.search_runs([exp.experiment_id], max_results=1000)
+
+
+def test_the_server_received_every_run_of_the_suite(server: str, suite_result: dict) -> None:
+    runs = _runs(server)
+    parent = [r for r in runs if r.data.tags.get("pipebench.kind") == "suite"]
+    assert len(parent) == 1 and parent[0].info.status == "FINISHED"
+    pid = parent[0].info.run_id
+    assert parent[0].data.tags["pipebench.suite"] == "test-tiny"
+    assert parent[0].data.tags["pipebench.machine"] == suite_result["environment"]["machine"]
+    cells = [r for r in runs if r.data.tags.get("pipebench.kind") == "cell"]
+    assert {r.data.tags["mlflow.parentRunId"] for r in cells} == {pid}
+    assert sorted(r.data.tags["pipebench.cell"] for r in cells) == sorted(
+        c["key"] for c in suite_result["cells"])
+    cell_ids = {r.info.run_id for r in cells}
+    training = [r for r in runs if r.data.tags.get("mlflow.parentRunId") in cell_ids]
+    assert len(training) == 3 * 2  # every cell, every repeat
+    client = _client(server)
+    for r in training:
+        steps = [m.step for m in client.get_metric_history(r.info.run_id, "samples_per_s")]
+        assert sorted(steps) == [0, 1]
+    assert any(k.startswith("system/") for r in training for k in r.data.metrics)
+    stored = json.loads(Path(client.download_artifacts(pid, "suite.json")).read_text())
+    assert stored["cells"] == suite_result["cells"]
+    # a cell run's median is its repeats' median
+    for c in cells:
+        mine = next(x for x in suite_result["cells"] if x["key"] == c.data.tags["pipebench.cell"])
+        assert c.data.metrics["throughput_samples_per_s"] == pytest.approx(
+            mine["metrics"]["throughput_samples_per_s"]["median"])
+
+
+def test_each_trace_is_chrome_json_with_the_runs_busy_time_per_worker(
+        server: str, suite_result: dict) -> None:
+    client = _client(server)
+    checked = 0
+    for r in _runs(server):
+        if r.data.params.get("system") not in ("pipedream", "ddp"):  # cells: tags only
+            continue
+        trace = json.loads(Path(client.download_artifacts(r.info.run_id, "trace.json"))
+                           .read_text())
+        events = trace["traceEvents"]
+        complete = [e for e in events if e["ph"] == "X"]
+        assert all(isinstance(e[k], (int, float)) for e in complete for k in ("ts", "dur"))
+        assert all(e["dur"] >= 0 and e["pid"] == 0 for e in complete)
+        tracks = {e["tid"] for e in events if e["ph"] == "M" and e["name"] == "thread_name"}
+        assert tracks == {0, 1} == {e["tid"] for e in complete}
+        for rank in tracks:
+            busy_us = sum(e["dur"] for e in complete if e["tid"] == rank and e["cat"] == "busy")
+            assert busy_us / 1e6 == pytest.approx(r.data.metrics[f"busy_s_worker_{rank}"],
+                                                  rel=1e-6)
+        kinds = {e["args"]["kind"] for e in complete}
+        if r.data.params["system"] == "pipedream":
+            assert {"F", "B", "SF", "RF", "SB", "RB", "U"} <= kinds
+        checked += 1
+    assert checked == 4  # two systems x two repeats
+
+
+def test_compare_rebuilds_the_table_from_the_store(server: str, suite_result: dict) -> None:
+    r = _run(["compare", "--experiment", EXPERIMENT, "--format", "json"], server)
+    assert r.returncode == 0, r.stderr
+    records = {x["run_id"]: x for x in json.loads(r.stdout)}
+    expected = {run_id: (c["system"], value) for c in suite_result["cells"]
+                for run_id, value in zip(c["run_ids"],
+                                         c["metrics"]["throughput_samples_per_s"]["values"],
+                                         strict=True)}
+    assert set(records) == set(expected)
+    for run_id, (system, value) in expected.items():
+        assert records[run_id]["system"] == system
+        assert records[run_id]["throughput_samples_per_s"] == pytest.approx(value)
+    md = _run(["compare", "--experiment", EXPERIMENT, "--filter",
+               "params.system = 'ddp'"], server)
+    assert md.returncode == 0 and md.stdout.count("| ddp |") == 2
+    bad = _run(["compare", "--experiment", EXPERIMENT, "--filter", "params.x ==="], server)
+    assert bad.returncode == 2 and "error:" in bad.stderr
+
+
+def test_regressions_against_the_history_in_the_store(server: str, suite_result: dict,
+                                                      tmp_path: Path) -> None:
+    """An earlier result of the same suite on the same machine, planted in the store with
+    pipedream 10x faster than its fastest repeat now (and no spread), makes the current
+    result a regression whatever the current spread (below 90%)."""
+    client = _client(server)
+    exp = client.get_experiment_by_name(EXPERIMENT)
+    earlier = copy.deepcopy(suite_result)
+    earlier["created"] = "2000-01-01T00:00:00+00:00"
+    earlier["mlflow"] = None
+    for c in earlier["cells"]:
+        if c["system"] == "pipedream":
+            stat = c["metrics"]["throughput_samples_per_s"]
+            stat["values"] = [10 * max(stat["values"])] * len(stat["values"])
+    run = client.create_run(exp.experiment_id, run_name="suite-test-tiny", tags={
+        "pipebench.kind": "suite", "pipebench.suite": "test-tiny",
+        "pipebench.machine": suite_result["environment"]["machine"]})
+    client.log_dict(run.info.run_id, earlier, "suite.json")
+    client.set_terminated(run.info.run_id, "FINISHED")
+    current = suite_result["mlflow"]["parent_run_id"]
+    r = _run(["regressions", "--current", current, "--history", "3", "--all"], server)
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "regression" in r.stdout and "vgg16/tiny/w2/pipedream/throughput" in r.stdout
+    same = tmp_path / "same.json"
+    same.write_text(json.dumps(suite_result))
+    r = _run(["regressions", "--current", str(same), "--baseline", str(same)], server)
+    assert r.returncode == 0 and "no regression" in r.stdout
+
+
+@pytest.mark.browser
+def test_the_dashboard_opens_in_a_real_browser(server: str, suite_result: dict,
+                                               tmp_path: Path) -> None:
+    from tests.browser import check_page
+
+    page = tmp_path / "report.html"
+    r = _run(["dashboard", "-o", str(page), "--experiment", EXPERIMENT], server)
+    assert r.returncode == 0, r.stdout + r.stderr
+    report = check_page(page, "img.plot")
+    assert report.problems() == []
+    # curves, throughput, bytes, memory, bubble, history, two timelines (pipedream, ddp)
+    assert report.total == report.visible >= 8
+    assert "test-tiny" in report.title
