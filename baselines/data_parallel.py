@@ -35,25 +35,40 @@ class DataParallelExecutor(Executor):
         """Bytes one rank sends to all-reduce ``tensor`` with a ring."""
         return int(ring_allreduce_bytes(tensor.numel() * tensor.element_size(), self.world))
 
-    def _step(self, batch) -> float:  # noqa: ANN001
-        self.optimizer.zero_grad(set_to_none=True)
-        loss = self.wl.loss(self.net(batch.inputs), batch.targets)
-        loss.backward()  # gradients averaged over ranks by the wrapper
+    def _wait_for_gradients(self) -> None:
+        """Block until the averaged gradients are in place (DDP: already, at the end of
+        its backward; Horovod: ``synchronize``)."""
+
+    def _update(self) -> None:
+        """The optimizer step on averaged gradients (clipped first where the workload
+        clips, so clipping sees what one process would)."""
         if self.scale_spec.grad_clip is not None:
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.scale_spec.grad_clip)
         self.optimizer.step()
+
+    def _step(self, batch, report: EpochReport) -> float:  # noqa: ANN001
+        """One minibatch, booked as forward (F), backward with the overlapped all-reduces
+        (B), the wait for what is still in flight (A) and the update (U)."""
+        t0 = time.perf_counter()
+        self.optimizer.zero_grad()  # Horovod's takes no arguments (torch's default: to None)
+        loss = self.wl.loss(self.net(batch.inputs), batch.targets)
+        for kind, work in (("F", None), ("B", loss.backward), ("A", self._wait_for_gradients),
+                           ("U", self._update)):
+            if work is not None:
+                work()
+            self.synchronize()
+            t1 = time.perf_counter()
+            self.record(report, kind, t0, t1)
+            t0 = t1
         return float(loss.detach())
 
     def run_epoch(self, epoch: int) -> EpochReport:
         report = self.start_epoch(epoch, 0, self.rank)
         for k in range(self.n_steps):
             self.check_injected_failure(k)
-            t0 = time.perf_counter()
             b = microbatch(self.splits.train, self.wl, self.order, k, self.rank,
                            self.run.batch_size, self.world).to(self.device)
-            loss = self._step(b)
-            self.synchronize()  # one span: the all-reduces overlap the backward
-            self.record(report, "step", t0, time.perf_counter())
+            loss = self._step(b, report)
             report.losses.append(loss)
             self.mark_warm(report, k)
         report.allreduce_bytes = self.sent

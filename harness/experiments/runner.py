@@ -127,8 +127,8 @@ def _final_metrics(cfg: RunConfig, trainer, summary: RunSummary,  # noqa: ANN001
             if cfg.definition.reports_idle:  # the others do not expose their idle time
                 extra[f"idle_s_worker_{r}"] = idle
                 extra[f"bubble_fraction_worker_{r}"] = idle / max(1e-12, busy + idle)
-                for kind, secs in sorted((m.action_s or {}).get(r, {}).items()):
-                    extra[f"action_s_{kind}_worker_{r}"] = secs
+            for kind, secs in sorted((m.action_s or {}).get(r, {}).items()):
+                extra[f"action_s_{kind}_worker_{r}"] = secs
             extra[f"stash_weight_bytes_worker_{r}"] = m.stash_weights[r]
             extra[f"stash_activation_bytes_worker_{r}"] = m.stash_activations[r]
         for (a, b), n in m.links.items():
