@@ -3,7 +3,7 @@
 VENV := .venv
 PY := $(VENV)/bin/python
 
-.PHONY: install demo test test-fast lint clean
+.PHONY: install demo test test-fast nightly lint clean
 
 install:
 	@./scripts/bootstrap.sh
@@ -23,6 +23,17 @@ test: install
 test-fast: install
 	$(VENV)/bin/ruff check .
 	$(PY) -m pytest -m "not multiprocess and not cli and not browser"
+
+# the nightly benchmark (suites/nightly.toml, under 60 minutes here): the suite result, its
+# report, the dashboard of its history, then the regression check against the last 5
+# results of the suite on this machine (exit 1 on a regression). MLFLOW_TRACKING_URI picks
+# the store (default results/mlflow.db); PIPEBENCH_MACHINE names the machine on CI.
+NIGHTLY := results/nightly
+nightly: install
+	@mkdir -p $(NIGHTLY)
+	$(VENV)/bin/pipebench bench --suite nightly --json $(NIGHTLY)/nightly.json -o $(NIGHTLY)/nightly.md
+	$(VENV)/bin/pipebench dashboard --suite nightly -o $(NIGHTLY)/dashboard.html
+	$(VENV)/bin/pipebench regressions --current $(NIGHTLY)/nightly.json --history 5 -o $(NIGHTLY)/regressions.md
 
 lint: install
 	$(VENV)/bin/ruff check .

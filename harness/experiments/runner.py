@@ -85,7 +85,7 @@ def run(cfg: RunConfig, progress: Progress | None = None,
         summary.run_id, summary.tracking_uri = tracker.run_id, tracker.uri
         tracker.metrics(final)
         summary.final_metrics, summary.layout_params = final, layout_params
-        summary.num_parameters = num_parameters
+        summary.num_parameters, summary.batch_size = num_parameters, batch_size
         if cfg.definition.multi_process:
             summary.last_epoch_events = dict(trainer.metrics.last_events or {})
             summary.placement = dict(trainer.metrics.placement or {})

@@ -22,6 +22,7 @@ import os
 import platform
 import statistics
 import tempfile
+import traceback
 from collections.abc import Iterator
 from importlib import metadata
 from pathlib import Path
@@ -201,14 +202,20 @@ def run_suite(suite: Suite, progress: Progress, experiment: str = "pipebench-sui
                 except PipelineFailure as e:
                     rec.update(status="failed", note=str(e).splitlines()[0])
                     continue
+                except Exception as e:  # noqa: BLE001 - one broken cell must not lose the
+                    # night's other results: it is a failed cell (a regression if it ran
+                    # before), its traceback in the log
+                    progress.note(f"{cell.key}: FAILED\n{traceback.format_exc()}")
+                    rec.update(status="failed", note=f"{type(e).__name__}: {e}".splitlines()[0])
+                    continue
                 metrics, counters = _measure(summary)
                 rec["values"].append(metrics)
                 rec["counters"].append(counters)
                 rec["run_ids"].append(summary.run_id)
                 rec.update(config=summary.layout_params.get("config", "1"),
-                           batch=cfg.batch_size,
-                           microbatch=cfg.batch_size // (cfg.microbatches or 1)
-                           if cfg.definition.microbatched else cfg.batch_size,
+                           batch=summary.batch_size,
+                           microbatch=summary.batch_size
+                           // int(summary.layout_params.get("microbatches", 1)),
                            metric=summary.metric,
                            target=summary.target if cell.mode == "time-to-target" else None,
                            per_worker=_per_worker(summary.final_metrics),

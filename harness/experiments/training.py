@@ -66,6 +66,7 @@ class RunSummary:
     final_metrics: dict[str, float] = field(default_factory=dict)  # as logged to MLflow
     layout_params: dict = field(default_factory=dict)  # config, stages, ... (multi-process)
     num_parameters: int = 0
+    batch_size: int = 0  # the (global) minibatch the run used
     # multi-process systems: the last epoch's trace events per rank, and rank placement
     last_epoch_events: dict[int, list] = field(default_factory=dict)
     placement: dict[int, tuple[int, int]] = field(default_factory=dict)

@@ -140,6 +140,9 @@ class Tracker:
             import mlflow
 
             mlflow.log_figure(fig, name)
+        import matplotlib.pyplot as plt
+
+        plt.close(fig)  # pyplot keeps every figure alive until closed
 
 
 @contextmanager
