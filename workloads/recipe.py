@@ -17,7 +17,7 @@ from torch import nn
 from workloads.base import Batch, Dataset, DataSplits, ScaleSpec, Workload
 
 __all__ = ["dropout_seed", "epoch_order", "load_splits", "make_optimizer", "microbatch",
-           "minibatch", "peak_memory_bytes"]
+           "minibatch", "peak_memory_bytes", "reset_peak_memory"]
 
 
 def make_optimizer(spec: ScaleSpec, params: Iterator[nn.Parameter] | list,
@@ -69,8 +69,30 @@ def load_splits(workload: Workload, scale: str, data: str | None, seed: int) -> 
     return workload.default_data(scale, seed)
 
 
+def reset_peak_memory(device: torch.device) -> None:
+    """Start a new peak: a process that runs several trainings one after another (a
+    suite's one-process cells) would otherwise report the largest of them all. On the CPU
+    writing 5 to /proc/self/clear_refs resets the resident-set high-water mark (Linux)."""
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+        return
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+    except OSError:
+        pass  # not Linux: the peak stays the process's
+
+
 def peak_memory_bytes(device: torch.device) -> int:
-    """Peak GPU memory allocated by torch, or the process's peak resident set on the CPU."""
+    """Peak GPU memory allocated by torch, or the process's peak resident set on the CPU
+    (since the last ``reset_peak_memory``)."""
     if device.type == "cuda":
         return int(torch.cuda.max_memory_allocated(device))
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024  # kB
+    except OSError:
+        pass
     return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024  # KiB on Linux

@@ -24,7 +24,13 @@ from core.errors import UserInputError
 from harness.config import RunConfig
 from harness.reporting.progress import Progress
 from workloads.base import Batch, Dataset, DataSplits, LayerModel, ScaleSpec, Workload
-from workloads.recipe import dropout_seed, epoch_order, make_optimizer, minibatch
+from workloads.recipe import (
+    dropout_seed,
+    epoch_order,
+    make_optimizer,
+    minibatch,
+    reset_peak_memory,
+)
 
 __all__ = ["EpochStats", "RunSummary", "SingleTrainer", "minibatches", "resolve_device",
            "run_training", "train_step"]
@@ -145,6 +151,7 @@ class SingleTrainer:
         self.cfg, self.workload, self.splits, self.device = cfg, workload, splits, device
         self.spec = workload.spec(cfg.scale)
         self.batch_size = cfg.batch_size or self.spec.batch_size
+        reset_peak_memory(device)  # this run's peak, model included
         meta = {**splits.train.meta, "init_seed": cfg.seed}
         self.model = workload.build(cfg.scale, meta).to(device)
         self.optimizer = make_optimizer(self.spec, self.model.parameters(), cfg.lr)
