@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import datetime
+import json
 import os
 import platform
 import statistics
@@ -54,11 +55,13 @@ def environment(device: str, threads: int) -> dict:
 
     dev = resolve_device(device)
     hw = tracking.hardware(dev)
+    # the history of a suite is kept per machine: PIPEBENCH_MACHINE names it where host
+    # names change (CI containers)
+    machine = os.environ.get("PIPEBENCH_MACHINE") or f"{platform.node()}|{hw}"
     return {"git_sha": tracking.git_sha(), "python": platform.python_version(),
             **{p: version(p) for p in ("torch", "torchvision", "horovod", "deepspeed",
                                        "mlflow")},
-            "hardware": hw, "machine": f"{platform.node()}|{hw}" if os.environ.get(
-                "PIPEBENCH_MACHINE") is None else os.environ["PIPEBENCH_MACHINE"],
+            "hardware": hw, "machine": machine,
             "cpu_count": os.cpu_count(), "threads_per_worker": threads,
             "device": dev.type, "platform": platform.platform()}
 
@@ -98,8 +101,6 @@ class _Group:
             plan = self.plans.get("planned" if system.replicated_stages else "straight")
             return system_config(self.base, cell.system, plan, epochs=cell.epochs,
                                  max_steps_per_epoch=cell.steps)
-        import json
-
         plan = self.plans.get("straight")
         stages = len(json.loads(Path(plan).read_text())["stages"]) if plan else 1
         m = self.base.microbatches or 4 * stages

@@ -213,3 +213,20 @@ def test_the_dashboard_opens_in_a_real_browser(server: str, suite_result: dict,
     # curves, throughput, bytes, memory, bubble, history, two timelines (pipedream, ddp)
     assert report.total == report.visible >= 8
     assert "test-tiny" in report.title
+
+
+@pytest.mark.parametrize("args, message", [
+    (["bench", "--suite", "no-such-suite"], "no suite 'no-such-suite'"),
+    (["bench", "--repeats", "0"], "--repeats must be at least 1"),
+    (["bench", "--systems", "single,warp"], "unknown system 'warp'"),
+    (["regressions", "--current", "x.json"], "give --baseline FILE|RUN or --history N"),
+    (["regressions", "--current", "/no/such.json", "--baseline", "/no/such.json"],
+     "no suite result at /no/such.json"),
+    (["compare", "--format", "xml"], "--format must be md, csv or json"),
+    (["dashboard", "--json", "/no/such.json"], "no suite result at /no/such.json"),
+])
+def test_bad_input_is_one_line_and_exit_code_2(args: list[str], message: str,
+                                               tmp_path: Path) -> None:
+    r = _run(args, f"sqlite:///{tmp_path / 'unused.db'}")
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert message in r.stderr and "Traceback" not in r.stderr
