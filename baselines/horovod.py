@@ -56,7 +56,7 @@ REPO = Path(__file__).resolve().parent.parent
 HOROVOD_ENV = {"HOROVOD_AUTOTUNE": "0"}  # fusion threshold and cycle time: defaults
 # DistributedOptimizer(groups=...): all gradients in one explicit group, one negotiation and
 # one fused all-reduce per step (like DDP's buckets on these small models). Measured here
-# (results/horovod-tuning.md): 0.72-0.76x DDP with per-tensor all-reduces, 0.79-0.81x with
+# (results/horovod-tuning.md): 0.72-0.76x DDP with per-tensor all-reduces, 0.79-0.88x with
 # one group; cycle times of 5-20 ms and waiting by polling did not help.
 GROUPS = 1
 

@@ -1,7 +1,8 @@
 """Open a local HTML page in a real headless Chromium and report what a person would see.
 
-Why this exists: the generated dashboard is a self-contained HTML file whose plots are drawn
-by the browser (inline SVG, embedded images, script). Parsing the HTML in Python cannot tell
+Why this exists: the generated dashboard is a self-contained HTML file whose plots the
+browser must decode and lay out (embedded PNG images; the checker also handles inline SVG
+and script). Parsing the HTML in Python cannot tell
 whether its script throws, whether a plot ends up ``display: none`` or zero-sized, or whether
 an embedded image fails to decode. So the dashboard test loads the page in Debian's Chromium,
 driven by Playwright for Python (whose own browser download needs internet, which the test

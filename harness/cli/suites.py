@@ -83,8 +83,8 @@ def regressions(
                                                 "in the MLflow store")] = None,
     experiment: Annotated[str | None, typer.Option(help="MLflow experiment of the history "
                                                    "(default: the current result's)")] = None,
-    min_threshold: Annotated[float, typer.Option(help="smallest relative move flagged in a "
-                                                 "noisy metric")] = 0.05,
+    min_threshold: Annotated[float | None, typer.Option(
+        help="smallest relative move flagged in a noisy metric (default 0.05)")] = None,
     show_all: Annotated[bool, typer.Option("--all", help="also list moves within the "
                                            "noise")] = False,
     output: Annotated[str | None, typer.Option("--output", "-o", help="markdown report")]
@@ -101,6 +101,7 @@ def regressions(
         raise UserInputError("give --baseline FILE|RUN or --history N (one of them)")
     if history is not None and history < 1:
         raise UserInputError(f"--history must be at least 1 (got {history})")
+    min_threshold = reg.MIN_THRESHOLD if min_threshold is None else min_threshold
     if not 0 <= min_threshold < 1:
         raise UserInputError(f"--min-threshold must be in [0, 1) (got {min_threshold})")
     cur = load_result_or_run(current)
@@ -204,10 +205,13 @@ def dashboard(
     if json_in:
         results = [load_result(p) for p in json_in]
     else:
-        runs = suite_runs(experiment, suite, limit=history)
-        results = [load_result_or_run(r.info.run_id) for r in runs][::-1]
-        if results and suite is None:  # the newest run's suite only
-            name = results[-1]["suite"]["name"]
-            results = [r for r in results if r["suite"]["name"] == name]
+        runs = suite_runs(experiment, suite, limit=1)  # the newest: its suite and machine
+        results = []
+        if runs:
+            newest = runs[0].data.tags
+            runs = suite_runs(experiment, newest["pipebench.suite"],
+                              newest.get("pipebench.machine"), limit=history)
+            results = sorted((load_result_or_run(r.info.run_id) for r in runs),
+                             key=lambda r: r["created"])  # oldest first, as measured
     Path(output).write_text(build_dashboard(results))
     console.print(f"wrote {output} ({len(results)} suite result(s))", highlight=False)

@@ -22,7 +22,7 @@ from __future__ import annotations
 from core.markdown import markdown_table
 from harness import systems as registry_of_systems
 from harness.experiments.suite import Cell, Suite
-from harness.reporting.results import cell_row, overhead_rows
+from harness.reporting.results import cell_row, overhead_table
 from pipedream_impl.runtime import SPAWN_LAUNCHER
 
 __all__ = ["COLUMNS", "adhoc_suite", "checks", "markdown"]
@@ -82,7 +82,8 @@ def markdown(result: dict, command: str = "") -> str:
     lines += [f"{suite['repeats']} repeat(s), systems interleaved; {suite['threads']} torch "
               f"thread(s) per worker process; {env['hardware']}; git {env['git_sha']}; "
               f"torch {env['torch']}.", "",
-              "Median over repeats (5 or more: fastest and slowest dropped), spread = "
+              f"Median over repeats ({result['rule']['drop_extremes_from']} or more: fastest "
+              "and slowest dropped), spread = "
               "(max - min) / median; `~` marks a cell whose spread exceeds "
               f"{100 * result['rule']['stability']:.0f}% (unstable).", ""]
     groups: dict[tuple, list[dict]] = {}
@@ -103,12 +104,12 @@ def markdown(result: dict, command: str = "") -> str:
         if ratio:
             notes.append(f"- {ratio}")
         lines += ([""] + notes if notes else []) + [""]
-    over = overhead_rows(result["cells"])
+    over = result.get("overhead") or []
     if over:
-        lines += ["## Harness overhead (tracking, trace, system metrics on vs off)", ""]
-        lines += markdown_table(("cell", "tracked samples/s", "untracked samples/s",
-                                 "overhead"),
-                                [(o["cell"], f"{o['tracked']:.0f}", f"{o['untracked']:.0f}",
-                                  f"{100 * o['overhead']:+.1f}%") for o in over])
+        lines += ["## Harness overhead: MLflow tracking (metrics, system metrics, tables, "
+                  "figures, trace upload) on vs off", "",
+                  "(the workers record their spans either way: busy and idle time come "
+                  "from them)", ""]
+        lines += markdown_table(*overhead_table(over))
         lines.append("")
     return "\n".join(lines)

@@ -134,6 +134,7 @@ def _final_metrics(cfg: RunConfig, trainer, summary: RunSummary,  # noqa: ANN001
         for (a, b), n in m.links.items():
             extra[f"bytes_link_{a}_to_{b}"] = n
         extra["actions_per_epoch"] = m.actions / max(1, len(summary.epochs))
+        extra["trace_events_dropped"] = m.events_dropped  # beyond the trace's cap
     else:
         summary.peak_memory_bytes = {0: peak_memory_bytes(device)}
     final = {"throughput_samples_per_s": summary.throughput,

@@ -109,6 +109,7 @@ def load_suite(name_or_path: str) -> Suite:
 
 
 def _ints(value, what: str, where: str) -> list[int]:  # noqa: ANN001
+    """A sweep: a positive integer or a list of them."""
     values = value if isinstance(value, list) else [value]
     if not values or not all(isinstance(v, int) and not isinstance(v, bool) and v >= 1
                              for v in values):
@@ -117,14 +118,28 @@ def _ints(value, what: str, where: str) -> list[int]:  # noqa: ANN001
     return values
 
 
+def _int(value, what: str, where: str) -> int:  # noqa: ANN001
+    """One positive integer (not a sweep)."""
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise UserInputError(f"{where}: {what} must be one positive integer (got {value!r})")
+    return value
+
+
+def _names(value, what: str, where: str) -> list[str]:  # noqa: ANN001
+    if not isinstance(value, list) or not value or not all(isinstance(v, str) for v in value):
+        raise UserInputError(f"{where}: {what} must be a non-empty list of names "
+                             f"(got {value!r})")
+    return value
+
+
 def parse_suite(data: dict, source: str) -> Suite:
     unknown = set(data) - _SUITE_KEYS
     if unknown:
         raise UserInputError(f"suite {source}: unknown keys {sorted(unknown)}; allowed: "
                              f"{sorted(_SUITE_KEYS)}")
     name = data.get("name") or Path(source).stem
-    repeats = _ints(data.get("repeats", 3), "repeats", source)[0]
-    threads = _ints(data.get("threads", 1), "threads", source)[0]
+    repeats = _int(data.get("repeats", 3), "repeats", source)
+    threads = _int(data.get("threads", 1), "threads", source)
     device = data.get("device", "auto")
     if device not in ("auto", "cpu", "cuda"):
         raise UserInputError(f"suite {source}: device must be auto, cpu or cuda")
@@ -134,8 +149,13 @@ def parse_suite(data: dict, source: str) -> Suite:
     cells: list[Cell] = []
     for i, m in enumerate(matrices):
         cells += _expand(m, f"suite {source}, matrix {i + 1}")
-    seen: set[str] = set()
-    unique = [c for c in cells if not (c.key in seen or seen.add(c.key))]
+    seen: dict[str, Cell] = {}
+    for c in cells:  # matrices may overlap; the same key must mean the same settings
+        if c.key in seen and seen[c.key] != c:
+            raise UserInputError(f"suite {source}: cell {c.key} appears twice with different "
+                                 f"settings ({seen[c.key]} and {c}); a cell key holds one")
+        seen.setdefault(c.key, c)
+    unique = list(seen.values())
     return Suite(name, data.get("description", ""), repeats, threads, device, tuple(unique),
                  source)
 
@@ -145,13 +165,11 @@ def _expand(m: dict, where: str) -> list[Cell]:
     if unknown:
         raise UserInputError(f"{where}: unknown keys {sorted(unknown)}; allowed: "
                              f"{sorted(_MATRIX_KEYS)}")
-    workloads = m.get("workloads", [])
-    if not workloads or not isinstance(workloads, list):
-        raise UserInputError(f"{where}: workloads must be a non-empty list")
+    workloads = _names(m.get("workloads"), "workloads", where)
     for w in workloads:
         registry.get(w)  # unknown names: a clear error
-    names = m.get("systems", ["all"])
-    names = systems.names() if names in (["all"], "all") else names
+    names = _names(m.get("systems", ["all"]), "systems", where)
+    names = systems.names() if names == ["all"] else names
     for s in names:
         systems.get(s)
     scale = m.get("scale", "tiny")
@@ -160,16 +178,16 @@ def _expand(m: dict, where: str) -> list[Cell]:
     mode = m.get("mode", "throughput")
     if mode not in MODES:
         raise UserInputError(f"{where}: mode must be one of {', '.join(MODES)}")
-    epochs = _ints(m["epochs"], "epochs", where)[0] if "epochs" in m else None
-    steps = _ints(m["steps"], "steps", where)[0] if "steps" in m else None
+    epochs = _int(m["epochs"], "epochs", where) if "epochs" in m else None
+    steps = _int(m["steps"], "steps", where) if "steps" in m else None
     if mode == "throughput" and (epochs is None or steps is None):
         raise UserInputError(f"{where}: a throughput matrix needs epochs and steps")
     tracking = m.get("tracking", [True])
     tracking = tracking if isinstance(tracking, list) else [tracking]
     if not all(isinstance(t, bool) for t in tracking):
         raise UserInputError(f"{where}: tracking must be true, false or a list of them")
-    batch = _ints(m["batch_size"], "batch_size", where)[0] if "batch_size" in m else None
-    micro = _ints(m["microbatches"], "microbatches", where)[0] if "microbatches" in m else None
+    batch = _int(m["batch_size"], "batch_size", where) if "batch_size" in m else None
+    micro = _int(m["microbatches"], "microbatches", where) if "microbatches" in m else None
     out = []
     workers = _ints(m.get("workers", [2]), "workers", where)
     for w, n, t, s in itertools.product(workloads, workers, tracking, names):

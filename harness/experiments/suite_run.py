@@ -21,7 +21,6 @@ import datetime
 import json
 import os
 import platform
-import statistics
 import tempfile
 import traceback
 from collections.abc import Iterator
@@ -35,7 +34,15 @@ from harness.experiments.compare import shared_plans, system_config
 from harness.experiments.suite import Cell, Suite
 from harness.reporting import tracking
 from harness.reporting.progress import Progress
-from harness.reporting.results import COUNTERS, METRICS, RULE, SCHEMA, overhead_rows, summarise
+from harness.reporting.results import (
+    COUNTERS,
+    METRICS,
+    RULE,
+    SCHEMA,
+    mean_bubble,
+    overhead_rows,
+    summarise,
+)
 from harness.reporting.trace import chrome_trace, spans_by_worker
 from workloads import registry
 from workloads.recipe import load_splits
@@ -119,12 +126,11 @@ class _Group:
 
 def _measure(summary) -> tuple[dict, dict]:  # noqa: ANN001 - a RunSummary
     m = summary.final_metrics
-    bubbles = [v for k, v in m.items() if k.startswith("bubble_fraction_worker_")]
     metrics = {"throughput_samples_per_s": summary.throughput,
                "time_to_target_s": summary.time_to_target_s,
                "epochs_to_target": summary.epochs_to_target,
                "peak_memory_bytes_max": m.get("peak_memory_bytes_max"),
-               "bubble_fraction": statistics.mean(bubbles) if bubbles else None}
+               "bubble_fraction": mean_bubble(m)}
     counters = {"bytes_per_sample": m.get("bytes_communicated_per_sample"),
                 "num_parameters": summary.num_parameters,
                 "steps_per_epoch": summary.epochs[0].steps if summary.epochs else None,
@@ -230,7 +236,8 @@ def run_suite(suite: Suite, progress: Progress, experiment: str = "pipebench-sui
                             "threads": suite.threads, "device": suite.device},
                   "environment": env, "rule": RULE,
                   "mlflow": parent.describe(), "cells": out_cells,
-                  "overhead": overhead_rows(out_cells)}
+                  # untracked cells measure nothing when tracking is off everywhere
+                  "overhead": overhead_rows(out_cells) if tracking.enabled() else []}
         for c in out_cells:
             run_ = cell_runs[c["key"]]
             run_.metrics({f"{name}{suffix}": s[key] for name, s in c["metrics"].items()

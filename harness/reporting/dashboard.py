@@ -28,6 +28,7 @@ from harness.reporting.figures import (
     spread_figure,
     timeline_figure,
 )
+from harness.reporting.results import overhead_table
 
 __all__ = ["build_dashboard"]
 
@@ -170,10 +171,8 @@ def build_dashboard(results: list[dict], window: int = 5) -> str:
         parts += ["<h2>Cells that did not run</h2>", _table(("cell", "status", "why"), skipped)]
     over = now.get("overhead") or []
     if over:
-        parts += ["<h2>Harness overhead</h2>",
-                  _table(("cell", "tracked", "untracked", "overhead"),
-                         [(o["cell"], f"{o['tracked']:.0f}", f"{o['untracked']:.0f}",
-                           f"{100 * o['overhead']:+.1f}%") for o in over])]
+        parts += ["<h2>Harness overhead (MLflow tracking on vs off)</h2>",
+                  _table(*overhead_table(over))]
     return ("<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>"
             f"<title>{html.escape(title)}</title><style>{_STYLE}</style></head><body>"
             + "\n".join(parts) + "</body></html>\n")

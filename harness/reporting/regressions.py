@@ -10,10 +10,12 @@ Rules (the cell key matches cells across results; see ``results`` for the statis
   direction by more than ``max(min_threshold, spread_baseline + spread_current)``, spreads
   being (max - min) / median of each side's repeats: the medians must leave the band the
   two runs' own scatter allows. The same move in the good direction is an improvement;
-- a cell that ran before and now fails or is refused is a regression; cells only in one
-  result are listed (``missing`` / ``new``) but are not regressions.
+- a cell that ran before and now fails or is refused is a regression, and so is a
+  time-to-target cell whose share of repeats reaching the target fell, or a metric that
+  was measured before and no longer is; cells only in one result are listed (``missing``
+  / ``new``) but are not regressions.
 Against history (several baseline results) the baselines' repeats are pooled into one
-sample per metric; counters compare with the newest baseline.
+sample per metric; counters compare with the newest baseline in which the cell ran.
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ class Change:
     threshold: float | None = None
 
 
-def _ok_cells(result: dict) -> dict[str, dict]:
+def _cells(result: dict) -> dict[str, dict]:
     return {c["key"]: c for c in result["cells"]}
 
 
@@ -47,13 +49,13 @@ def compare_results(baselines: list[dict], current: dict,
     """Every difference worth a line; ``baselines`` oldest first (one or the history)."""
     if not baselines:
         return []
-    newest = _ok_cells(baselines[-1])
+    newest = _cells(baselines[-1])
     pooled: dict[str, list[dict]] = {}
     for b in baselines:
-        for key, c in _ok_cells(b).items():
+        for key, c in _cells(b).items():
             if c["status"] == "ok":
                 pooled.setdefault(key, []).append(c)
-    cur = _ok_cells(current)
+    cur = _cells(current)
     out: list[Change] = []
     for key in sorted(set(newest) | set(pooled)):
         if key not in cur:
@@ -68,8 +70,9 @@ def compare_results(baselines: list[dict], current: dict,
             continue
         if not ran_before:
             continue
-        out += _counter_changes(key, newest.get(key) or pooled[key][-1], c)
+        out += _counter_changes(key, pooled[key][-1], c)  # the newest baseline that ran
         out += _metric_changes(key, pooled[key], c, min_threshold)
+        out += _reach_changes(key, pooled[key], c)
     out += [Change(k, "cell", "new") for k in sorted(set(cur) - set(newest) - set(pooled))]
     return out
 
@@ -88,12 +91,30 @@ def _counter_changes(key: str, base: dict, cur: dict) -> list[Change]:
     return out
 
 
+def _reached_share(cell: dict) -> float:
+    return cell.get("reached", 0) / max(1, len(cell.get("run_ids", [])))
+
+
+def _reach_changes(key: str, base_cells: list[dict], cur: dict) -> list[Change]:
+    """Reaching the target less often is a regression (the time-to-target medians count
+    only the repeats that reached it)."""
+    before = min(_reached_share(c) for c in base_cells)
+    now = _reached_share(cur)
+    if cur.get("mode") == "time-to-target" and now < before:
+        return [Change(key, "target reached", "regression", f"{before:.0%} of repeats",
+                       f"{now:.0%} of repeats")]
+    return []
+
+
 def _metric_changes(key: str, base_cells: list[dict], cur: dict,
                     min_threshold: float) -> list[Change]:
     out = []
     for name, higher_better in METRICS.items():
         if name not in cur.get("metrics", {}):
-            continue
+            if all(name in c.get("metrics", {}) for c in base_cells) and \
+                    name != "time_to_target_s" and name != "epochs_to_target":
+                out.append(Change(key, name, "regression", "measured", "missing"))
+            continue  # (a target no longer reached: _reach_changes)
         base = summarise(v for c in base_cells for v in c.get("metrics", {}).get(name, {})
                          .get("values", []))
         now = summarise(cur["metrics"][name]["values"])

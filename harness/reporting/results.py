@@ -33,7 +33,9 @@ Schema ``pipebench-suite/1`` (``SCHEMA``)::
                              kind, busy], ...]}} (last repeat, last epoch) or null,
                 "per_worker": {"peak_memory_bytes": {rank: n}, "bubble_fraction":
                                {rank: x}} (last repeat),
-                "run_ids": [...]}],
+                "reached": repeats that reached the target, "run_ids": [...]}],
+     (a cell with no successful repeat has only its key fields, status, note, empty
+     metrics and counters and no curve, timeline or per_worker)
      "overhead": [{"cell", "tracked", "untracked", "overhead"}]}
 
 ``METRICS`` are noisy (compared with the spread), ``COUNTERS`` must not move at all.
@@ -51,7 +53,8 @@ from core.errors import UserInputError
 from harness.reporting.units import fmt_bytes
 
 __all__ = ["COUNTERS", "DROP_EXTREMES_FROM", "METRICS", "RULE", "SCHEMA", "STABILITY",
-           "Stat", "cell_row", "load_result", "overhead_rows", "summarise", "write_result"]
+           "Stat", "cell_row", "load_result", "mean_bubble", "overhead_rows", "overhead_table",
+           "summarise", "write_result"]
 
 SCHEMA = "pipebench-suite/1"
 STABILITY = 0.10
@@ -86,10 +89,6 @@ class Stat:
         return {"median": self.median, "min": self.low, "max": self.high,
                 "rel_spread": self.rel_spread, "n": self.n, "values": list(self.values),
                 "stable": self.stable}
-
-    @classmethod
-    def from_json(cls, d: dict) -> Stat:
-        return summarise(d["values"])
 
 
 def summarise(values) -> Stat | None:  # noqa: ANN001 - any iterable of numbers or None
@@ -142,6 +141,19 @@ def cell_row(c: dict, single: float | None = None) -> tuple:
             fmt_bytes(c["counters"].get("bytes_per_sample") or 0),
             fmt_bytes(mem["median"]) if mem else "-",
             f"{100 * bubble['median']:.0f}%" if bubble else "-")
+
+
+def mean_bubble(metrics: dict[str, float]) -> float | None:
+    """A run's bubble: the mean over workers of its ``bubble_fraction_worker_<r>``."""
+    values = [v for k, v in metrics.items() if k.startswith("bubble_fraction_worker_")]
+    return statistics.mean(values) if values else None
+
+
+def overhead_table(rows: list[dict]) -> tuple[tuple, list[tuple]]:
+    """``overhead_rows`` as a header and rows for reports."""
+    return (("cell", "tracked samples/s", "untracked samples/s", "overhead"),
+            [(o["cell"], f"{o['tracked']:.0f}", f"{o['untracked']:.0f}",
+              f"{100 * o['overhead']:+.1f}%") for o in rows])
 
 
 def write_result(result: dict, path: str | Path) -> None:

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from core.errors import UserInputError
 from harness.reporting import tracking
-from harness.reporting.results import SCHEMA, load_result
+from harness.reporting.results import SCHEMA, load_result, mean_bubble
 from harness.reporting.units import fmt_bytes
 
 __all__ = ["COMPARE_COLUMNS", "compare_records", "compare_rows", "load_result_or_run",
@@ -63,10 +63,17 @@ def suite_runs(experiment: str, suite: str | None = None, machine: str | None = 
     if mlflow.get_experiment_by_name(experiment) is None:
         return []
     filt = ["tags.`pipebench.kind` = 'suite'", "attributes.status = 'FINISHED'"]
+
+    def quoted(v: str) -> str:
+        if "'" in v or "\\" in v:
+            raise UserInputError(f"a suite or machine name with quotes cannot be searched "
+                                 f"for in MLflow: {v!r}")
+        return f"'{v}'"
+
     if suite:
-        filt.append(f"tags.`pipebench.suite` = '{suite}'")
+        filt.append(f"tags.`pipebench.suite` = {quoted(suite)}")
     if machine:
-        filt.append(f"tags.`pipebench.machine` = '{machine}'")
+        filt.append(f"tags.`pipebench.machine` = {quoted(machine)}")
     return mlflow.search_runs(experiment_names=[experiment], filter_string=" and ".join(filt),
                               order_by=["attributes.start_time DESC"], max_results=limit,
                               output_format="list")
@@ -122,14 +129,15 @@ def compare_records(frame) -> list[dict]:  # noqa: ANN001 - the DataFrame of sea
     out = []
     bubble_cols = [c for c in frame.columns if c.startswith("metrics.bubble_fraction_worker_")]
     for _, r in frame.iterrows():
-        bubbles = [b for b in (_num(r, c) for c in bubble_cols) if b is not None]
+        bubbles = {c: b for c in bubble_cols if (b := _num(r, c)) is not None}
         rec = {"run_id": r["run_id"], "start_time": str(r["start_time"])[:19]}
         rec.update({k: _param(r, k) for k in ("system", "workload", "scale", "workers")})
         rec["config"] = _param(r, "config") or "1"
         rec.update({k: _num(r, f"metrics.{k}") for k in (
             "throughput_samples_per_s", "time_to_target_s", "epochs_run", "best_quality",
             "bytes_communicated_per_sample", "peak_memory_bytes_max")})
-        rec["bubble_fraction"] = sum(bubbles) / len(bubbles) if bubbles else None
+        rec["bubble_fraction"] = mean_bubble(
+            {k[len("metrics."):]: v for k, v in bubbles.items()})
         out.append(rec)
     return out
 

@@ -3,6 +3,8 @@ interleave the systems of a group."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from core.errors import UserInputError
@@ -72,3 +74,36 @@ def test_repeats_rotate_the_systems_of_each_group() -> None:
         assert [c.workload for c in order] == ["vgg16"] * 3 + ["gnmt8"] * 3
     firsts = {order[0].system for order in orders}
     assert firsts == {"single", "pipedream", "ddp"}  # nobody is always first
+
+
+@pytest.mark.parametrize("matrix, needle", [
+    ('workloads = ["vgg16"]\nepochs = 1\nsteps = [3, 6]\n', "steps must be one positive"),
+    ('workloads = ["vgg16"]\nsystems = "ddp"\nepochs = 1\nsteps = 1\n',
+     "systems must be a non-empty list"),
+])
+def test_a_sweep_where_one_value_belongs_is_refused(tmp_path, matrix: str,  # noqa: ANN001
+                                                    needle: str) -> None:
+    f = tmp_path / "s.toml"
+    f.write_text("[[matrix]]\n" + matrix)
+    with pytest.raises(UserInputError) as e:
+        load_suite(str(f))
+    assert needle in str(e.value)
+
+
+def test_one_cell_key_holds_one_set_of_settings(tmp_path) -> None:  # noqa: ANN001
+    m = '[[matrix]]\nworkloads = ["vgg16"]\nsystems = ["ddp"]\nepochs = 1\nsteps = {}\n'
+    f = tmp_path / "s.toml"
+    f.write_text(m.format(1) + m.format(1))
+    assert len(load_suite(str(f)).cells) == 1  # the same cell twice: one
+    f.write_text(m.format(1) + m.format(2))
+    with pytest.raises(UserInputError, match="appears twice with different settings"):
+        load_suite(str(f))
+
+
+def test_the_nightly_overhead_twins_differ_only_in_tracking() -> None:
+    cells = {c.key: c for c in load_suite("nightly").cells}
+    pairs = [(cells[k[:-len("/untracked")]], c) for k, c in cells.items()
+             if k.endswith("/untracked")]
+    assert pairs
+    for on, off in pairs:
+        assert dataclasses.replace(on, tracking=False) == off

@@ -93,3 +93,20 @@ def test_history_pools_the_repeats_of_every_baseline() -> None:
     cur = _result([_cell("k/x/w2/pipedream/throughput", [85.0, 85.0, 85.0])])
     assert not has_regression(compare_results(nights, cur))
     assert has_regression(compare_results(nights[:1], cur))
+
+
+def test_counters_compare_with_the_newest_baseline_in_which_the_cell_ran() -> None:
+    failed_night = copy.deepcopy(BASE)
+    failed_night["cells"][0].update(status="failed", metrics={}, counters={})
+    assert not has_regression(compare_results([BASE, failed_night], copy.deepcopy(BASE)))
+
+
+def test_reaching_the_target_less_often_is_a_regression() -> None:
+    def ttt(reached: int) -> dict:
+        c = _cell("vgg16/tiny/w2/ddp/time-to-target", [80.0, 81.0, 79.0])
+        c.update(mode="time-to-target", reached=reached, run_ids=["a", "b", "c"])
+        return c
+
+    changes = compare_results([_result([ttt(3)])], _result([ttt(1)]))
+    assert _verdicts(changes) == {("ddp", "target reached"): "regression"}
+    assert not has_regression(compare_results([_result([ttt(1)])], _result([ttt(3)])))
