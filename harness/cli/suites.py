@@ -111,9 +111,9 @@ def regressions(
         bases = suite_history(cur, history, experiment)
         against = f"the last {len(bases)} {cur['suite']['name']} result(s) on this machine"
         if not bases:
-            console.print(f"no earlier {cur['suite']['name']} result on machine "
-                          f"{cur['environment']['machine']!r}: nothing to compare",
-                          highlight=False)
+            emit(f"# Regressions: {current}\n\nNo earlier {cur['suite']['name']} result "
+                 f"on machine {cur['environment']['machine']!r}: nothing to compare.\n",
+                 output)
             return
     changes = reg.compare_results(bases, cur, min_threshold)
     lines = [f"# Regressions: {current} against {against}", ""]
