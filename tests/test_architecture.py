@@ -19,7 +19,8 @@ FORBIDDEN = {
 # string constants that equal a system name but name something else
 NOT_A_SYSTEM = {("harness/sim/reproduce.py", "gpipe"),  # `pipebench reproduce gpipe`: a table
                 ("harness/cli/simulation.py", "gpipe"),
-                ("pipedream_impl/schedule.py", "gpipe")}  # the schedule function gpipe()
+                ("pipedream_impl/schedule.py", "gpipe"),  # the schedule function gpipe()
+                ("harness/experiments/suite_run.py", "horovod")}  # the package's version
 
 
 def _sources(package: str) -> list[Path]:
