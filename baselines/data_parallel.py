@@ -44,6 +44,9 @@ class DataParallelExecutor(Executor):
         clips, so clipping sees what one process would)."""
         if self.scale_spec.grad_clip is not None:
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.scale_spec.grad_clip)
+        self._optimizer_step()
+
+    def _optimizer_step(self) -> None:
         self.optimizer.step()
 
     def _step(self, batch, report: EpochReport) -> float:  # noqa: ANN001

@@ -105,10 +105,8 @@ class HorovodExecutor(DataParallelExecutor):
     def _wait_for_gradients(self) -> None:
         self.optimizer.synchronize()  # the hooks started the all-reduces in the backward
 
-    def _update(self) -> None:
-        if self.scale_spec.grad_clip is not None:
-            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.scale_spec.grad_clip)
-        with self.optimizer.skip_synchronize():  # synchronized above
+    def _optimizer_step(self) -> None:
+        with self.optimizer.skip_synchronize():  # synchronized in _wait_for_gradients
             self.optimizer.step()
 
 

@@ -54,6 +54,7 @@ def run(cfg: RunConfig, progress: Progress | None = None,
     trainer, layout_params = _trainer(cfg, workload, splits, device, progress, batch_size)
 
     run_name = f"{cfg.system}-{workload.name}-{cfg.scale}-w{cfg.workers}-s{cfg.seed}"
+    num_parameters = count_parameters(trainer.model)
     with tracking.tracked_run(cfg.experiment, run_name, tags=cfg.tags,
                               parent_run_id=parent_run_id, system_metrics=True) as tracker:
         tracker.params({
@@ -66,8 +67,7 @@ def run(cfg: RunConfig, progress: Progress | None = None,
             "warmup_steps": cfg.warmup_steps,
             "hardware": tracking.hardware(device), "git_sha": tracking.git_sha(),
             "torch_version": torch.__version__,
-            "num_parameters": count_parameters(trainer.model), **layout_params})
-        num_parameters = count_parameters(trainer.model)
+            "num_parameters": num_parameters, **layout_params})
 
         def log_epoch(epoch: int, stats: EpochStats, quality: float, eval_s: float) -> None:
             tracker.metrics({"epoch_time_s": stats.time_s, "samples_per_s": stats.samples_per_s,
