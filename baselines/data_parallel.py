@@ -12,7 +12,7 @@ import time
 import torch
 
 from core.collectives import ring_allreduce_bytes
-from pipedream_impl.runtime.contract import EpochReport, Executor, WorkerPieces
+from pipedream_impl.runtime.contract import EpochReport, Executor, WorkerPieces, cpu_copy
 from workloads.recipe import microbatch
 
 __all__ = ["DataParallelExecutor"]
@@ -49,29 +49,40 @@ class DataParallelExecutor(Executor):
     def _optimizer_step(self) -> None:
         self.optimizer.step()
 
-    def _step(self, batch, report: EpochReport) -> float:  # noqa: ANN001
-        """One minibatch, booked as forward (F), backward with the overlapped all-reduces
+    def _step(self, batch, report: EpochReport, k: int) -> float:  # noqa: ANN001
+        """Minibatch ``k``, booked as forward (F), backward with the overlapped all-reduces
         (B), the wait for what is still in flight (A) and the update (U)."""
+        self.begin_action("F", k)
         t0 = time.perf_counter()
         self.optimizer.zero_grad()  # Horovod's takes no arguments (torch's default: to None)
         loss = self.wl.loss(self.net(batch.inputs), batch.targets)
         for kind, work in (("F", None), ("B", loss.backward), ("A", self._wait_for_gradients),
                            ("U", self._update)):
             if work is not None:
+                self.begin_action(kind, k, waiting=kind == "A")
                 work()
             self.synchronize()
             t1 = time.perf_counter()
             self.record(report, kind, t0, t1)
+            self.progress.leave(f"{kind}{k}")
             t0 = t1
         return float(loss.detach())
+
+    def checkpoint_state(self) -> dict:
+        """The replica's weights and optimizer state (every replica holds the same)."""
+        return {"model": cpu_copy(self.model.state_dict()),
+                "optimizer": cpu_copy(self.optimizer.state_dict())}
+
+    def load_checkpoint(self, state: dict) -> None:
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
 
     def run_epoch(self, epoch: int) -> EpochReport:
         report = self.start_epoch(epoch, 0, self.rank)
         for k in range(self.n_steps):
-            self.check_injected_failure(k)
             b = microbatch(self.splits.train, self.wl, self.order, k, self.rank,
                            self.run.batch_size, self.world).to(self.device)
-            loss = self._step(b, report)
+            loss = self._step(b, report, k)
             report.losses.append(loss)
             self.mark_warm(report, k)
         report.allreduce_bytes = self.sent

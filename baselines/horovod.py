@@ -117,9 +117,12 @@ class _ConnEnd:
 
     def __init__(self, conn: Connection) -> None:
         self.conn = conn
+        self._send_lock = threading.Lock()  # the worker's heartbeat thread sends too
 
     def put(self, obj: object) -> None:
-        self.conn.send_bytes(pickle.dumps(obj))
+        data = pickle.dumps(obj)
+        with self._send_lock:
+            self.conn.send_bytes(data)
 
     def get(self, timeout: float | None = None) -> object:
         if not self.conn.poll(timeout):
@@ -213,14 +216,17 @@ class HorovodLauncher(Launcher):
                 self.fail(f"a horovodrun rank connected but did not say which it is:\n"
                           f"{self.log_tail()}")
             ends[rank] = end
-            threading.Thread(target=self._read, args=(end,), daemon=True).start()
+            threading.Thread(target=self._read, args=(end, rank), daemon=True).start()
         return [ends[r] for r in range(n)]
 
-    def _read(self, end: _ConnEnd) -> None:
+    def _read(self, end: _ConnEnd, rank: int) -> None:
+        """Forward one rank's messages; a broken connection is that rank lost (the
+        launcher fails the run if it was still expected to report)."""
         while True:
             try:
                 self.results.put(end.get(timeout=None))
             except (EOFError, OSError):
+                self.results.put(("lost", rank, None))
                 return
 
     def log_tail(self, lines: int = 40) -> str:

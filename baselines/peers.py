@@ -28,7 +28,7 @@ import torch
 from torch import nn
 
 from core.errors import WorkloadError
-from pipedream_impl.runtime.contract import EpochReport, Executor, WorkerPieces
+from pipedream_impl.runtime.contract import EpochReport, Executor, WorkerPieces, cpu_copy
 from workloads.base import Dataset, Workload
 from workloads.recipe import microbatch
 
@@ -121,11 +121,12 @@ class PeerExecutor(Executor):
     def run_epoch(self, epoch: int) -> EpochReport:
         report = self.start_epoch(epoch, self.stage, 0)
         for k in range(self.n_steps):
-            self.check_injected_failure(k)
+            self.begin_action("F", k)  # the engine's whole step: forward to update
             t0 = time.perf_counter()
             losses = self._step(k)
             self.synchronize()
             self.record(report, "step", t0, time.perf_counter())
+            self.progress.leave(f"step {k}")
             if self.last:
                 report.losses.extend(losses)
                 self.mark_warm(report, k)
@@ -151,6 +152,14 @@ class TorchPipeExecutor(PeerExecutor):
         # scale_grads: gradients averaged over microbatches = the minibatch's mean loss
         self.schedule = cls(self.pipe_stage, self.m, loss_fn=self.loss_fn, scale_grads=True)
         self.optimizer = self.optimizer_for(self.module.parameters())
+
+    def checkpoint_state(self) -> dict:
+        return {"module": cpu_copy(self.module.inner.state_dict()),
+                "optimizer": cpu_copy(self.optimizer.state_dict())}
+
+    def load_checkpoint(self, state: dict) -> None:
+        self.module.inner.load_state_dict(state["module"])
+        self.optimizer.load_state_dict(state["optimizer"])
 
     def _step(self, k: int) -> list[float]:
         self.optimizer.zero_grad(set_to_none=True)

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import functools
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from core.errors import UserInputError
 from harness import systems
+from pipedream_impl.runtime.faults import Fault
 from pipedream_impl.schedule import WEIGHT_MODES
 from workloads.base import SCALES
 
@@ -38,7 +40,10 @@ class RunConfig:
     weights: str = "stash"  # stash | vertical-sync | none
     in_flight: int | None = None  # None: PipeDream's NOAM; 1: model parallelism
     timeout_s: float = 120.0  # every receive / all-reduce waits at most this long
-    fail_at: tuple[int, int] | None = None  # (rank, minibatch) to raise at: failure tests
+    fault: Fault | None = None  # injected fault (tests; --inject-fault)
+    stall_timeout_s: float | None = None  # watchdog; None: the workload's default per scale
+    checkpoint_dir: str | None = None  # save checkpoints here (--checkpoint-dir)
+    checkpoint_every_epochs: int = 1
     microbatches: int | None = None  # gpipe: default 4 x stages
     recompute: bool = False  # gpipe: re-materialise activations in the backward
 
@@ -70,13 +75,136 @@ class RunConfig:
                                  "data-parallel system with --workers/--plan/--config")
         if self.data is not None and not Path(self.data).exists():
             raise UserInputError(f"data path {self.data} does not exist")
+        self._check_resilience(system)
+        self._check_ranges()
+        self._check_layout(system)
+
+    def _check_resilience(self, system: systems.System) -> None:
+        """The watchdog, checkpoint and fault-injection options."""
+        import math
+
+        if self.stall_timeout_s is not None and not (
+                math.isfinite(self.stall_timeout_s) and self.stall_timeout_s > 0):
+            raise UserInputError(f"--stall-timeout must be a positive number of seconds "
+                                 f"(got {self.stall_timeout_s})")
+        if self.checkpoint_every_epochs < 1:
+            raise UserInputError(f"--checkpoint-every-epochs must be at least 1 "
+                                 f"(got {self.checkpoint_every_epochs})")
+        if self.checkpoint_dir is not None and not system.checkpoints:
+            raise UserInputError(f"--system {system.name} cannot checkpoint (its engine keeps "
+                                 f"state we do not capture); drop --checkpoint-dir")
+        if self.checkpoint_dir is not None and Path(self.checkpoint_dir).is_file():
+            raise UserInputError(f"--checkpoint-dir {self.checkpoint_dir} is a file; give a "
+                                 f"directory (created if missing)")
+        if self.fault is not None and self.fault.rank >= self.workers:
+            raise UserInputError(f"--inject-fault names rank {self.fault.rank}, but the run "
+                                 f"has {self.workers} worker(s)")
+
+    def _check_ranges(self) -> None:
+        """Numbers in range: finite, positive where they must be, workers the machine can
+        hold (more worker processes than 8 per core only time-share the CPU and exhaust
+        memory long before they finish; PIPEBENCH_MAX_WORKERS overrides the cap)."""
+        import math
+
+        from core.errors import require_int, require_number
+
+        require_number("--lr", self.lr, example="0.01")
+        require_number("--timeout", self.timeout_s, example="120")
+        if self.target is not None and not math.isfinite(self.target):
+            raise UserInputError(f"--target must be a finite number (got {self.target})")
+        require_int("--seed", self.seed, low=0, high=2**32 - 1)
+        require_int("--max-steps", self.max_steps_per_epoch)
+        require_int("--microbatches", self.microbatches)
+        require_int("--in-flight", self.in_flight)
+        cores = os.cpu_count() or 1
+        override = os.environ.get("PIPEBENCH_MAX_WORKERS", "")
+        if override and not override.isdigit():
+            raise UserInputError(f"PIPEBENCH_MAX_WORKERS must be a whole number (got "
+                                 f"{override!r})")
+        cap = int(override) if override else 8 * cores
+        if self.workers > cap:
+            raise UserInputError(
+                f"--workers {self.workers} would start {self.workers} worker processes on "
+                f"{cores} core(s); the limit is {cap}"
+                + ("" if override else " (8 per core): more only time-share the CPU")
+                + f"; use fewer workers, or set PIPEBENCH_MAX_WORKERS={self.workers} to "
+                "allow it")
+
+    def _check_layout(self, system: systems.System) -> None:
+        """--config / --plan / --workers against each other and the model, before anything
+        starts: a pipeline cannot have more stages than the model has layers."""
+        from core.errors import WorkloadError
+        from pipedream_impl.planner.plan import load_plan
+        from pipedream_impl.schedule import Layout
+
+        if not system.multi_process:
+            return
+        if system.kind == "data-parallel" and (self.plan or self.config):
+            raise UserInputError(f"{self.system} replicates the whole model: drop "
+                                 "--plan/--config")
+        layers = _layer_count(self.workload, self.scale)
+        ranges: tuple[tuple[int, int], ...] = ()
+        if self.config is not None:
+            replicas = Layout.from_config(self.config).replicas
+        elif self.plan is not None:
+            plan = load_plan(self.plan)
+            replicas = tuple(s.replicas for s in plan.stages)
+            ranges = tuple(s.layers for s in plan.stages)
+        elif system.straight:
+            replicas = (1,) * self.workers
+        else:
+            return  # data parallel, or the planner's choice (never more stages than layers)
+        where = f"--plan {self.plan}" if self.plan else f"--config {self.config}"
+        if sum(replicas) != self.workers and (self.config or self.plan):
+            raise UserInputError(f"the layout {'-'.join(map(str, replicas))} needs "
+                                 f"{sum(replicas)} workers but --workers is {self.workers}; "
+                                 f"give --workers {sum(replicas)} or another {where.split()[0]}")
+        if system.straight and any(r != 1 for r in replicas):
+            raise UserInputError(f"{self.system} runs unreplicated stages; got "
+                                 f"{'-'.join(map(str, replicas))} (use e.g. 1-1)")
+        if layers is None:
+            return
+        model = f"{self.workload}/{self.scale}"
+        if ranges and ranges[-1][1] != layers:
+            raise WorkloadError(f"plan covers {ranges[-1][1]} layers, {model} has {layers}: "
+                                "was it made for another workload?")
+        if len(replicas) > layers:
+            what = "--workers" if not (self.config or self.plan) else where
+            raise UserInputError(f"{what} asks for {len(replicas)} pipeline stages but "
+                                 f"{model} has only {layers} layers (a stage needs at least "
+                                 f"one); use at most {layers} stages")
 
     @property
     def definition(self) -> systems.System:
         """The registry's entry for ``system``."""
         return systems.get(self.system)
 
+    def stall_timeout(self) -> float:
+        """The watchdog's bound: the flag, else the workload's default at this scale."""
+        if self.stall_timeout_s is not None:
+            return self.stall_timeout_s
+        from workloads import registry  # torch: only when a run starts
+
+        return registry.get(self.workload).stall_timeout_s(self.scale)
+
     def threads_per_worker(self) -> int:
         if self.threads is not None:
             return self.threads
         return max(1, (os.cpu_count() or 1) // self.workers)
+
+
+@functools.lru_cache(maxsize=32)
+def _layer_count(workload: str, scale: str) -> int | None:
+    """Layers of ``workload`` at ``scale``, built on the meta device (no memory, no data);
+    None where a model cannot be built that way (its run checks the layout later)."""
+    import torch
+
+    from workloads import registry
+
+    wl = registry.get(workload)  # unknown names and scales: a clear error
+    wl.spec(scale)
+    try:
+        with torch.device("meta"):
+            return len(wl.build(scale, {}).layers)
+    except Exception:  # noqa: BLE001 - only a shortcut; the run checks again
+        return None

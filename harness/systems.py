@@ -40,6 +40,7 @@ class System:
     schedule: str | None = None  # the runtime schedule its executor runs: "1f1b" or "flush"
     in_flight: int | None = None  # minibatches in flight, forced (1: model parallelism)
     aliases: tuple[str, ...] = ()  # other names the simulator accepts (the paper's mp/dp)
+    checkpoints: bool = True  # --checkpoint-dir / --resume supported
     params: dict[str, str] = field(default_factory=dict)  # logged with every run
 
     @property
@@ -94,7 +95,7 @@ SYSTEMS: tuple[System, ...] = (
                    "(torch.distributed.pipelining.Schedule1F1B)"}),
     System("deepspeed-pipe", "pipeline", "DeepSpeed PipelineEngine (1F1B with a flush)",
            "baselines.peers:DeepSpeedPipeExecutor", microbatched=True,
-           float_boundaries_only=True, schedule="1f1b",
+           float_boundaries_only=True, schedule="1f1b", checkpoints=False,
            params={"peer_schedule": "1F1B with flush (DeepSpeed PipelineEngine)"}),
 )
 _BY_NAME = {s.name: s for s in SYSTEMS}

@@ -21,12 +21,17 @@ from torch import Tensor, nn
 from core.errors import WorkloadError
 
 __all__ = ["Batch", "DataSplits", "Dataset", "Flatten", "Layer", "LayerModel", "SCALES",
-           "ScaleSpec", "TensorData", "Workload", "Wrap", "classification_loss", "count_parameters",
-           "cross_entropy_tokens", "run_layers"]
+           "STALL_TIMEOUT_S", "ScaleSpec", "TensorData", "Workload", "Wrap",
+           "classification_loss", "count_parameters", "cross_entropy_tokens", "run_layers"]
 
 Tuple = tuple[Tensor, ...]
 
 SCALES = ("tiny", "small", "full")
+# The watchdog's default per scale (``Workload.stall_timeout_s``): how long a worker may go
+# without finishing an action before the run is declared stuck. Tiny actions take
+# milliseconds, a full-scale forward on a CPU tens of seconds; a workload with slower
+# actions sets ``ScaleSpec.stall_timeout_s``.
+STALL_TIMEOUT_S = {"tiny": 20.0, "small": 60.0, "full": 300.0}
 
 
 class Layer(nn.Module):
@@ -118,6 +123,7 @@ class ScaleSpec:
     grad_clip: float | None = None
     real_target: float | None = None  # the published target on the real dataset (--data)
     epochs: int = 20  # default epoch budget
+    stall_timeout_s: float | None = None  # watchdog bound; None: STALL_TIMEOUT_S of the scale
 
 
 @dataclass
@@ -208,6 +214,10 @@ class Workload:
             raise WorkloadError(f"unknown scale {scale!r} for {self.name}; "
                                 f"choose one of: {', '.join(self.scales)}")
         return self.scales[scale]
+
+    def stall_timeout_s(self, scale: str) -> float:
+        """Seconds a worker may spend in one action before the watchdog ends the run."""
+        return self.spec(scale).stall_timeout_s or STALL_TIMEOUT_S[scale]
 
     def reached(self, quality: float, target: float) -> bool:
         return quality >= target if self.higher_is_better else quality <= target

@@ -29,10 +29,10 @@ console = Console()
 
 def emit(text: str, output: str | None) -> None:
     """Print a generated markdown report and write it to ``output`` when given."""
-    console.print(text)
+    console.print(text, markup=False)
     if output:
         Path(output).write_text(text)
-        console.print(f"wrote {output}")
+        console.print(f"wrote {output}", markup=False)
 
 
 def command_line() -> str:
@@ -55,8 +55,14 @@ def main() -> None:
         sys.exit(1)
     except typer.Exit as e:
         sys.exit(e.exit_code)
-    except typer.Abort:
-        sys.exit(130)
+    except (KeyboardInterrupt, typer.Abort) as e:  # click turns Ctrl-C into Abort
+        # Ctrl-C, or SIGTERM during a run (harness.experiments.checkpoint.Terminated)
+        cause = e.__cause__ if isinstance(e, typer.Abort) else e
+        terminated = type(cause).__name__ == "Terminated"
+        what = str(cause) if terminated else "interrupted (Ctrl-C)"
+        Console(stderr=True).print(f"{what}: every worker was stopped; a run in progress is "
+                                   f"marked KILLED in MLflow", highlight=False, markup=False)
+        sys.exit(143 if terminated else 130)
     except Exception as e:  # click usage errors (unknown option, missing value)
         import click
 

@@ -7,6 +7,7 @@ from typing import Annotated
 
 import typer
 
+from core.errors import UserInputError
 from harness import systems as system_registry
 from harness.cli.app import app, command_line, console
 
@@ -25,7 +26,9 @@ def workloads() -> None:
 
 @app.command()
 def run(
-    workload: Annotated[str, typer.Option("--workload", "-w", help="see `pipebench workloads`")],
+    workload: Annotated[str | None, typer.Option("--workload", "-w", help="see `pipebench "
+                                                 "workloads` (required unless --resume)")]
+    = None,
     system: Annotated[str, typer.Option(help=", ".join(system_registry.names()))]
     = system_registry.SYSTEMS[0].name,
     scale: Annotated[str, typer.Option(help="tiny, small or full")] = "tiny",
@@ -57,25 +60,46 @@ def run(
                                                      "minibatch (default 4 x stages)")] = None,
     recompute: Annotated[bool, typer.Option(help="gpipe: re-materialise activations")]
     = False,
-    inject_failure: Annotated[str | None, typer.Option(hidden=True, help="RANK:MINIBATCH "
-                                                       "(tests)")] = None,
+    stall_timeout: Annotated[float | None, typer.Option(
+        help="end the run when a worker makes no progress for this many seconds "
+             "(default: the workload's, per scale: tiny 20, small 60, full 300)")] = None,
+    checkpoint_dir: Annotated[str | None, typer.Option(
+        help="save checkpoints here (weights, optimizer, stashed versions, data position)")]
+    = None,
+    checkpoint_every_epochs: Annotated[int, typer.Option(help="checkpoint period")] = 1,
+    resume: Annotated[str | None, typer.Option(
+        help="continue the run checkpointed in this directory (its settings; --epochs may "
+             "extend it)")] = None,
+    inject_fault: Annotated[str | None, typer.Option(
+        help="fault injection for tests, off by default: KIND:RANK:ACTION[@EPOCH], KIND "
+             "raise|kill|stall, e.g. kill:1:F3")] = None,
 ) -> None:
     """Train a workload with one system until the target or the epoch budget."""
     from harness.config import RunConfig
+    from harness.experiments import checkpoint
     from harness.experiments.runner import run as run_system
     from harness.reporting.progress import Progress
     from harness.reporting.tables import print_summary
+    from pipedream_impl.runtime.faults import Fault
 
-    cfg = RunConfig(system=system, workload=workload, scale=scale, epochs=epochs, target=target,
-                    data=data, batch_size=batch_size, lr=lr, seed=seed, threads=threads,
-                    device=device, max_steps_per_epoch=max_steps, experiment=experiment,
-                    warmup_steps=warmup_steps,
-                    workers=workers, plan=plan, config=config, weights=weights,
-                    in_flight=in_flight, timeout_s=timeout, microbatches=microbatches,
-                    recompute=recompute,
-                    fail_at=tuple(int(x) for x in inject_failure.split(":"))
-                    if inject_failure else None)
-    summary = run_system(cfg, Progress(enabled=not quiet))
+    ckpt = None
+    if resume is not None:
+        ckpt = checkpoint.load(resume)
+        cfg = checkpoint.resume_config(ckpt, epochs=epochs, stall_timeout_s=stall_timeout,
+                                       checkpoint_dir=checkpoint_dir or resume)
+    elif workload is None:
+        raise UserInputError("--workload is required (or --resume DIR to continue a run)")
+    else:
+        cfg = RunConfig(system=system, workload=workload, scale=scale, epochs=epochs,
+                        target=target, data=data, batch_size=batch_size, lr=lr, seed=seed,
+                        threads=threads, device=device, max_steps_per_epoch=max_steps,
+                        experiment=experiment, warmup_steps=warmup_steps, workers=workers,
+                        plan=plan, config=config, weights=weights, in_flight=in_flight,
+                        timeout_s=timeout, microbatches=microbatches, recompute=recompute,
+                        fault=Fault.parse(inject_fault) if inject_fault else None,
+                        stall_timeout_s=stall_timeout, checkpoint_dir=checkpoint_dir,
+                        checkpoint_every_epochs=checkpoint_every_epochs)
+    summary = run_system(cfg, Progress(enabled=not quiet), resume=ckpt)
     print_summary(summary, console)
 
 

@@ -96,10 +96,15 @@ class PipelineTrainer:
         self.metrics = PipelineMetrics()
         run = RunSettings(workload.name, cfg.scale, cfg.seed, self.batch_size, cfg.lr,
                           cfg.data, cfg.max_steps_per_epoch, cfg.threads_per_worker(),
-                          device.type, cfg.warmup_steps, cfg.timeout_s, cfg.fail_at)
+                          device.type, cfg.warmup_steps, cfg.timeout_s, fault=cfg.fault,
+                          checkpoint=cfg.checkpoint_dir is not None)
         init = f"tcp://127.0.0.1:{free_port()}"
         specs = [WorkerSpec(rank, run, self.settings, init) for rank in range(sum(replicas))]
-        self.launcher: Launcher = load(cfg.definition.launcher)(specs)
+        self.held: list[dict] = []  # every rank's checkpoint state at the last epoch's end
+        self.link_base: dict[tuple[int, int], int] = {}  # bytes sent before a resume
+        self.bytes_base = 0
+        self.launcher: Launcher = load(cfg.definition.launcher)(
+            specs, stall_timeout_s=cfg.stall_timeout())
 
     def train_epoch(self, epoch: int) -> EpochStats:
         t0 = time.time()
@@ -125,15 +130,39 @@ class PipelineTrainer:
             stats.timed_samples, stats.timed_s = samples, end - t0
         self._absorb(reports)
         self.metrics.samples += samples
+        self.held = [r.checkpoint for r in reports]
         return stats
+
+    def checkpoint_states(self) -> tuple[list[dict], dict]:
+        """(each rank's state, the launcher's: evaluation model and the run's counters)
+        at the last finished epoch's end."""
+        m = self.metrics
+        counters = {"samples": m.samples, "busy": m.busy, "idle": m.idle,
+                    "action_s": m.action_s, "actions": m.actions, "links": m.links,
+                    "bytes_sent": m.bytes_sent, "events_dropped": m.events_dropped}
+        return self.held, {"eval_model": {k: v.detach().clone()
+                                          for k, v in self.model.state_dict().items()},
+                           "counters": counters, "layout": (self.replicas, self.bounds)}
+
+    def restore(self, worker_states: list[dict], trainer_state: dict) -> None:
+        """Continue a checkpointed run: every rank loads its state before its next epoch."""
+        if len(worker_states) != len(self.launcher.controls):
+            raise UserInputError(f"the checkpoint holds {len(worker_states)} worker states, "
+                                 f"this run has {len(self.launcher.controls)} workers")
+        self.launcher.restore(worker_states)
+        self.model.load_state_dict(trainer_state["eval_model"])
+        c, m = trainer_state["counters"], self.metrics
+        m.samples, m.busy, m.idle, m.action_s = c["samples"], c["busy"], c["idle"], c["action_s"]
+        m.actions, m.events_dropped = c["actions"], c["events_dropped"]
+        self.link_base, self.bytes_base = dict(c["links"] or {}), c["bytes_sent"]
 
     def _absorb(self, reports: list[EpochReport]) -> None:
         m = self.metrics
-        m.links = {}
-        total = 0
-        for r in reports:  # comm counters are cumulative per worker
+        m.links = dict(self.link_base)  # bytes sent before a resume
+        total = self.bytes_base
+        for r in reports:  # comm counters are cumulative per worker (since its start)
             for link, b in r.payload.items():
-                m.links[link] = b
+                m.links[link] = m.links.get(link, 0) + b
                 total += b
             total += r.allreduce_bytes
         m.bytes_sent = total

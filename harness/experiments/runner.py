@@ -14,6 +14,8 @@ import time
 import torch
 
 from harness.config import RunConfig
+from harness.experiments import checkpoint
+from harness.experiments.checkpoint import Checkpoint, Terminated, terminate_as_interrupt
 from harness.experiments.training import (
     EpochStats,
     RunSummary,
@@ -32,9 +34,10 @@ __all__ = ["run"]
 
 
 def run(cfg: RunConfig, progress: Progress | None = None,
-        parent_run_id: str | None = None) -> RunSummary:
+        parent_run_id: str | None = None, resume: Checkpoint | None = None) -> RunSummary:
     """Train ``cfg.system`` on ``cfg.workload`` as one MLflow run (a child of
-    ``parent_run_id`` when given: ``compare-run``)."""
+    ``parent_run_id`` when given: ``compare-run``). ``resume``: continue that checkpoint's
+    run (its config is ``cfg``; see ``harness.experiments.checkpoint``)."""
     progress = progress or Progress()
     workload = registry.get(cfg.workload)
     spec = workload.spec(cfg.scale)
@@ -51,12 +54,18 @@ def run(cfg: RunConfig, progress: Progress | None = None,
     splits = load_splits(workload, cfg.scale, cfg.data, cfg.seed)
     progress.note(f"data: {splits.description} (loaded in {time.perf_counter() - t0:.1f}s)")
     batch_size = cfg.batch_size or spec.batch_size
-    trainer, layout_params = _trainer(cfg, workload, splits, device, progress, batch_size)
+    own_state = resume.trainer_state() if resume is not None else None
+    trainer, layout_params = _trainer(cfg, workload, splits, device, progress, batch_size,
+                                      own_state)
 
     run_name = f"{cfg.system}-{workload.name}-{cfg.scale}-w{cfg.workers}-s{cfg.seed}"
     num_parameters = count_parameters(trainer.model)
+    if resume is not None:
+        trainer.restore(resume.worker_states(), own_state)
+        progress.note(f"resuming from {resume.path} ({resume.epochs_done} epochs done)")
     with tracking.tracked_run(cfg.experiment, run_name, tags=cfg.tags,
-                              parent_run_id=parent_run_id, system_metrics=True) as tracker:
+                              parent_run_id=parent_run_id, system_metrics=True,
+                              resume_run_id=resume.run_id if resume else None) as tracker:
         tracker.params({
             "system": cfg.system, "workload": workload.name, "scale": cfg.scale,
             "batch_size": batch_size, "global_batch_size": batch_size,
@@ -74,12 +83,21 @@ def run(cfg: RunConfig, progress: Progress | None = None,
                              "train_loss": stats.train_loss, "quality": quality,
                              "eval_time_s": eval_s}, step=epoch)
 
+        saver = _Saver(cfg, trainer, tracker.run_id, progress)
+        resumed = resume.summary(cfg, workload.metric, target) if resume else None
         try:
-            summary = run_training(cfg, workload, target, trainer.train_epoch,
-                                   trainer.evaluate, log_epoch, progress)
-        finally:
+            with terminate_as_interrupt():
+                summary = run_training(cfg, workload, target, trainer.train_epoch,
+                                       trainer.evaluate, log_epoch, progress, resumed,
+                                       saver.after_epoch if cfg.checkpoint_dir else None)
+        except BaseException as e:  # a failure, Ctrl-C or SIGTERM: stop every worker now
             if cfg.definition.multi_process:
-                trainer.close()
+                trainer.close(kill=True)
+            if isinstance(e, Terminated) and cfg.checkpoint_dir:
+                saver.save_newest()
+            raise
+        if cfg.definition.multi_process:
+            trainer.close()
         final = _final_metrics(cfg, trainer, summary, device, workload)
         summary.data_description = splits.description
         summary.run_id, summary.tracking_uri = tracker.run_id, tracker.uri
@@ -94,15 +112,50 @@ def run(cfg: RunConfig, progress: Progress | None = None,
     return summary
 
 
+class _Saver:
+    """Writes the run's checkpoints: every ``checkpoint_every_epochs`` epochs, and the
+    newest finished epoch when the run is terminated before it was written."""
+
+    def __init__(self, cfg: RunConfig, trainer, run_id: str | None,  # noqa: ANN001
+                 progress: Progress) -> None:
+        self.cfg, self.trainer, self.run_id, self.progress = cfg, trainer, run_id, progress
+        self.summary: RunSummary | None = None
+        self.saved = -1  # epochs done at the newest checkpoint written
+
+    def after_epoch(self, summary: RunSummary) -> None:
+        self.summary = summary
+        done = len(summary.epochs)
+        if done % self.cfg.checkpoint_every_epochs == 0 or summary.reached \
+                or done == self.cfg.epochs:
+            self.save_newest()
+
+    def save_newest(self) -> None:
+        if self.summary is None or self.saved == len(self.summary.epochs):
+            return
+        t0 = time.perf_counter()
+        workers, own = self.trainer.checkpoint_states()
+        path = checkpoint.save(self.cfg.checkpoint_dir, self.cfg, self.summary, self.run_id,
+                               workers, own)
+        self.saved = len(self.summary.epochs)
+        self.progress.note(f"checkpoint of epoch {self.saved} written to {path} "
+                           f"({time.perf_counter() - t0:.1f} s)")
+
+
 def _trainer(cfg: RunConfig, workload: Workload, splits: DataSplits, device: torch.device,
-             progress: Progress, batch_size: int):  # noqa: ANN202
-    """The system's trainer and the params that describe its layout."""
+             progress: Progress, batch_size: int, resumed: dict | None):  # noqa: ANN202
+    """The system's trainer and the params that describe its layout (a resumed run's
+    layout is its checkpoint's: a layout balanced on a local profile may differ)."""
     if not cfg.definition.multi_process:
         return SingleTrainer(cfg, workload, splits, device, progress), {}
     from harness.experiments.layout import pipeline_layout
     from harness.experiments.pipeline_trainer import PipelineTrainer
 
-    replicas, bounds, how = pipeline_layout(cfg, workload, batch_size, device, splits.train)
+    if resumed is not None:
+        replicas, bounds = resumed["layout"]
+        how = "the checkpoint's layout"
+    else:
+        replicas, bounds, how = pipeline_layout(cfg, workload, batch_size, device,
+                                                splits.train)
     progress.note(f"pipeline {'-'.join(map(str, replicas))} on {cfg.workers} workers, "
                   f"layers {list(bounds)}: {how}")
     trainer = PipelineTrainer(cfg, workload, splits, replicas, bounds, device, progress)

@@ -23,6 +23,7 @@ from torch import nn
 from core.errors import UserInputError
 from harness.config import RunConfig
 from harness.reporting.progress import Progress
+from pipedream_impl.runtime.contract import cpu_copy
 from workloads.base import Batch, Dataset, DataSplits, LayerModel, ScaleSpec, Workload
 from workloads.recipe import (
     dropout_seed,
@@ -120,10 +121,16 @@ def train_step(model: LayerModel, workload: Workload, spec: ScaleSpec,
 def run_training(cfg: RunConfig, workload: Workload, target: float,
                  train_epoch: Callable[[int], EpochStats], evaluate: Callable[[], float],
                  log_epoch: Callable[[int, EpochStats, float, float], None],
-                 progress: Progress) -> RunSummary:
-    summary = RunSummary(cfg, workload.metric, target)
-    start = time.perf_counter()
-    for epoch in range(cfg.epochs):
+                 progress: Progress, resumed: RunSummary | None = None,
+                 after_epoch: Callable[[RunSummary], None] | None = None) -> RunSummary:
+    """The epoch loop. ``resumed``: the history of a checkpointed run, continued from its
+    next epoch (its clock too: time-to-target counts training time, not the downtime);
+    ``after_epoch``: called with the summary after each epoch is evaluated and logged."""
+    summary = resumed or RunSummary(cfg, workload.metric, target)
+    start = time.perf_counter() - (summary.elapsed_s[-1] if summary.elapsed_s else 0.0)
+    if summary.reached:
+        return summary
+    for epoch in range(len(summary.epochs), cfg.epochs):
         stats = train_epoch(epoch)
         t_eval = time.perf_counter()
         quality = evaluate()
@@ -138,6 +145,9 @@ def run_training(cfg: RunConfig, workload: Workload, target: float,
         if workload.reached(quality, target):
             summary.time_to_target_s = time.perf_counter() - start
             summary.epochs_to_target = epoch + 1
+        if after_epoch is not None:
+            after_epoch(summary)
+        if summary.reached:
             break
     summary.total_time_s = time.perf_counter() - start
     return summary
@@ -157,6 +167,7 @@ class SingleTrainer:
         self.optimizer = make_optimizer(self.spec, self.model.parameters(), cfg.lr)
         self.progress = progress
         self.global_step = 0
+        self.held: dict | None = None  # state at the last epoch's end (checkpointing)
 
     def train_epoch(self, epoch: int) -> EpochStats:
         self.model.train()
@@ -186,7 +197,21 @@ class SingleTrainer:
                 advance(loss)
                 t0 = time.perf_counter()
         stats.time_s = time.perf_counter() - epoch_start
+        if self.cfg.checkpoint_dir is not None:
+            self.held = {"model": cpu_copy(self.model.state_dict()),
+                         "optimizer": cpu_copy(self.optimizer.state_dict()),
+                         "global_step": self.global_step}
         return stats
+
+    def checkpoint_states(self) -> tuple[list[dict], dict]:
+        """(worker states, trainer state) at the last finished epoch's end."""
+        return [self.held], {}
+
+    def restore(self, worker_states: list[dict], trainer_state: dict) -> None:  # noqa: ARG002
+        (state,) = worker_states
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.global_step = state["global_step"]
 
     def evaluate(self) -> float:
         return self.workload.evaluate(self.model, self.splits.valid, max(self.batch_size, 128))

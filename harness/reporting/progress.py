@@ -23,7 +23,8 @@ class Progress:
 
     def note(self, message: str) -> None:
         if self.enabled:
-            self.console.print(message, highlight=False)
+            # notes carry error texts verbatim (gloo's "[/path/pair.cc:545]" is not markup)
+            self.console.print(message, highlight=False, markup=False)
 
     @contextmanager
     def task(self, description: str, total: int) -> Iterator[Callable[[float], None]]:

@@ -90,6 +90,10 @@ class Comm:
         try:
             work.wait(self.timeout)
         except RuntimeError as e:
+            waited = time.perf_counter() - t0
+            if waited < 0.9 * self.timeout.total_seconds():  # the peer went away
+                raise CommTimeout(f"rank {self.rank}: {what} failed after {waited:.1f}s "
+                                  f"({e})") from e
             raise CommTimeout(f"rank {self.rank}: {what} did not complete within "
                               f"{self.timeout.total_seconds():.0f}s ({e})") from e
         finally:

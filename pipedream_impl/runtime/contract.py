@@ -10,7 +10,12 @@ executor shares, so it is written once:
 - seeding: each rank's dropout stream per epoch (``dropout_seed``);
 - warm-up: the first ``RunSettings.warmup_steps`` minibatches of the run are excluded from
   throughput; ``mark_warm`` stamps when they are done;
-- failure injection for tests (``RunSettings.fail_at``: raise at a rank's minibatch);
+- progress and fault injection: ``begin_action`` stamps where the worker is (on its
+  progress board, which the launcher's watchdog reads) and fires ``RunSettings.fault``
+  where it hits (``pipedream_impl.runtime.faults``);
+- checkpoints: ``checkpoint_state`` / ``load_checkpoint`` (each executor says what its
+  state is); with ``RunSettings.checkpoint`` every epoch's report carries that state, and a
+  ``("restore", state)`` control message loads it before the next epoch;
 - reports: ``start_epoch`` opens one, ``record`` books each timed span (busy or idle,
   by action kind) and keeps it as a trace event, ``close_report`` stamps the end, peak
   memory and the stage's weights.
@@ -21,12 +26,17 @@ Trace events are ``(name, start, duration, busy)`` with ``start`` in wall-clock 
 whether kept or not. ``harness.reporting.trace`` turns them into Chrome trace JSON.
 
 A worker that raises reports its traceback on the results queue and exits non-zero; the
-launcher (``pipedream_impl.runtime.launcher``) then stops every worker.
+launcher (``pipedream_impl.runtime.launcher``) then stops every worker. Workers ignore
+SIGINT and SIGTERM (the launcher decides what Ctrl-C or a termination means and stops them
+itself) and exit on their own when their parent dies, so nothing outlives a killed launcher.
 """
 
 from __future__ import annotations
 
 import datetime
+import os
+import signal
+import threading
 import time
 import traceback
 from dataclasses import dataclass, field
@@ -37,16 +47,30 @@ import torch.distributed as dist
 
 from core.imports import load
 from pipedream_impl.runtime import STAGE_EXECUTOR
+from pipedream_impl.runtime.faults import Fault, Progress, board_path
 from pipedream_impl.schedule import Layout
 from workloads import registry
 from workloads.base import DataSplits, LayerModel, ScaleSpec, Workload
 from workloads.recipe import dropout_seed, epoch_order, load_splits, make_optimizer
 from workloads.recipe import peak_memory_bytes as _peak_memory_bytes
 
-__all__ = ["TRACE_EVENTS_PER_EPOCH", "EpochReport", "Executor", "RunSettings",
-           "SystemSettings", "WorkerPieces", "WorkerSpec", "worker_main"]
+__all__ = ["ORPHAN_CHECK_S", "TRACE_EVENTS_PER_EPOCH", "EpochReport", "Executor", "RunSettings",
+           "SystemSettings", "WorkerPieces", "WorkerSpec", "cpu_copy", "worker_main"]
 
 TRACE_EVENTS_PER_EPOCH = 20_000  # per worker: a full-scale epoch is not shipped whole
+ORPHAN_CHECK_S = 1.0  # how often a worker checks that its launcher is still alive
+
+
+def cpu_copy(obj):  # noqa: ANN001, ANN201
+    """A detached CPU copy of the tensors in a (nested) state dict: what a report or a
+    checkpoint carries, untouched by later training."""
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().cpu().clone()
+    if isinstance(obj, dict):
+        return {k: cpu_copy(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return type(obj)(cpu_copy(v) for v in obj)
+    return obj
 
 
 @dataclass(frozen=True)
@@ -63,7 +87,8 @@ class RunSettings:
     device: str = "cpu"  # "cpu" or "cuda"
     warmup_steps: int = 2  # first minibatches of the run, excluded from throughput
     timeout_s: float = 120.0  # every receive / all-reduce waits at most this long
-    fail_at: tuple[int, int] | None = None  # (rank, minibatch): raise there (tests)
+    fault: Fault | None = None  # injected fault (tests): see faults.py
+    checkpoint: bool = False  # every epoch's report carries the executor's checkpoint state
 
 
 @dataclass(frozen=True)
@@ -86,6 +111,7 @@ class WorkerSpec:
     system: SystemSettings
     init_method: str = ""  # torch.distributed rendezvous (tcp://host:port or env://)
     local_rank: int = -1  # rank on this machine (GPU index); -1: same as rank
+    progress_dir: str = ""  # where the launcher reads progress boards ("": none)
 
     def __post_init__(self) -> None:
         if self.local_rank < 0:
@@ -112,6 +138,7 @@ class EpochReport:
     warm_done_at: float | None = None  # wall clock when its warm-up minibatches finished
     end_at: float = 0.0
     state: dict | None = None
+    checkpoint: dict | None = None  # the executor's whole state (RunSettings.checkpoint)
 
 
 @dataclass
@@ -151,6 +178,9 @@ class Executor:
         self.run, self.system = pieces.spec.run, pieces.spec.system
         self.rank = pieces.spec.rank
         self.wl, self.scale_spec, self.splits = pieces.workload, pieces.scale_spec, pieces.splits
+        self.progress = Progress(self.rank, board_path(pieces.spec.progress_dir, self.rank)
+                                 if pieces.spec.progress_dir else None)
+        self.epoch = 0
 
     def optimizer_for(self, params) -> torch.optim.Optimizer:  # noqa: ANN001
         """The workload's optimizer (the run's learning rate) over ``params``."""
@@ -159,8 +189,26 @@ class Executor:
     def run_epoch(self, epoch: int) -> EpochReport:
         raise NotImplementedError
 
+    def checkpoint_state(self) -> dict:
+        """Everything a resumed worker needs to continue bit for bit from this epoch's end
+        (weights, optimizer state, weight versions); plain tensors and numbers."""
+        raise NotImplementedError(f"{type(self).__name__} cannot checkpoint")
+
+    def load_checkpoint(self, state: dict) -> None:
+        raise NotImplementedError(f"{type(self).__name__} cannot resume")
+
+    def begin_action(self, kind: str, minibatch: int, waiting: bool = False) -> None:
+        """Stamp the start of action ``kind`` of ``minibatch`` (for the watchdog) and fire
+        the injected fault if it is this one. ``waiting``: the action waits on others."""
+        self.progress.enter(f"{kind}{minibatch}", waiting)
+        fault = self.run.fault
+        if fault is not None and fault.hits(self.rank, self.epoch, kind, minibatch):
+            fault.fire()
+
     def start_epoch(self, epoch: int, stage: int, replica: int) -> EpochReport:
         """Seed this rank's epoch, set its sample order and open its report."""
+        self.epoch = epoch
+        self.progress.begin_epoch(epoch, stage)
         torch.manual_seed(dropout_seed(self.run.seed, epoch, self.rank))
         self.order = epoch_order(len(self.splits.train), self.run.seed, epoch)
         # one anchor per epoch maps perf_counter spans onto the wall clock
@@ -182,10 +230,6 @@ class Executor:
         else:
             report.events_dropped += 1
 
-    def check_injected_failure(self, minibatch: int) -> None:
-        if self.run.fail_at is not None and self.run.fail_at == (self.rank, minibatch):
-            raise RuntimeError(f"injected failure at minibatch {minibatch}")
-
     def mark_warm(self, report: EpochReport, minibatch: int) -> None:
         """Stamp the end of the warm-up once minibatch ``minibatch`` (of the first epoch's
         count) completes the run's ``warmup_steps``."""
@@ -198,16 +242,19 @@ class Executor:
             torch.cuda.synchronize(self.device)
 
     def close_report(self, report: EpochReport, module: torch.nn.Module) -> EpochReport:
+        self.progress.end_epoch()
         report.end_at = time.time()
         report.peak_memory = _peak_memory_bytes(self.device)
-        report.state = {k: v.detach().cpu().clone() for k, v in module.state_dict().items()}
+        report.state = cpu_copy(module.state_dict())
         return report
 
 
 def worker_main(spec: WorkerSpec, control, results) -> None:  # noqa: ANN001 - queues
     """A worker process: build the pieces, then one epoch per ``("epoch", k)`` message
-    until ``("stop",)``. Errors are reported with their traceback, then the worker exits
-    non-zero so the launcher stops everyone."""
+    until ``("stop",)``; ``("restore", state)`` loads a checkpoint. Errors are reported
+    with their traceback, then the worker exits non-zero so the launcher stops everyone."""
+    for sig in (signal.SIGINT, signal.SIGTERM):  # the launcher stops us (module doc)
+        signal.signal(sig, signal.SIG_IGN)
     try:
         _serve(spec, control, results)
     except BaseException:  # report, then die non-zero: the launcher stops everyone
@@ -218,7 +265,18 @@ def worker_main(spec: WorkerSpec, control, results) -> None:  # noqa: ANN001 - q
             dist.destroy_process_group()
 
 
+def _orphan_guard(parent: int) -> None:
+    """Exit when the parent process (the launcher, or horovodrun) is gone: a killed
+    launcher must not leave its workers waiting for an hour."""
+    while True:
+        time.sleep(ORPHAN_CHECK_S)
+        if os.getppid() != parent:
+            os._exit(70)
+
+
 def _serve(spec: WorkerSpec, control, results) -> None:  # noqa: ANN001
+    threading.Thread(target=_orphan_guard, args=(os.getppid(),), daemon=True,
+                     name="pipebench-orphan-guard").start()
     torch.set_num_threads(spec.run.threads)
     device = torch.device("cpu")
     if spec.run.device == "cuda":  # one GPU per local rank; NCCL below
@@ -236,4 +294,10 @@ def _serve(spec: WorkerSpec, control, results) -> None:  # noqa: ANN001
         msg = control.get(timeout=max(3600.0, 4 * spec.run.timeout_s))
         if msg[0] == "stop":
             return
-        results.put(("epoch", spec.rank, executor.run_epoch(msg[1])))
+        if msg[0] == "restore":
+            executor.load_checkpoint(msg[1])
+            continue
+        report = executor.run_epoch(msg[1])
+        if spec.run.checkpoint:
+            report.checkpoint = executor.checkpoint_state()
+        results.put(("epoch", spec.rank, report))

@@ -34,7 +34,7 @@ from torch.func import functional_call
 
 from core.errors import WorkloadError
 from pipedream_impl.runtime.comm import Comm
-from pipedream_impl.runtime.contract import EpochReport, Executor, WorkerPieces
+from pipedream_impl.runtime.contract import EpochReport, Executor, WorkerPieces, cpu_copy
 from pipedream_impl.runtime.weight_stash import WeightStore
 from pipedream_impl.schedule import Action, Schedule, gpipe, one_f_one_b
 from workloads.base import Batch
@@ -100,10 +100,29 @@ class StageExecutor(Executor):
         return acts
 
     def step(self, act: Action, pos: int) -> None:
+        self.begin_action(act.kind, act.mb, act.kind in _WAITS)
         t0 = time.perf_counter()
         waited = self.handlers[act.kind](act, pos)
         self.synchronize()
         self.record(self.report, act.kind, t0, time.perf_counter(), busy=not waited)
+        self.progress.leave(f"{act.kind}{act.mb}")
+
+    def checkpoint_state(self) -> dict:
+        """At an epoch's end (the pipeline drained): the stage's weights, its optimizer
+        state and its weight versions (the version count and every stashed snapshot)."""
+        return {"module": cpu_copy(self.module.state_dict()),
+                "optimizer": cpu_copy(self.optimizer.state_dict()),
+                "version": self.store.version,
+                "snapshots": {v: cpu_copy(snap) for v, snap in self.store.snapshots.items()}}
+
+    def load_checkpoint(self, state: dict) -> None:
+        self.module.load_state_dict(state["module"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.store.version = state["version"]
+        self.store.snapshots = {
+            v: {n: t.detach().to(self.device).clone().requires_grad_(True)
+                for n, t in snap.items()}
+            for v, snap in state["snapshots"].items()}
 
     def finish_epoch(self) -> EpochReport:
         self.comm.flush()
@@ -151,7 +170,6 @@ class StageExecutor(Executor):
 
     def _forward(self, act: Action, pos: int) -> bool:
         k = act.mb
-        self.check_injected_failure(k)
         rec = self.inflight.setdefault(k, {})
         if self.stage == 0:  # only stage 0 reads inputs
             rec["x"] = tuple(t.to(self.device) for t in self._batch(k).inputs)
@@ -215,6 +233,9 @@ class StageExecutor(Executor):
         if self.last:
             self.mark_warm(self.report, act.mb // self.m)
         return False
+
+
+_WAITS = ("RF", "RB", "A")  # actions that wait on other ranks
 
 
 def _future_versions(acts) -> list[int]:  # noqa: ANN001

@@ -10,6 +10,7 @@ from core.errors import WorkloadError
 from harness.config import RunConfig
 from harness.experiments.pipeline_trainer import PipelineTrainer
 from harness.reporting.progress import quiet
+from pipedream_impl.runtime.faults import Fault
 from tests.pipeline_reference import single_process_reference
 from workloads.registry import get
 
@@ -69,10 +70,11 @@ def test_horovod_worker_error_reaches_the_launcher(splits) -> None:
 
     n_layers = len(WL.build("tiny", splits.train.meta).layers)
     cfg = RunConfig(system="horovod", workload="vgg16", workers=2, threads=1,
-                    max_steps_per_epoch=STEPS, epochs=1, timeout_s=30, fail_at=(1, 2))
+                    max_steps_per_epoch=STEPS, epochs=1, timeout_s=30,
+                    fault=Fault("raise", 1, "F", 2))
     hvd = PipelineTrainer(cfg, WL, splits, (2,), ((0, n_layers),), torch.device("cpu"),
                           quiet())
-    with pytest.raises(PipelineFailure, match="injected failure at minibatch 2"):
+    with pytest.raises(PipelineFailure, match="injected failure at F2 of epoch 0"):
         hvd.train_epoch(0)
     assert all(not p.is_alive() for p in hvd.launcher.procs)
 

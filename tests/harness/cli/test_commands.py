@@ -194,10 +194,11 @@ def test_a_worker_failure_fails_the_run_and_the_mlflow_run(mlflow_uri: str) -> N
     import mlflow
 
     r = _run(["run", "--system", "pipedream", "--workload", "vgg16", "--workers", "2",
-              "--config", "1-1", "--epochs", "3", "--inject-failure", "1:30", "--timeout", "20",
-              "--experiment", "pipe-fail", "--quiet"], env_uri=mlflow_uri)
+              "--config", "1-1", "--epochs", "3", "--inject-fault", "raise:1:F30",
+              "--timeout", "20", "--experiment", "pipe-fail", "--quiet"], env_uri=mlflow_uri)
     assert r.returncode == 1
-    assert "worker rank 1 failed" in r.stderr and "injected failure at minibatch 30" in r.stderr
+    assert "worker rank 1 (stage 1, F30 of epoch 0) failed" in r.stderr
+    assert "injected failure at F30 of epoch 0" in r.stderr
     client = mlflow.MlflowClient(tracking_uri=mlflow_uri)
     run = client.search_runs([client.get_experiment_by_name("pipe-fail").experiment_id])[0]
     assert run.info.status == "FAILED"

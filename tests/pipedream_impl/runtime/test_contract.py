@@ -12,6 +12,7 @@ from pipedream_impl.runtime.contract import (
     WorkerPieces,
     WorkerSpec,
 )
+from pipedream_impl.runtime.faults import Fault
 
 
 class _Counting(Executor):
@@ -24,8 +25,8 @@ class _Counting(Executor):
 
 @pytest.fixture(scope="module")
 def pieces() -> WorkerPieces:
-    spec = WorkerSpec(1, RunSettings("vgg16", "tiny", 3, 32, warmup_steps=4, fail_at=(1, 2)),
-                      SystemSettings((1, 1), ((0, 12), (12, 40))))
+    run = RunSettings("vgg16", "tiny", 3, 32, warmup_steps=4, fault=Fault("raise", 1, "F", 2))
+    spec = WorkerSpec(1, run, SystemSettings((1, 1), ((0, 12), (12, 40))))
     return WorkerPieces.build(spec, torch.device("cpu"))
 
 
@@ -37,11 +38,16 @@ def test_warm_up_ends_after_the_configured_steps(pieces: WorkerPieces) -> None:
         assert (report.warm_done_at is not None) == (k >= 3)  # warmup_steps=4: after k=3
 
 
-def test_injected_failure_hits_only_its_rank_and_minibatch(pieces: WorkerPieces) -> None:
+def test_injected_failure_hits_only_its_rank_action_and_minibatch(pieces: WorkerPieces) -> None:
     ex = _Counting(pieces)
-    ex.check_injected_failure(1)
-    with pytest.raises(RuntimeError, match="injected failure at minibatch 2"):
-        ex.check_injected_failure(2)
+    ex.start_epoch(0, 1, 0)
+    ex.begin_action("F", 1)
+    ex.begin_action("B", 2)  # same minibatch, another action
+    with pytest.raises(RuntimeError, match="injected failure at F2 of epoch 0"):
+        ex.begin_action("F", 2)
+    assert ex.progress.snapshot()["action"] == "F2"  # where the watchdog would see it
+    ex.start_epoch(1, 1, 0)
+    ex.begin_action("F", 2)  # another epoch
 
 
 def test_each_rank_and_epoch_has_its_own_dropout_stream(pieces: WorkerPieces) -> None:

@@ -11,6 +11,7 @@ import torch
 from harness.config import RunConfig
 from harness.experiments.pipeline_trainer import PipelineTrainer
 from harness.reporting.progress import quiet
+from pipedream_impl.runtime.faults import Fault
 from pipedream_impl.runtime.launcher import PipelineFailure
 from pipedream_impl.schedule import Layout, one_f_one_b
 from tests.pipeline_reference import simulate_pipedream, single_process_reference
@@ -128,9 +129,9 @@ def test_bytes_on_every_link_equal_the_tensors_sent(splits) -> None:
 
 def test_a_failing_worker_ends_the_job_with_its_error(splits) -> None:
     t0 = time.monotonic()
-    trainer = _trainer(_cfg(2, timeout_s=20, fail_at=(1, 2)), splits, (1, 1),
+    trainer = _trainer(_cfg(2, timeout_s=20, fault=Fault("raise", 1, "F", 2)), splits, (1, 1),
                        ((0, 12), (12, 40)))
-    with pytest.raises(PipelineFailure, match="(?s)rank 1 failed.*injected failure at minibatch 2"):
+    with pytest.raises(PipelineFailure, match="(?s)rank 1 .*failed.*injected failure at F2"):
         trainer.train_epoch(0)
     assert time.monotonic() - t0 < 60
     assert all(not p.is_alive() for p in trainer.launcher.procs)
