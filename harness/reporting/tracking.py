@@ -1,8 +1,15 @@
 """MLflow tracking: where runs go and the one schema every system logs.
 
 Default store: ``sqlite:///<repo>/results/mlflow.db`` with artifacts in
-``results/mlartifacts`` (no server). ``MLFLOW_TRACKING_URI`` overrides it, e.g. a real
-``mlflow server``. Only the launcher process logs (SQLite takes one writer at a time).
+``results/mlartifacts`` (no server; ``PIPEBENCH_LOCAL_TRACKING_URI`` moves it).
+``MLFLOW_TRACKING_URI`` overrides it, e.g. a real ``mlflow server``. Only the launcher
+process logs (SQLite takes one writer at a time). A server that is down, or dies during a
+run, never loses the run: it continues in the local store (``harness.reporting.fallback``)
+and ``pipebench sync`` copies it to the server later (``harness.reporting.sync``).
+
+A run ends FINISHED, FAILED when its body raises (everything logged so far kept) or KILLED
+on Ctrl-C; ``tracked_run(resume_run_id=...)`` reopens an earlier run so that a resumed
+training continues its metrics.
 
 The schema (documented in results/README.md; tests check it): keys in ``PARAM_KEYS`` are
 params of every run, ``EPOCH_METRICS`` are logged each epoch with ``step=epoch``, and
@@ -19,6 +26,7 @@ from __future__ import annotations
 import os
 import platform
 import subprocess
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -26,10 +34,17 @@ from pathlib import Path
 import torch
 
 from harness.paths import REPO
+from harness.reporting.fallback import (
+    JournaledRun,
+    artifact_dir,
+    artifact_root,
+    local_tracking_uri,
+)
 
 __all__ = ["EPOCH_METRICS", "PARAM_KEYS", "RUN_METRICS", "SYSTEM_METRICS_INTERVAL_S",
            "TARGET_METRICS", "DetachedRun", "Tracker", "artifact_root", "default_tracking_uri",
-           "detached_run", "enabled", "git_sha", "hardware", "peak_memory_key", "tracked_run"]
+           "detached_run", "enabled", "git_sha", "hardware", "local_tracking_uri",
+           "peak_memory_key", "tracked_run"]
 
 PARAM_KEYS = ("system", "workload", "scale", "batch_size", "global_batch_size", "workers",
               "seed", "epochs", "target", "metric", "data", "optimizer", "lr", "threads",
@@ -52,14 +67,8 @@ def peak_memory_key(rank: int) -> str:
 
 
 def default_tracking_uri() -> str:
-    return os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{REPO / 'results' / 'mlflow.db'}"
-
-
-def artifact_root(uri: str) -> str | None:
-    """Artifacts next to a local sqlite store; a server decides its own."""
-    if uri.startswith("sqlite:///"):
-        return (Path(uri[len("sqlite:///"):]).parent / "mlartifacts").resolve().as_uri()
-    return None
+    """``MLFLOW_TRACKING_URI``, else the local store (``local_tracking_uri``)."""
+    return os.environ.get("MLFLOW_TRACKING_URI") or local_tracking_uri()
 
 
 def git_sha() -> str:
@@ -88,162 +97,168 @@ def hardware(device: torch.device) -> str:
 
 
 class Tracker:
-    """A thin wrapper over one active MLflow run (created by ``tracked_run``); with
-    tracking off (``run_id`` None) every method does nothing."""
+    """A thin wrapper over one open run (created by ``tracked_run``) that journals what it
+    logs, so the run can move to the local store if its server fails; with tracking off
+    (``run_id`` None) every method does nothing."""
 
-    def __init__(self, run_id: str | None, uri: str | None) -> None:
-        self.run_id, self.uri = run_id, uri
+    def __init__(self, run_id: str | None = None, uri: str | None = None, *,
+                 run: JournaledRun | None = None) -> None:
+        self._run, self._run_id, self._uri = run, run_id, uri
+
+    @property
+    def run_id(self) -> str | None:
+        """The run's id in the store it is in now (a new id after a fallback)."""
+        return self._run.run_id if self._run else self._run_id
+
+    @property
+    def uri(self) -> str | None:
+        return self._run.uri if self._run else self._uri
 
     @property
     def active(self) -> bool:
         return self.run_id is not None
 
     def params(self, params: dict) -> None:
-        if self.active:
-            import mlflow
+        if self._run:
+            from mlflow.entities import Param
 
-            mlflow.log_params({k: ("" if v is None else str(v)) for k, v in params.items()})
+            batch = [Param(k, "" if v is None else str(v)) for k, v in params.items()]
+            self._run.log("params", lambda c, rid: _log_batch(c, rid, params=batch))
 
     def metrics(self, metrics: dict[str, float], step: int | None = None) -> None:
-        if self.active:
-            import mlflow
+        if self._run:
+            from mlflow.entities import Metric
 
-            mlflow.log_metrics({k: float(v) for k, v in metrics.items()}, step=step)
+            now = int(time.time() * 1000)
+            batch = [Metric(k, float(v), now, step or 0) for k, v in metrics.items()]
+            self._run.log("metrics", lambda c, rid: _log_batch(c, rid, metrics=batch))
 
     def tags(self, tags: dict[str, str]) -> None:
-        if self.active:
-            import mlflow
+        if self._run:
+            from mlflow.entities import RunTag
 
-            mlflow.set_tags(tags)
+            batch = [RunTag(k, str(v)) for k, v in tags.items()]
+            self._run.log("tags", lambda c, rid: _log_batch(c, rid, tags=batch))
 
     def text(self, text: str, name: str) -> None:
-        if self.active:
-            import mlflow
-
-            mlflow.log_text(text, name)
+        if self._run:
+            self._run.log("artifact", lambda c, rid: c.log_text(rid, text, name))
 
     def json(self, obj: dict | list, name: str) -> None:
-        if self.active:
-            import mlflow
-
-            mlflow.log_dict(obj, name)
+        if self._run:
+            self._run.log("artifact", lambda c, rid: c.log_dict(rid, obj, name))
 
     def table(self, columns: dict[str, list], name: str) -> None:
-        """Per-worker or per-stage numbers as an MLflow table (``mlflow.log_table``)."""
-        if self.active and columns and any(columns.values()):
-            import mlflow
-
-            mlflow.log_table(data=columns, artifact_file=name)
+        """Per-worker or per-stage numbers as an MLflow table (``log_table``)."""
+        if self._run and columns and any(columns.values()):
+            self._run.log("artifact", lambda c, rid: c.log_table(rid, columns, name))
 
     def figure(self, fig, name: str) -> None:  # noqa: ANN001 - a matplotlib Figure
-        if self.active:
-            import mlflow
-
-            mlflow.log_figure(fig, name)
+        if self._run:
+            path = self._run.file(name)
+            fig.savefig(path)  # rendered once: a replay uploads the same file
+            self._run.log("artifact",
+                          lambda c, rid: c.log_artifact(rid, str(path), artifact_dir(name)))
         import matplotlib.pyplot as plt
 
         plt.close(fig)  # pyplot keeps every figure alive until closed
 
 
+def _log_batch(client, run_id: str, metrics=(), params=(), tags=()) -> None:  # noqa: ANN001
+    """``log_batch`` within MLflow's limits (1000 metrics, 100 params or tags a call)."""
+    for i in range(0, len(metrics), 1000):
+        client.log_batch(run_id, metrics=metrics[i:i + 1000])
+    for i in range(0, max(len(params), len(tags)), 100):
+        client.log_batch(run_id, params=params[i:i + 100], tags=tags[i:i + 100])
+
+
 @contextmanager
 def tracked_run(experiment: str, run_name: str, tags: dict[str, str] | None = None,
-                parent_run_id: str | None = None,
-                system_metrics: bool = False) -> Iterator[Tracker]:
-    """Start an MLflow run; mark it FAILED (keeping what was logged) if the body raises.
-    ``system_metrics``: sample CPU, memory (and GPU) while the run is open."""
+                parent_run_id: str | None = None, system_metrics: bool = False,
+                resume_run_id: str | None = None) -> Iterator[Tracker]:
+    """Open an MLflow run; it ends FINISHED, KILLED on Ctrl-C, FAILED if the body raises
+    (keeping what was logged). ``system_metrics``: sample CPU, memory (and GPU) while the
+    run is open. ``resume_run_id``: reopen that run if it exists in the store (its metrics
+    continue with their steps), else start a new one tagged ``pipebench.resumed_from``."""
     if not enabled():
         yield Tracker(None, None)
         return
-    import mlflow
-
-    uri, exp_id = _experiment_id(experiment)
-    mlflow.set_experiment(experiment_id=exp_id)
-    if system_metrics:
-        mlflow.set_system_metrics_sampling_interval(SYSTEM_METRICS_INTERVAL_S)
-        mlflow.set_system_metrics_samples_before_logging(1)
-    run = mlflow.start_run(run_name=run_name, tags=tags, nested=parent_run_id is not None,
-                           parent_run_id=parent_run_id, log_system_metrics=system_metrics)
+    run = JournaledRun.start(default_tracking_uri(), experiment, run_name, tags,
+                             parent_run_id,
+                             SYSTEM_METRICS_INTERVAL_S if system_metrics else None,
+                             resume_run_id)
     try:
-        yield Tracker(run.info.run_id, uri)
-    except BaseException:
-        mlflow.end_run(status="FAILED")
+        yield Tracker(run=run)
+    except BaseException as e:
+        run.end("KILLED" if isinstance(e, KeyboardInterrupt) else "FAILED")
         raise
-    mlflow.end_run(status="FINISHED")
+    run.end("FINISHED")
 
 
 class DetachedRun:
-    """A run driven through ``MlflowClient`` rather than the fluent API's one active run:
-    a suite keeps its parent and one run per cell open while the cells' training runs
-    come and go. With tracking off every method does nothing and ``run_id`` is None."""
+    """A run driven by explicit run ids rather than one run at a time: a suite keeps its
+    parent and one run per cell open while the cells' training runs come and go. Like a
+    ``Tracker`` it journals what it logs. With tracking off every method does nothing and
+    ``run_id`` is None."""
 
-    def __init__(self, client, experiment_id: str | None, run_id: str | None,  # noqa: ANN001
-                 uri: str | None, experiment: str) -> None:
-        self.client, self.experiment_id, self.run_id = client, experiment_id, run_id
-        self.uri, self.experiment = uri, experiment
+    def __init__(self, run: JournaledRun | None, experiment: str) -> None:
+        self._run, self.experiment = run, experiment
         self.children: list[DetachedRun] = []
         self.ended = False
 
+    @property
+    def run_id(self) -> str | None:
+        return self._run.run_id if self._run else None
+
+    @property
+    def uri(self) -> str | None:
+        return self._run.uri if self._run else None
+
     def child(self, name: str, tags: dict[str, str]) -> DetachedRun:
-        if self.run_id is None:
-            return DetachedRun(None, None, None, None, self.experiment)
-        run = self.client.create_run(self.experiment_id, run_name=name,
-                                     tags={**tags, "mlflow.parentRunId": self.run_id})
-        out = DetachedRun(self.client, self.experiment_id, run.info.run_id, self.uri,
-                          self.experiment)
+        if self._run is None:
+            return DetachedRun(None, self.experiment)
+        run = JournaledRun.start(self._run.home, self.experiment, name, tags,
+                                 parent_run_id=self._run.run_id)
+        out = DetachedRun(run, self.experiment)
         self.children.append(out)
         return out
 
     def params(self, params: dict) -> None:
-        if self.run_id:
+        if self._run:
             from mlflow.entities import Param
 
-            self.client.log_batch(self.run_id, params=[Param(k, str(v))
-                                                       for k, v in params.items()])
+            batch = [Param(k, str(v)) for k, v in params.items()]
+            self._run.log("params", lambda c, rid: _log_batch(c, rid, params=batch))
 
     def tags(self, tags: dict[str, str]) -> None:
-        if self.run_id:
+        if self._run:
             from mlflow.entities import RunTag
 
-            self.client.log_batch(self.run_id, tags=[RunTag(k, v) for k, v in tags.items()])
+            batch = [RunTag(k, str(v)) for k, v in tags.items()]
+            self._run.log("tags", lambda c, rid: _log_batch(c, rid, tags=batch))
 
     def metrics(self, metrics: dict[str, float]) -> None:
-        if self.run_id:
-            import time
-
+        if self._run:
             from mlflow.entities import Metric
 
             now = int(time.time() * 1000)
-            self.client.log_batch(self.run_id, metrics=[Metric(k, float(v), now, 0)
-                                                        for k, v in metrics.items()])
+            batch = [Metric(k, float(v), now, 0) for k, v in metrics.items()]
+            self._run.log("metrics", lambda c, rid: _log_batch(c, rid, metrics=batch))
 
     def json(self, obj: dict | list, name: str) -> None:
-        if self.run_id:
-            self.client.log_dict(self.run_id, obj, name)
+        if self._run:
+            self._run.log("artifact", lambda c, rid: c.log_dict(rid, obj, name))
 
     def end(self, status: str = "FINISHED") -> None:
-        if self.run_id and not self.ended:
-            self.client.set_terminated(self.run_id, status)
+        if self._run and not self.ended:
+            self._run.end(status)
         self.ended = True
 
     def describe(self) -> dict | None:
-        if self.run_id is None:
+        if self._run is None:
             return None
         return {"tracking_uri": self.uri, "experiment": self.experiment,
                 "parent_run_id": self.run_id}
-
-
-def _experiment_id(experiment: str) -> tuple[str, str]:
-    """Point mlflow at the store and return (uri, experiment id), creating both once."""
-    import mlflow
-
-    uri = default_tracking_uri()
-    if uri.startswith("sqlite:///"):
-        Path(uri[len("sqlite:///"):]).parent.mkdir(parents=True, exist_ok=True)
-    mlflow.set_tracking_uri(uri)
-    exp = mlflow.get_experiment_by_name(experiment)
-    if exp is None:
-        return uri, mlflow.create_experiment(experiment, artifact_location=artifact_root(uri))
-    return uri, exp.experiment_id
 
 
 @contextmanager
@@ -252,14 +267,10 @@ def detached_run(experiment: str, run_name: str, tags: dict[str, str]) \
     """A parent run for a suite; it and its unfinished children end FAILED if the body
     raises (KILLED on Ctrl-C), FINISHED otherwise."""
     if not enabled():
-        yield DetachedRun(None, None, None, None, experiment)
+        yield DetachedRun(None, experiment)
         return
-    from mlflow import MlflowClient
-
-    uri, exp_id = _experiment_id(experiment)
-    client = MlflowClient(uri)
-    run = client.create_run(exp_id, run_name=run_name, tags=tags)
-    parent = DetachedRun(client, exp_id, run.info.run_id, uri, experiment)
+    parent = DetachedRun(JournaledRun.start(default_tracking_uri(), experiment, run_name,
+                                            tags), experiment)
     try:
         yield parent
     except BaseException as e:
