@@ -162,6 +162,7 @@ def compare(base: RunConfig, systems: tuple[str, ...], progress: Progress,
         parent.text(cmp.markdown(command), "comparison.md")
         parent.metrics({f"samples_per_s.{r.system}": r.throughput
                         for r in cmp.rows if r.summary})
+    cmp.parent_run_id = parent.run_id  # after a tracking fallback the parent has a new id
     return cmp
 
 

@@ -83,7 +83,7 @@ def run(cfg: RunConfig, progress: Progress | None = None,
                              "train_loss": stats.train_loss, "quality": quality,
                              "eval_time_s": eval_s}, step=epoch)
 
-        saver = _Saver(cfg, trainer, tracker.run_id, progress)
+        saver = _Saver(cfg, trainer, tracker, progress)
         resumed = resume.summary(cfg, workload.metric, target) if resume else None
         try:
             with terminate_as_interrupt():
@@ -100,15 +100,17 @@ def run(cfg: RunConfig, progress: Progress | None = None,
             trainer.close()
         final = _final_metrics(cfg, trainer, summary, device, workload)
         summary.data_description = splits.description
-        summary.run_id, summary.tracking_uri = tracker.run_id, tracker.uri
         tracker.metrics(final)
         summary.final_metrics, summary.layout_params = final, layout_params
         summary.num_parameters, summary.batch_size = num_parameters, batch_size
         if cfg.definition.multi_process:
             summary.last_epoch_events = dict(trainer.metrics.last_events or {})
             summary.placement = dict(trainer.metrics.placement or {})
+        summary.run_id, summary.tracking_uri = tracker.run_id, tracker.uri
         if tracker.active:
             log_artifacts(tracker, cfg, summary, trainer, workload)
+    # read after the run ended: a tracking server lost on the way moves the run (new id)
+    summary.run_id, summary.tracking_uri = tracker.run_id, tracker.uri
     return summary
 
 
@@ -116,9 +118,9 @@ class _Saver:
     """Writes the run's checkpoints: every ``checkpoint_every_epochs`` epochs, and the
     newest finished epoch when the run is terminated before it was written."""
 
-    def __init__(self, cfg: RunConfig, trainer, run_id: str | None,  # noqa: ANN001
+    def __init__(self, cfg: RunConfig, trainer, tracker: tracking.Tracker,  # noqa: ANN001
                  progress: Progress) -> None:
-        self.cfg, self.trainer, self.run_id, self.progress = cfg, trainer, run_id, progress
+        self.cfg, self.trainer, self.tracker, self.progress = cfg, trainer, tracker, progress
         self.summary: RunSummary | None = None
         self.saved = -1  # epochs done at the newest checkpoint written
 
@@ -134,7 +136,8 @@ class _Saver:
             return
         t0 = time.perf_counter()
         workers, own = self.trainer.checkpoint_states()
-        path = checkpoint.save(self.cfg.checkpoint_dir, self.cfg, self.summary, self.run_id,
+        path = checkpoint.save(self.cfg.checkpoint_dir, self.cfg, self.summary,
+                               self.tracker.run_id,
                                workers, own)
         self.saved = len(self.summary.epochs)
         self.progress.note(f"checkpoint of epoch {self.saved} written to {path} "
