@@ -12,6 +12,7 @@ Wrong input raises ``UserInputError``; ``main`` prints its message as one line a
 
 from __future__ import annotations
 
+import signal
 import sys
 from pathlib import Path
 
@@ -19,6 +20,7 @@ import typer
 from rich.console import Console
 
 from core.errors import UserInputError
+from core.interrupts import Terminated
 
 __all__ = ["app", "console", "emit", "main"]
 
@@ -41,6 +43,7 @@ def command_line() -> str:
 
 
 def main() -> None:
+    interrupted = _count_ctrl_c()
     try:
         code = app(standalone_mode=False)  # click returns typer.Exit's code here
     except UserInputError as e:
@@ -55,14 +58,10 @@ def main() -> None:
         sys.exit(1)
     except typer.Exit as e:
         sys.exit(e.exit_code)
-    except (KeyboardInterrupt, typer.Abort) as e:  # click turns Ctrl-C into Abort
-        # Ctrl-C, or SIGTERM during a run (harness.experiments.checkpoint.Terminated)
-        cause = e.__cause__ if isinstance(e, typer.Abort) else e
-        terminated = type(cause).__name__ == "Terminated"
-        what = str(cause) if terminated else "interrupted (Ctrl-C)"
-        Console(stderr=True).print(f"{what}: every worker was stopped; a run in progress is "
-                                   f"marked KILLED in MLflow", highlight=False, markup=False)
-        sys.exit(143 if terminated else 130)
+    except Terminated as e:  # SIGTERM during a run (core.interrupts)
+        _stopped(str(e), 143)
+    except (KeyboardInterrupt, typer.Abort):
+        _stopped("interrupted (Ctrl-C)", 130)
     except Exception as e:  # click usage errors (unknown option, missing value)
         import click
 
@@ -70,7 +69,28 @@ def main() -> None:
             e.show()
             sys.exit(2)
         raise
+    if interrupted and code == 130:  # typer turns KeyboardInterrupt into exit code 130
+        _stopped("interrupted (Ctrl-C)", 130)
     if isinstance(code, int) and code:
         sys.exit(code)
 
 
+def _count_ctrl_c() -> list[int]:
+    """Ctrl-C raises KeyboardInterrupt as usual and is counted, so ``main`` can tell an
+    interrupted command (which typer reports as exit code 130) from other exits."""
+    seen: list[int] = []
+    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+
+        def handler(signum: int, frame: object) -> None:
+            seen.append(signum)
+            signal.default_int_handler(signum, frame)
+
+        signal.signal(signal.SIGINT, handler)
+    return seen
+
+
+def _stopped(what: str, code: int) -> None:
+    Console(stderr=True).print(f"{what}: every worker was stopped; a run in progress is "
+                               f"marked KILLED in MLflow", highlight=False, markup=False,
+                               soft_wrap=True)
+    sys.exit(code)

@@ -16,8 +16,8 @@ On disk (``--checkpoint-dir DIR``)::
 
 Atomic: a checkpoint is written into a temporary directory, renamed into place, and only
 then does ``latest`` point at it (write, then ``os.replace``), so a crash mid-write leaves
-the previous checkpoint as the newest. The two newest are kept. ``SIGTERM`` (a job
-scheduler's "time is up") becomes ``Terminated``: the runner writes the newest completed
+the previous checkpoint as the newest. The two newest are kept. On ``SIGTERM`` (a job
+scheduler's "time is up"; ``core.interrupts``) the runner writes the newest finished
 epoch's state if it is not on disk yet, stops every worker and marks the MLflow run KILLED.
 
 ``pipebench run --resume DIR`` rebuilds the config from ``run.json`` (``--epochs`` may be
@@ -31,10 +31,6 @@ import dataclasses
 import json
 import os
 import shutil
-import signal
-import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -44,32 +40,10 @@ from core.errors import UserInputError
 from harness.config import RunConfig
 from harness.experiments.training import EpochStats, RunSummary
 
-__all__ = ["FORMAT", "Checkpoint", "Terminated", "load", "resume_config", "save",
-           "terminate_as_interrupt"]
+__all__ = ["FORMAT", "Checkpoint", "load", "resume_config", "save"]
 
 FORMAT = "pipebench-checkpoint/1"
 KEEP = 2  # newest checkpoints kept on disk
-
-
-class Terminated(KeyboardInterrupt):
-    """SIGTERM arrived: stop like Ctrl-C (workers killed, MLflow run KILLED)."""
-
-
-@contextmanager
-def terminate_as_interrupt() -> Iterator[None]:
-    """While the body runs, SIGTERM raises ``Terminated`` in the main thread."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def handler(signum: int, frame: object) -> None:  # noqa: ARG001
-        raise Terminated(f"terminated by signal {signal.Signals(signum).name}")
-
-    old = signal.signal(signal.SIGTERM, handler)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, old)
 
 
 @dataclass

@@ -13,9 +13,10 @@ import time
 
 import torch
 
+from core.interrupts import Terminated, on_sigterm
 from harness.config import RunConfig
 from harness.experiments import checkpoint
-from harness.experiments.checkpoint import Checkpoint, Terminated, terminate_as_interrupt
+from harness.experiments.checkpoint import Checkpoint
 from harness.experiments.training import (
     EpochStats,
     RunSummary,
@@ -66,17 +67,13 @@ def run(cfg: RunConfig, progress: Progress | None = None,
     with tracking.tracked_run(cfg.experiment, run_name, tags=cfg.tags,
                               parent_run_id=parent_run_id, system_metrics=True,
                               resume_run_id=resume.run_id if resume else None) as tracker:
-        tracker.params({
-            "system": cfg.system, "workload": workload.name, "scale": cfg.scale,
-            "batch_size": batch_size, "global_batch_size": batch_size,
-            "workers": cfg.workers, "seed": cfg.seed, "epochs": cfg.epochs, "target": target,
-            "metric": workload.metric, "data": splits.description,
-            "optimizer": spec.optimizer, "lr": cfg.lr if cfg.lr is not None else spec.lr,
-            "threads": cfg.threads_per_worker(), "device": str(device),
-            "warmup_steps": cfg.warmup_steps,
-            "hardware": tracking.hardware(device), "git_sha": tracking.git_sha(),
-            "torch_version": torch.__version__,
-            "num_parameters": num_parameters, **layout_params})
+        if resume is not None and tracker.run_id == resume.run_id:  # the same run, reopened:
+            tracker.tags({"pipebench.resumed": f"after epoch {resume.epochs_done} "  # params
+                          f"from {resume.path}", "pipebench.epochs": str(cfg.epochs)})  # fixed
+        else:
+            _log_params(tracker, cfg, workload, splits, device, target,
+                        {"batch_size": batch_size, "global_batch_size": batch_size,
+                         "num_parameters": num_parameters, **layout_params})
 
         def log_epoch(epoch: int, stats: EpochStats, quality: float, eval_s: float) -> None:
             tracker.metrics({"epoch_time_s": stats.time_s, "samples_per_s": stats.samples_per_s,
@@ -86,7 +83,7 @@ def run(cfg: RunConfig, progress: Progress | None = None,
         saver = _Saver(cfg, trainer, tracker, progress)
         resumed = resume.summary(cfg, workload.metric, target) if resume else None
         try:
-            with terminate_as_interrupt():
+            with on_sigterm():
                 summary = run_training(cfg, workload, target, trainer.train_epoch,
                                        trainer.evaluate, log_epoch, progress, resumed,
                                        saver.after_epoch if cfg.checkpoint_dir else None)
@@ -114,34 +111,57 @@ def run(cfg: RunConfig, progress: Progress | None = None,
     return summary
 
 
+def _log_params(tracker: tracking.Tracker, cfg: RunConfig, workload: Workload,
+                splits: DataSplits, device: torch.device, target: float, more: dict) -> None:
+    """The run's params (the schema's PARAM_KEYS and the layout's)."""
+    spec = workload.spec(cfg.scale)
+    tracker.params({
+        "system": cfg.system, "workload": workload.name, "scale": cfg.scale,
+        "workers": cfg.workers, "seed": cfg.seed, "epochs": cfg.epochs, "target": target,
+        "metric": workload.metric, "data": splits.description,
+        "optimizer": spec.optimizer, "lr": cfg.lr if cfg.lr is not None else spec.lr,
+        "threads": cfg.threads_per_worker(), "device": str(device),
+        "warmup_steps": cfg.warmup_steps,
+        "hardware": tracking.hardware(device), "git_sha": tracking.git_sha(),
+        "torch_version": torch.__version__, **more})
+
+
 class _Saver:
     """Writes the run's checkpoints: every ``checkpoint_every_epochs`` epochs, and the
-    newest finished epoch when the run is terminated before it was written."""
+    newest finished epoch when the run is terminated before it was written. What it
+    writes is taken together after each epoch (the workers' states, the trainer's, the
+    history), so a signal between two of those steps cannot mix two epochs."""
 
     def __init__(self, cfg: RunConfig, trainer, tracker: tracking.Tracker,  # noqa: ANN001
                  progress: Progress) -> None:
         self.cfg, self.trainer, self.tracker, self.progress = cfg, trainer, tracker, progress
-        self.summary: RunSummary | None = None
+        self.newest: tuple[RunSummary, list[dict], dict] | None = None
         self.saved = -1  # epochs done at the newest checkpoint written
 
     def after_epoch(self, summary: RunSummary) -> None:
-        self.summary = summary
+        workers, own = self.trainer.checkpoint_states()
+        self.newest = (_history(summary), workers, own)
         done = len(summary.epochs)
         if done % self.cfg.checkpoint_every_epochs == 0 or summary.reached \
                 or done == self.cfg.epochs:
             self.save_newest()
 
     def save_newest(self) -> None:
-        if self.summary is None or self.saved == len(self.summary.epochs):
+        if self.newest is None or self.saved == len(self.newest[0].epochs):
             return
         t0 = time.perf_counter()
-        workers, own = self.trainer.checkpoint_states()
-        path = checkpoint.save(self.cfg.checkpoint_dir, self.cfg, self.summary,
-                               self.tracker.run_id,
-                               workers, own)
-        self.saved = len(self.summary.epochs)
+        summary, workers, own = self.newest
+        path = checkpoint.save(self.cfg.checkpoint_dir, self.cfg, summary,
+                               self.tracker.run_id, workers, own)
+        self.saved = len(summary.epochs)
         self.progress.note(f"checkpoint of epoch {self.saved} written to {path} "
                            f"({time.perf_counter() - t0:.1f} s)")
+
+
+def _history(summary: RunSummary) -> RunSummary:
+    """A copy of the parts of ``summary`` a checkpoint keeps (the run goes on changing it)."""
+    return dataclasses.replace(summary, qualities=list(summary.qualities),
+                               epochs=list(summary.epochs), elapsed_s=list(summary.elapsed_s))
 
 
 def _trainer(cfg: RunConfig, workload: Workload, splits: DataSplits, device: torch.device,

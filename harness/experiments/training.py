@@ -139,14 +139,14 @@ def run_training(cfg: RunConfig, workload: Workload, target: float,
         summary.qualities.append(quality)
         summary.elapsed_s.append(time.perf_counter() - start)
         log_epoch(epoch, stats, quality, eval_time)
-        progress.note(f"epoch {epoch + 1}/{cfg.epochs}: loss {stats.train_loss:.4f}, "
-                      f"{workload.metric} {quality:.4f} (target {target}), "
-                      f"{stats.samples_per_s:.1f} samples/s")
         if workload.reached(quality, target):
             summary.time_to_target_s = time.perf_counter() - start
             summary.epochs_to_target = epoch + 1
-        if after_epoch is not None:
-            after_epoch(summary)
+        if after_epoch is not None:  # before the note: once it is printed, the epoch is
+            after_epoch(summary)  # in the checkpoint's hands
+        progress.note(f"epoch {epoch + 1}/{cfg.epochs}: loss {stats.train_loss:.4f}, "
+                      f"{workload.metric} {quality:.4f} (target {target}), "
+                      f"{stats.samples_per_s:.1f} samples/s")
         if summary.reached:
             break
     summary.total_time_s = time.perf_counter() - start

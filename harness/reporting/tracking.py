@@ -33,6 +33,7 @@ from pathlib import Path
 
 import torch
 
+from core.interrupts import is_interrupt
 from harness.paths import REPO
 from harness.reporting.fallback import (
     JournaledRun,
@@ -190,7 +191,7 @@ def tracked_run(experiment: str, run_name: str, tags: dict[str, str] | None = No
     try:
         yield Tracker(run=run)
     except BaseException as e:
-        run.end("KILLED" if isinstance(e, KeyboardInterrupt) else "FAILED")
+        run.end("KILLED" if is_interrupt(e) else "FAILED")
         raise
     run.end("FINISHED")
 
@@ -274,7 +275,7 @@ def detached_run(experiment: str, run_name: str, tags: dict[str, str]) \
     try:
         yield parent
     except BaseException as e:
-        status = "KILLED" if isinstance(e, KeyboardInterrupt) else "FAILED"
+        status = "KILLED" if is_interrupt(e) else "FAILED"
         for c in parent.children:
             c.end(status)
         parent.end(status)
