@@ -63,6 +63,10 @@ log "installing Horovod from $HVD_CACHE"
 $PIP install --quiet --no-deps "$HVD_CACHE"/horovod-*.whl
 $PIP install --quiet cloudpickle pyyaml packaging  # Horovod's runtime requirements
 
+# openssh-server: tests/test_multinode.py starts horovodrun's remote rank over ssh inside a
+# network namespace (apt, idempotent; skipped with a note when neither root nor sudo)
+./scripts/install_sshd.sh
+
 log "installing pipebench (editable)"
 $PIP install --quiet --no-deps --no-build-isolation -e .
 
