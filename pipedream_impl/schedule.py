@@ -111,7 +111,8 @@ class Layout:
         except ValueError:
             raise ScheduleError(f"cannot read config {config!r}; write e.g. 2-1-1") from None
         if not reps or min(reps) < 1:
-            raise ScheduleError(f"config {config!r}: every stage needs >= 1 replica")
+            raise ScheduleError(f"config {config!r}: every stage needs >= 1 replica "
+                                "(e.g. 2-1-1)")
         return Layout(reps)
 
 
@@ -141,10 +142,35 @@ def warmup_count(layout: Layout, stage: int, in_flight: int | None) -> int:
     return math.ceil(sum(layout.replicas[stage:]) / layout.replicas[stage])
 
 
+MAX_UNITS = 1_000_000  # workers x minibatches x microbatches of one schedule (~30 s, GBs)
+
+
+def _check_size(layout: Layout, minibatches: int, microbatches: int = 1) -> None:
+    """Inputs every schedule builder shares: at least one minibatch, and a schedule small
+    enough to build in memory (every action of every worker is kept)."""
+    if minibatches < 1:
+        raise ScheduleError(f"--minibatches must be at least 1 (got {minibatches})")
+    if microbatches < 1:
+        raise ScheduleError(f"--microbatches must be at least 1 (got {microbatches})")
+    units = layout.workers * minibatches * microbatches
+    if units > MAX_UNITS:
+        most = max(1, MAX_UNITS // (layout.workers * microbatches))
+        raise ScheduleError(f"{layout.workers} workers x {minibatches} minibatches"
+                            + (f" x {microbatches} microbatches" if microbatches > 1 else "")
+                            + f" is {units:,} units of work, more than the {MAX_UNITS:,} a "
+                            f"schedule holds in memory; use at most {most:,} minibatches "
+                            "(a steady state shows after a few dozen)")
+
+
 def one_f_one_b(layout: Layout, minibatches: int, weights: str = "stash",
                 in_flight: int | None = None) -> Schedule:
     if weights not in WEIGHT_MODES:
-        raise ScheduleError(f"unknown weight mode {weights!r}; choose {WEIGHT_MODES}")
+        raise ScheduleError(f"unknown weight mode {weights!r}; choose one of "
+                            f"{', '.join(WEIGHT_MODES)}")
+    _check_size(layout, minibatches)
+    if in_flight is not None and in_flight < 1:
+        raise ScheduleError(f"--in-flight must be at least 1 (got {in_flight}); 1 is model "
+                            "parallelism, leave it out for PipeDream's NOAM")
     n_stages = len(layout.replicas)
     lcm = math.lcm(*layout.replicas)
     if minibatches % lcm:
@@ -207,8 +233,7 @@ def gpipe(layout: Layout, minibatches: int, microbatches: int) -> Schedule:
     if any(r != 1 for r in layout.replicas):
         raise ScheduleError("the GPipe schedule here runs unreplicated stages; use one "
                             "replica per stage (e.g. 1-1-1)")
-    if microbatches < 1:
-        raise ScheduleError("microbatches must be at least 1")
+    _check_size(layout, minibatches, microbatches)
     n = len(layout.replicas)
     actions = []
     for s in range(n):

@@ -1,4 +1,8 @@
-"""Commands that profile and plan: ``profile``, ``plan``, ``planner-table``, ``schedule``."""
+"""Commands that profile and plan: ``profile``, ``plan``, ``planner-table``, ``schedule``.
+
+Flags are checked before any work starts (``core.errors``' helpers, the dataclasses and the
+file readers): a bad value or ``-o`` path costs no profiling or planning time.
+"""
 
 from __future__ import annotations
 
@@ -6,7 +10,7 @@ from typing import Annotated
 
 import typer
 
-from core.errors import UserInputError
+from core.errors import UserInputError, require_int, require_output
 from harness.cli.app import app, console
 
 __all__ = ["plan", "planner_table", "profile", "schedule"]
@@ -41,6 +45,11 @@ def profile(
                                         "PipeDream's graph.txt")] = "profile.json",
 ) -> None:
     """Measure per-layer forward/backward time, activation bytes and parameter bytes."""
+    require_int("--batch-size", batch_size)  # 0 would silently mean the default below
+    require_int("--threads", threads)
+    if device not in ("auto", "cpu", "cuda"):
+        raise UserInputError(f"--device must be auto, cpu or cuda (got {device!r})")
+    require_output(output)
     import torch
 
     from harness.experiments.training import resolve_device
@@ -84,7 +93,8 @@ def plan(
     from pathlib import Path
 
     from harness.reporting.plans import plan_table
-    from pipedream_impl.planner.cluster import parse_bandwidth, parse_cluster
+    from harness.reporting.units import parse_bytes
+    from pipedream_impl.planner.cluster import parse_cluster
     from pipedream_impl.planner.optimizer import COST_MODELS
     from pipedream_impl.planner.plan import plan_profile
     from pipedream_impl.profiling.profile import load_profile
@@ -94,6 +104,10 @@ def plan(
                              f"{', '.join(COST_MODELS)}")
     if (profile_path is None) == (workload is None):
         raise UserInputError("give exactly one of --profile FILE or --workload NAME")
+    require_int("--batch-size", batch_size)
+    require_output(output)
+    clus = parse_cluster(cluster, bandwidth)
+    limit = parse_bytes(memory_limit) if memory_limit is not None else None  # "16GB" -> bytes
     if profile_path is not None:
         prof = load_profile(profile_path)
     else:
@@ -106,9 +120,7 @@ def plan(
         wl = registry.get(workload)
         torch.set_num_threads(1)
         prof = profile_workload(wl, scale, wl.spec(scale).batch_size, resolve_device("auto"))
-    limit = parse_bandwidth(memory_limit) if memory_limit else None  # "16GB" -> bytes
-    result = plan_profile(prof, parse_cluster(cluster, bandwidth), cost_model, straight, limit,
-                          batch_size)
+    result = plan_profile(prof, clus, cost_model, straight, limit, batch_size)
     console.print(plan_table(result))
     if output:
         Path(output).write_text(result.to_json())
@@ -126,6 +138,7 @@ def planner_table(
 
     from harness.reporting.plans import planner_markdown
 
+    require_output(output)
     root = Path(profiles)
     if not (root / "vgg16" / "graph.txt").exists():
         raise UserInputError(f"{profiles}: expected <model>/graph.txt files (the PipeDream "

@@ -6,7 +6,7 @@ from typing import Annotated
 
 import typer
 
-from core.errors import UserInputError
+from core.errors import UserInputError, parse_ints, require_int, require_output
 from harness import systems as system_registry
 from harness.cli.app import app, command_line, console, emit
 
@@ -43,17 +43,20 @@ def simulate(
     from harness.reporting.units import fmt_bytes
     from harness.sim.simulator import SimOptions, gantt, layout_for, simulate_system
     from pipedream_impl.planner.cluster import parse_cluster
-    from pipedream_impl.planner.plan import Plan
+    from pipedream_impl.planner.plan import load_plan
     from pipedream_impl.profiling.profile import load_profile
 
+    options = SimOptions(minibatches=minibatches, microbatches=microbatches,
+                         compute_factor=compute_factor, latency_s=latency,
+                         allreduce=allreduce, dp_overlap=dp_overlap)
+    require_output(gantt_path, "--gantt")
+    system_registry.simulated(system)  # an unknown name: before reading any file
     prof = load_profile(profile_path)
     cl = parse_cluster(cluster, bandwidth)
-    plan_obj = Plan.from_json(open(plan_path).read()) if plan_path else None
+    plan_obj = load_plan(plan_path) if plan_path else None
     layout = layout_for(prof, cl, system, config, plan_obj, stages)
     how = layout.how
-    r = simulate_system(prof, cl, system, layout, SimOptions(
-        minibatches=minibatches, microbatches=microbatches, compute_factor=compute_factor,
-        latency_s=latency, allreduce=allreduce, dp_overlap=dp_overlap))
+    r = simulate_system(prof, cl, system, layout, options)
     console.print(f"{system} {r.config} on {cl.describe()} ({how}); profile batch "
                   f"{r.batch_size}, {r.minibatches} minibatches simulated")
     console.print(f"time per minibatch {r.time_per_minibatch_s * 1e3:.2f} ms, throughput "
@@ -103,16 +106,22 @@ def reproduce(
     from harness.sim import paper
     from harness.sim import reproduce as rp
 
+    if table not in ("validation", "table1", "other-tasks", "gpipe"):
+        raise UserInputError(f"unknown table {table!r}; choose table1, other-tasks, gpipe or "
+                             "validation")
+    require_int("--minibatches", minibatches)
+    require_output(output)
     progress = Progress(enabled=not quiet)
     cpu_profiles = cpu_profiles or str(RESULTS / "profiles")
     command = command_line()
     if table == "validation":
+        counts = parse_ints("--workers", workers)  # before importing torch
         from harness.sim.validation import markdown, validate
 
-        rows, machine = validate(tuple(workloads.split(",")),
-                                 tuple(int(w) for w in workers.split(",")),
-                                 tuple(systems.split(",")), steps, epochs,
-                                 "pipebench-validation", progress)
+        names = tuple(w.strip() for w in workloads.split(",") if w.strip())
+        rows, machine = validate(names, counts,
+                                 tuple(s.strip() for s in systems.split(",") if s.strip()),
+                                 steps, epochs, "pipebench-validation", progress)
         text = markdown(rows, machine, command)
     elif table in ("table1", "other-tasks"):
         rows = rp.table_rows(paper.TABLE1 if table == "table1" else paper.OTHER_TASKS,

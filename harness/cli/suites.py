@@ -7,10 +7,11 @@ from typing import Annotated
 
 import typer
 
+from core.errors import require_int, require_output
 from harness import systems as system_registry
 from harness.cli.app import app, command_line, console, emit
 
-__all__ = ["bench", "compare", "dashboard", "regressions"]
+__all__ = ["bench", "check_cells", "compare", "dashboard", "regressions"]
 
 
 @app.command()
@@ -56,12 +57,17 @@ def bench(
 
     if repeats is not None and repeats < 1:
         raise UserInputError(f"--repeats must be at least 1 (got {repeats})")
+    require_output(json_out, "--json")
+    require_output(output)
     if suite:
         spec = load_suite(suite)
     else:
         names = tuple(s.strip() for s in systems.split(",") if s.strip())
+        if not names:
+            raise UserInputError("--systems needs at least one system, e.g. pipedream,gpipe")
         spec = bench_lib.adhoc_suite(workload, names, workers, scale, epochs, steps,
                                      repeats or 3, threads, device, batch_size, microbatches)
+    check_cells(spec)
     result = run_suite(spec, Progress(enabled=not quiet), experiment, repeats)
     if json_out:
         write_result(result, json_out)
@@ -70,6 +76,23 @@ def bench(
     if result["mlflow"]:
         console.print(f"MLflow parent run {result['mlflow']['parent_run_id']} "
                       f"({result['mlflow']['tracking_uri']})", highlight=False)
+
+
+def check_cells(spec) -> None:  # noqa: ANN001 - a harness.experiments.suite.Suite
+    """Every cell's settings as its runs will use them (a RunConfig each, less the plan the
+    suite computes on the way), before the suite's MLflow run or any worker starts."""
+    from harness.config import RunConfig
+    from workloads import registry
+
+    for c in spec.cells:
+        require_int("--epochs", c.epochs)
+        require_int("--steps", c.steps)
+        registry.get(c.workload).spec(c.scale)
+        one = not system_registry.get(c.system).multi_process
+        RunConfig(system=c.system, workload=c.workload, scale=c.scale, epochs=c.epochs,
+                  batch_size=c.batch_size, threads=spec.threads, device=spec.device,
+                  workers=1 if one else c.workers, max_steps_per_epoch=c.steps,
+                  microbatches=c.microbatches)
 
 
 @app.command()
@@ -99,6 +122,7 @@ def regressions(
 
     if (baseline is None) == (history is None):
         raise UserInputError("give --baseline FILE|RUN or --history N (one of them)")
+    require_output(output)
     if history is not None and history < 1:
         raise UserInputError(f"--history must be at least 1 (got {history})")
     min_threshold = reg.MIN_THRESHOLD if min_threshold is None else min_threshold
@@ -153,6 +177,7 @@ def compare(
 
     if fmt not in ("md", "csv", "json"):
         raise UserInputError(f"--format must be md, csv or json (got {fmt!r})")
+    require_output(output)
     records = compare_records(search_runs(experiment, filter_string))
     if fmt == "json":
         text = json.dumps(records, indent=1) + "\n"
@@ -202,6 +227,7 @@ def dashboard(
 
     if history < 1:
         raise UserInputError(f"--history must be at least 1 (got {history})")
+    require_output(output)
     if json_in:
         results = [load_result(p) for p in json_in]
     else:

@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from core.errors import UserInputError
+from core.errors import UserInputError, require_output
 from harness import systems as system_registry
 from harness.cli.app import app, command_line, console
 
@@ -137,7 +137,10 @@ def compare_run(
     from harness.experiments.compare import COLUMNS, compare
     from harness.reporting.progress import Progress
 
+    require_output(output)
     names = tuple(s.strip() for s in systems.split(",") if s.strip())
+    if not names:
+        raise UserInputError("--systems needs at least one system, e.g. pipedream,gpipe")
     base = RunConfig(system=system_registry.PAPER["planned"], workload=workload,
                      scale=scale, epochs=epochs,
                      target=target, data=data, batch_size=batch_size, seed=seed,

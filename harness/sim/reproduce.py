@@ -50,6 +50,25 @@ class ProfileSource:
         self.cache: dict[str, tuple[Profile, str, float]] = {}
         self._factor: float | None = None
 
+    def check(self, models: list[str]) -> None:
+        """Every shared profile ``models`` need is there: checked before any work starts."""
+        needed = sorted({SHARED[m] for m in models if m in SHARED})
+        if not needed:
+            return
+        if self.dir is None:
+            raise UserInputError("give --profiles DIR, the folder of PipeDream's graph.txt "
+                                 "profiles (e.g. ../shared/pipedream-profiles)")
+        if not self.dir.is_dir():
+            raise UserInputError(f"--profiles {self.dir} is not a folder; give the folder of "
+                                 "PipeDream's <model>/graph.txt profiles")
+        missing = [str(self.dir / f / "graph.txt") for f in needed
+                   if not (self.dir / f / "graph.txt").is_file()]
+        if missing:
+            raise UserInputError(f"--profiles {self.dir}: {missing[0]} not found"
+                                 + (f" (and {len(missing) - 1} more)" if len(missing) > 1
+                                    else "") + "; give the folder of PipeDream's "
+                                 "<model>/graph.txt profiles")
+
     def get(self, model: str) -> tuple[Profile, str, float]:
         """(profile, provenance, compute_factor to apply)."""
         if model in self.cache:
@@ -164,6 +183,7 @@ def _label(c: str) -> str:
 
 def table_rows(rows: tuple[PaperRow, ...], source: ProfileSource, minibatches: int,
                progress) -> list[list[str]]:  # noqa: ANN001
+    source.check([r.label for r in rows])
     out = []
     for r in rows:
         progress.note(f"{r.label} on {r.cluster}")
@@ -188,6 +208,7 @@ TABLE_COLUMNS = ("model", "cluster", "profile", "paper config", "paper speedup v
 
 
 def gpipe_rows(source: ProfileSource, minibatches: int, progress) -> list[list[str]]:  # noqa: ANN001
+    source.check([model for model, _ in GPIPE_MODELS])
     out = []
     for model, spec in GPIPE_MODELS:
         progress.note(f"GPipe vs PipeDream: {model} on {spec}")

@@ -24,7 +24,7 @@ import math
 from dataclasses import dataclass, field
 
 from core.collectives import ring_factor
-from core.errors import UserInputError
+from core.errors import UserInputError, require_int, require_number
 from harness import systems
 from harness.sim.costs import ClusterCosts, MachineModel, Topology, memory_per_worker, stage_costs
 from pipedream_impl.planner.cluster import Cluster
@@ -89,6 +89,15 @@ class SimOptions:
     dp_overlap: bool = True  # data parallelism: all-reduce overlapped with the backward
     unit_profiled: bool = False
     machine: MachineModel | None = None
+
+    def __post_init__(self) -> None:
+        require_int("--minibatches", self.minibatches)
+        require_int("--microbatches", self.microbatches)
+        require_number("--compute-factor", self.compute_factor, example="0.5 (twice as fast)")
+        require_number("--latency", self.latency_s, strict=False, example="5e-6")
+        require_int("optimizer_slots", self.optimizer_slots, low=0)
+        if self.allreduce not in ("ring", "ps"):
+            raise UserInputError(f"--allreduce must be ring or ps (got {self.allreduce!r})")
 
 
 def simulate_system(profile: Profile, cluster: Cluster, system: str, layout: SimLayout,
@@ -222,6 +231,17 @@ def config_groups(profile: Profile, replicas: tuple[int, ...],
     return [tuple(ids[a:b]) for a, b in bounds]
 
 
+def _check_plan_nodes(profile: Profile, groups: list[tuple[str, ...]]) -> None:
+    """A plan made from another profile names nodes this one lacks. (A plan may leave out
+    nodes: the planner drops the input node.)"""
+    have = {n.node_id for n in profile.layers}
+    unknown = [x for g in groups for x in g if x not in have]
+    if unknown:
+        raise UserInputError(f"the plan names node {unknown[0]!r}, which the profile does not "
+                             "have: make the plan from this profile (pipebench plan --profile "
+                             "FILE ... -o plan.json)")
+
+
 def layout_for(profile: Profile, cluster: Cluster, system: str, config: str | None = None,
                plan: Plan | None = None, stages: int | None = None) -> SimLayout:
     """The layout of a simulated system.
@@ -240,6 +260,10 @@ def layout_for(profile: Profile, cluster: Cluster, system: str, config: str | No
                          "data parallel: whole model per worker")
     if plan is not None:
         groups, replicas, placement = plan_groups(plan)
+        _check_plan_nodes(profile, groups)
+        if max(placement) >= cluster.workers:
+            raise UserInputError(f"the plan uses {max(placement) + 1} workers; the cluster has "
+                                 f"{cluster.workers}: plan for this cluster")
         how = f"plan ({plan.config})"
     elif config is not None:
         replicas = Layout.from_config(config).replicas
@@ -251,6 +275,8 @@ def layout_for(profile: Profile, cluster: Cluster, system: str, config: str | No
     else:
         straight = sim.straight
         target = cluster
+        require_int("--stages", stages, high=cluster.workers,
+                    why=f"the cluster has {cluster.workers} workers")
         if straight and stages is not None and stages != cluster.workers:
             target = Cluster((Level(stages, cluster.levels[0].bandwidth),))
         p = plan_profile(profile, target, straight=straight)

@@ -40,6 +40,7 @@ from pathlib import Path
 
 import torch
 
+from core.errors import UserInputError, require_int
 from core.markdown import markdown_table
 from harness import systems as registry_of_systems
 from harness.config import RunConfig
@@ -118,6 +119,7 @@ class _Setup:
 def validate(workloads: tuple[str, ...], worker_counts: tuple[int, ...],
              systems: tuple[str, ...], steps: int, epochs: int, experiment: str,
              progress: Progress) -> tuple[list[ValidationRow], dict[str, float]]:
+    _check_inputs(workloads, worker_counts, systems, steps, epochs)
     torch.set_num_threads(1)
     latency, bandwidth = measure_link()
     cores = os.cpu_count() or 1
@@ -146,6 +148,27 @@ def validate(workloads: tuple[str, ...], worker_counts: tuple[int, ...],
                         continue  # one worker: the single-process run, simulated once
                     rows.append(_one(setup, prof, system, w, progress))
     return rows, machine
+
+
+def _check_inputs(workloads: tuple[str, ...], worker_counts: tuple[int, ...],
+                  systems: tuple[str, ...], steps: int, epochs: int) -> None:
+    """Every name, count and run of the validation, checked before anything is measured
+    (each run's RunConfig as ``_one`` will build it, less the plan file made on the way)."""
+    require_int("--steps", steps)
+    require_int("--epochs", epochs)
+    if not workloads or not systems or not worker_counts:
+        raise UserInputError("give at least one workload, system and worker count (e.g. "
+                             "--workloads vgg16 --systems pipedream --workers 1,2)")
+    one_process = next(s for s in registry_of_systems.SYSTEMS if not s.multi_process)
+    for name in workloads:
+        registry.get(name)
+        for system in systems:
+            sys_ = registry_of_systems.simulated(system)
+            for w in worker_counts:
+                require_int("--workers", w)
+                RunConfig(system=sys_.name if w > 1 else one_process.name, workload=name,
+                          scale="tiny", epochs=epochs, threads=1, workers=w,
+                          max_steps_per_epoch=steps)
 
 
 def _one(setup: _Setup, prof: Profile, system: str, w: int, progress: Progress) \

@@ -21,7 +21,8 @@ from dataclasses import dataclass
 
 from core.errors import UserInputError
 
-__all__ = ["Cluster", "DEFAULT_BANDWIDTHS", "Level", "PRESETS", "parse_bandwidth", "parse_cluster"]
+__all__ = ["Cluster", "DEFAULT_BANDWIDTHS", "Level", "MAX_LEVEL_WORKERS", "PRESETS",
+           "parse_bandwidth", "parse_cluster"]
 
 PRESETS: dict[str, tuple[float, float]] = {  # (intra-server, inter-server) bytes/s
     "A": (15.75e9, 10e9 / 8),
@@ -33,6 +34,8 @@ DEFAULT_BANDWIDTHS = PRESETS["A"]
 _UNITS = {"GB/s": 1e9, "MB/s": 1e6, "KB/s": 1e3, "kB/s": 1e3, "B/s": 1.0, "GBps": 1e9,
           "Gbps": 1e9 / 8, "Gb/s": 1e9 / 8, "Gbit/s": 1e9 / 8, "Mbps": 1e6 / 8,
           "Mb/s": 1e6 / 8, "GB": 1e9, "MB": 1e6, "": 1.0}
+_BANDWIDTH = re.compile(r"\s*((?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?)\s*([a-zA-Z/]*)\s*")
+MAX_LEVEL_WORKERS = 2**15 - 1  # the planner's tables store replica counts as int16
 
 
 @dataclass(frozen=True)
@@ -49,9 +52,14 @@ class Cluster:
     def __post_init__(self) -> None:
         if not self.levels:
             raise UserInputError("a cluster needs at least one level")
-        for lv in self.levels:
-            if lv.workers < 1 or not (lv.bandwidth > 0 and math.isfinite(lv.bandwidth)):
-                raise UserInputError(f"bad cluster level {lv}: workers >= 1, bandwidth > 0")
+        for i, lv in enumerate(self.levels):
+            if not 1 <= lv.workers <= MAX_LEVEL_WORKERS:
+                raise UserInputError(f"cluster level {i} has {lv.workers} workers; each level "
+                                     f"needs 1 to {MAX_LEVEL_WORKERS} (e.g. --cluster 4x4)")
+            if not (lv.bandwidth > 0 and math.isfinite(lv.bandwidth)):
+                raise UserInputError(f"cluster level {i} has bandwidth {lv.bandwidth} bytes/s; "
+                                     "it must be a positive finite number (e.g. "
+                                     "--bandwidth 15.75GB/s,1.25GB/s)")
 
     @property
     def workers(self) -> int:
@@ -62,13 +70,21 @@ class Cluster:
         return f"{self.name + ': ' if self.name else ''}{parts} ({self.workers} workers)"
 
 
-def parse_bandwidth(text: str) -> float:
-    m = re.fullmatch(r"\s*([0-9.]+(?:e[+-]?\d+)?)\s*([a-zA-Z/]*)\s*", text)
+def parse_bandwidth(text: str, flag: str = "--bandwidth") -> float:
+    """``15.75GB/s``, ``10Gbps``, ``1.25e9`` (bytes/s) -> bytes/s, positive and finite."""
+    m = _BANDWIDTH.fullmatch(text)
     unit = m.group(2) if m else None
+    if m is not None and unit in ("GiB", "MiB", "KiB", "TB", "TiB", "B", "KB", "kB"):
+        raise UserInputError(f"{flag} {text!r} is a size, not a bandwidth; write bytes or bits "
+                             "per second, e.g. 15.75GB/s, 10Gbps or 1.25e9")
     if m is None or unit not in _UNITS:
-        raise UserInputError(f"cannot read bandwidth {text!r}; write e.g. 15.75GB/s, 10Gbps "
-                             "or 1.25e9 (bytes/s)")
-    return float(m.group(1)) * _UNITS[unit]
+        raise UserInputError(f"cannot read {flag} {text!r}; write e.g. 15.75GB/s, 10Gbps "
+                             f"or 1.25e9 (bytes/s); units: {', '.join(u for u in _UNITS if u)}")
+    value = float(m.group(1)) * _UNITS[unit]
+    if not (math.isfinite(value) and value > 0):
+        raise UserInputError(f"{flag} {text!r}: a bandwidth must be a positive finite number "
+                             "of bytes/s, e.g. 15.75GB/s")
+    return value
 
 
 def parse_cluster(spec: str, bandwidth: str | None = None) -> Cluster:
@@ -86,7 +102,13 @@ def parse_cluster(spec: str, bandwidth: str | None = None) -> Cluster:
                              "server, e.g. 4x4), a flat count (16), or a preset (A:4x4)")
     servers, per_server = (int(m.group(1)), int(m.group(2))) if m.group(2) \
         else (1, int(m.group(1)))
-    if bandwidth:
+    if servers < 1 or per_server < 1:
+        raise UserInputError(f"--cluster {spec!r} has no workers: servers and workers per "
+                             "server must be at least 1 (e.g. 4x4, 16 or A:4x4)")
+    if servers > MAX_LEVEL_WORKERS or per_server > MAX_LEVEL_WORKERS:
+        raise UserInputError(f"--cluster {spec!r} is too large: at most {MAX_LEVEL_WORKERS} "
+                             "servers and workers per server")
+    if bandwidth is not None:
         bws = [parse_bandwidth(b) for b in bandwidth.split(",")]
     else:
         bws = list(PRESETS[preset] if preset else DEFAULT_BANDWIDTHS)

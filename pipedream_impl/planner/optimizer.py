@@ -68,6 +68,7 @@ prefix difference; we treat such ranges as invalid. On chains the two agree exac
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass
 
 import numpy as np
@@ -236,6 +237,7 @@ def solve(states: States, cluster: Cluster, model: str = "pipebench", straight: 
           memory_limit: float | None = None) -> Solution:
     if model not in COST_MODELS:
         raise UserInputError(f"unknown cost model {model!r}; choose one of {COST_MODELS}")
+    _check_size(len(states), cluster)
     compute, params, acts, valid = range_tables(states)
     opts = SolveOptions(model, straight, memory_limit)
     sols = []
@@ -259,6 +261,35 @@ def solve(states: States, cluster: Cluster, model: str = "pipebench", straight: 
             dp_pe = dp_pe / n_w
         inner = level.workers
     return Solution(tuple(sols), cluster, states, model)
+
+
+MAX_PLAN_LEVEL_WORKERS = 1024  # the DP loops over (units, replicas) pairs: ~20 s at 1024
+
+
+def _check_size(n: int, cluster: Cluster) -> None:
+    """Refuse a problem the planner cannot finish: more than ``MAX_PLAN_LEVEL_WORKERS`` in a
+    level (its time grows with the square of the workers per level), or DP tables (17
+    bytes per range, end state and unit count at every level but the last, where one row
+    is kept) larger than half of this machine's memory; before allocating any of them."""
+    for level in cluster.levels:
+        if level.workers > MAX_PLAN_LEVEL_WORKERS:
+            raise UserInputError(f"cannot plan {level.workers} workers in one level: the "
+                                 f"planner's time grows with the square of the workers per "
+                                 f"level; use at most {MAX_PLAN_LEVEL_WORKERS} per level "
+                                 "(e.g. --cluster 64x16 for 1024 workers)")
+    need = 0
+    for i, level in enumerate(cluster.levels):
+        rows = 1 if i == len(cluster.levels) - 1 else n + 1
+        need += 17 * rows * n * level.workers
+    try:
+        have = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2
+    except (ValueError, OSError, AttributeError):
+        have = 8 * 2**30
+    if need > have:
+        raise UserInputError(f"planning {n} states on {cluster.describe()} needs about "
+                             f"{need / 2**30:.0f} GiB of tables, more than half of this "
+                             "machine's memory; plan for fewer workers per level (e.g. "
+                             "--cluster 4x4) or a smaller profile")
 
 
 def effective_params(sol: LevelSolution, peff: np.ndarray, dp_pe: np.ndarray,

@@ -21,6 +21,9 @@ forward and gradients backward at every stage boundary (2 x its output bytes per
 minibatch), and for a stage with r replicas a ring all-reduce, 2 (r-1)/r x its parameters per
 replica per r minibatches, i.e. 2 (r-1)/r x P per minibatch. Data parallelism on W workers:
 2 (W-1)/W x all parameters per minibatch.
+
+``load_plan`` reads a plan file and says which key is wrong when one is (a plan edited by
+hand, a profile given where a plan belongs, a file that is not JSON).
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
 from core.collectives import ring_factor
-from core.errors import UserInputError
+from core.errors import UserInputError, read_text
 from pipedream_impl.planner.antichain import MAX_STATES, States, build_states, coarsen
 from pipedream_impl.planner.cluster import Cluster
 from pipedream_impl.planner.optimizer import (
@@ -42,7 +45,11 @@ from pipedream_impl.planner.optimizer import (
 )
 from pipedream_impl.profiling.profile import Profile, infer_batch_size
 
-__all__ = ["Plan", "Stage", "balanced_bounds", "build_plan", "min_max_split", "plan_profile"]
+__all__ = ["Plan", "Stage", "balanced_bounds", "build_plan", "load_plan", "min_max_split",
+           "plan_profile"]
+
+_PLAN_HINT = "make one with `pipebench plan --profile FILE --cluster C -o plan.json`"
+_STAGE_KEYS = ("layers", "replicas", "ranks", "predicted_time_s")
 
 
 @dataclass(frozen=True)
@@ -67,6 +74,15 @@ class Plan:
     extra: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        if not self.stages:
+            raise UserInputError("a plan needs at least one stage")
+        if self.stages[0].layers[0] != 0:
+            raise UserInputError(f"the first stage must start at layer 0, not "
+                                 f"{self.stages[0].layers[0]}")
+        for s in self.stages:
+            if not 0 <= s.layers[0] < s.layers[1]:
+                raise UserInputError(f"stage layers {list(s.layers)} must be a range [start, "
+                                     "stop) with 0 <= start < stop")
         used = sorted(r for s in self.stages for r in s.ranks)
         if len(set(used)) != len(used):
             raise UserInputError(f"a rank appears in two stages: {used}")
@@ -100,13 +116,81 @@ class Plan:
 
     @staticmethod
     def from_json(text: str) -> Plan:
-        d = json.loads(text)
-        stages = tuple(Stage(tuple(s["layers"]), s["replicas"], tuple(s["ranks"]),
-                             s["predicted_time_s"], tuple(s.get("nodes", ())))
-                       for s in d["stages"])
+        """The plan in ``text``; a ``UserInputError`` names the key that is wrong."""
+        try:
+            d = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise UserInputError(f"not valid JSON (line {e.lineno}, column {e.colno}: "
+                                 f"{e.msg}); {_PLAN_HINT}") from None
+        if not isinstance(d, dict):
+            raise UserInputError(f"expected a JSON object with \"stages\", got a "
+                                 f"{type(d).__name__}; {_PLAN_HINT}")
+        if "layers" in d and "stages" not in d:
+            raise UserInputError(f"this is a profile, not a plan; {_PLAN_HINT}")
+        found = ", ".join(map(str, d)) or "none"
+        for key in ("stages", "workers", "predicted"):
+            if key not in d:
+                raise UserInputError(f"no \"{key}\" key (found: {found}); {_PLAN_HINT}")
+        if not isinstance(d["stages"], list) or not d["stages"]:
+            raise UserInputError(f"\"stages\" must be a non-empty list; {_PLAN_HINT}")
+        if not _whole(d["workers"]) or d["workers"] < 1:
+            raise UserInputError(f"\"workers\" must be a whole number >= 1 (got "
+                                 f"{d['workers']!r})")
+        if not isinstance(d["predicted"], dict):
+            raise UserInputError("\"predicted\" must be an object of numbers")
+        stages = tuple(_stage(i, s) for i, s in enumerate(d["stages"]))
         keep = ("workers", "predicted", "cluster", "cost_model", "state_method",
                 "batch_size", "profile", "extra")
-        return Plan(stages, **{k: d[k] for k in keep if k in d})
+        plan = Plan(stages, **{k: d[k] for k in keep if k in d})
+        ranks = [r for s in plan.stages for r in s.ranks]
+        if max(ranks) >= plan.workers:
+            raise UserInputError(f"rank {max(ranks)} is not below \"workers\" "
+                                 f"({plan.workers})")
+        return plan
+
+
+def _whole(x: object) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _stage(i: int, s: object) -> Stage:
+    """``stages[i]`` of a plan file, checked key by key."""
+    where = f"stages[{i}]"
+    if not isinstance(s, dict):
+        raise UserInputError(f"{where} must be an object with {', '.join(_STAGE_KEYS)}")
+    for key in _STAGE_KEYS:
+        if key not in s:
+            raise UserInputError(f"{where} has no \"{key}\"; each stage needs "
+                                 f"{', '.join(_STAGE_KEYS)}; {_PLAN_HINT}")
+    layers, ranks, nodes = s["layers"], s["ranks"], s.get("nodes", [])
+    if not (isinstance(layers, list) and len(layers) == 2 and all(map(_whole, layers))):
+        raise UserInputError(f"{where}: \"layers\" must be [start, stop] (got {layers!r})")
+    if not _whole(s["replicas"]) or s["replicas"] < 1:
+        raise UserInputError(f"{where}: \"replicas\" must be a whole number >= 1 (got "
+                             f"{s['replicas']!r})")
+    if not (isinstance(ranks, list) and all(_whole(r) and r >= 0 for r in ranks)):
+        raise UserInputError(f"{where}: \"ranks\" must be a list of worker ranks >= 0 "
+                             f"(got {ranks!r})")
+    t = s["predicted_time_s"]
+    if isinstance(t, bool) or not isinstance(t, int | float) or not math.isfinite(t) \
+            or t < 0:
+        raise UserInputError(f"{where}: \"predicted_time_s\" must be a number >= 0 (got "
+                             f"{t!r})")
+    if not (isinstance(nodes, list) and all(isinstance(n, str) for n in nodes)):
+        raise UserInputError(f"{where}: \"nodes\" must be a list of profile node ids")
+    try:
+        return Stage(tuple(layers), s["replicas"], tuple(ranks), float(t), tuple(nodes))
+    except UserInputError as e:
+        raise UserInputError(f"{where}: {e}") from None
+
+
+def load_plan(path: str) -> Plan:
+    """A plan file (``pipebench plan -o``), checked; errors name the file and the key."""
+    text = read_text(path, "plan", _PLAN_HINT)
+    try:
+        return Plan.from_json(text)
+    except UserInputError as e:
+        raise UserInputError(f"plan {path}: {e}") from None
 
 
 def _segments(sol: Solution, level: int, row: int, end: int, m: int) -> list[tuple]:
@@ -206,10 +290,27 @@ def plan_profile(profile: Profile, cluster: Cluster, model: str = "pipebench",
                  straight: bool = False, memory_limit: float | None = None,
                  batch_size: int | None = None) -> Plan:
     """Profile + cluster -> Plan: the library behind ``pipebench plan``."""
+    if batch_size is not None and batch_size < 1:
+        raise UserInputError(f"--batch-size must be at least 1 (got {batch_size})")
+    if memory_limit is not None and not (math.isfinite(memory_limit) and memory_limit > 0):
+        raise UserInputError(f"--memory-limit must be a positive size (got {memory_limit})")
+    if memory_limit is not None:
+        big = max(profile.layers, key=lambda n: n.parameter_bytes)
+        if big.parameter_bytes > memory_limit:
+            raise UserInputError(f"no feasible plan: the memory limit ({memory_limit:.4g} "
+                                 f"bytes per worker) is below the weights of layer "
+                                 f"{big.node_id} alone "
+                                 f"({big.parameter_bytes:.4g} bytes); raise --memory-limit "
+                                 "(e.g. 16GB)")
     max_states = MAX_STATES if len(cluster.levels) == 1 else MAX_STATES_MULTI_LEVEL
     states = build_states(profile.graph(), max_states=max_states)
     if len(cluster.levels) > 1 and len(states) > MAX_STATES_MULTI_LEVEL:
         states = coarsen(states, MAX_STATES_MULTI_LEVEL // 2)
+    if straight and cluster.workers > len(states):
+        raise UserInputError(f"a straight pipeline on {cluster.workers} workers needs "
+                             f"{cluster.workers} stages, but the profile has only "
+                             f"{len(states)} layers to split; use at most {len(states)} "
+                             "workers")
     sol = solve(states, cluster, model, straight, memory_limit)
     if not math.isfinite(sol.time):
         raise UserInputError("no feasible plan: every partition exceeds the memory limit "

@@ -12,16 +12,21 @@ activation_size=[6291456.0; 131072.0], parameter_size=1180672.000
 
 then one edge per line, ``\\tnode4 -- node5``. An optional ``-- stage_id=N`` suffix (the
 original optimizer's output) is accepted and ignored.
+
+Reading checks what the planner relies on, naming the line that breaks it: every number
+finite and not negative, node ids unique, edges between known nodes and not repeated, and
+no cycle (``Graph.check_acyclic`` names the nodes on it).
 """
 
 from __future__ import annotations
 
+import math
 import re
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from core.errors import GraphFormatError
+from core.errors import GraphFormatError, read_text
 
 __all__ = ["Graph", "Node", "parse_graph", "parse_node", "read_graph"]
 
@@ -37,6 +42,17 @@ class Node:
     backward_ms: float
     activations: tuple[float, ...]  # bytes of each output, batch dimension included
     parameter_bytes: float
+
+    def __post_init__(self) -> None:
+        fields = [("forward time", self.forward_ms), ("backward time", self.backward_ms),
+                  ("parameter size", self.parameter_bytes)]
+        fields += [("activation size", a) for a in self.activations]
+        for what, value in fields:
+            if not (math.isfinite(value) and value >= 0):
+                raise GraphFormatError(f"node {self.node_id}: {what} {value} must be a finite "
+                                       "number, 0 or more (re-run `pipebench profile`)")
+        if not self.activations:
+            raise GraphFormatError(f"node {self.node_id}: no activation size")
 
     @property
     def activation_bytes(self) -> float:
@@ -67,7 +83,10 @@ class Graph:
     def add_edge(self, a: str, b: str) -> None:
         for n in (a, b):
             if n not in self.nodes:
-                raise GraphFormatError(f"edge {a} -- {b} names unknown node {n}")
+                raise GraphFormatError(f"edge {a} -- {b} names unknown node {n}; declare "
+                                       f"every node before using it in an edge")
+        if b in self.edges.get(a, []):
+            raise GraphFormatError(f"edge {a} -- {b} appears twice; keep one")
         self.edges.setdefault(a, []).append(b)
         self.in_edges.setdefault(b, []).append(a)
 
@@ -98,8 +117,31 @@ class Graph:
                 if indeg[b] == 0:
                     ready.append(b)
         if len(order) != len(self.nodes):
-            raise GraphFormatError("the layer graph has a cycle")
+            self.check_acyclic()
         return order
+
+    def check_acyclic(self) -> None:
+        """Raise ``GraphFormatError`` naming the nodes of a cycle, if there is one."""
+        state: dict[str, int] = {}  # 1: on the current path, 2: done
+        for root in self.nodes:
+            if root in state:
+                continue
+            path, stack = [root], [iter(self.edges.get(root, []))]
+            state[root] = 1
+            while stack:
+                nxt = next(stack[-1], None)
+                if nxt is None:
+                    state[path.pop()] = 2
+                    stack.pop()
+                elif state.get(nxt) == 1:
+                    cycle = path[path.index(nxt):] + [nxt]
+                    raise GraphFormatError(
+                        f"the layer graph has a cycle: {' -> '.join(cycle)}; a profile must be "
+                        f"acyclic, remove the edge {cycle[-2]} -- {cycle[-1]}")
+                elif nxt not in state:
+                    state[nxt] = 1
+                    path.append(nxt)
+                    stack.append(iter(self.edges.get(nxt, [])))
 
     def is_chain(self) -> bool:
         return all(len(self.edges.get(n, [])) <= 1 and len(self.in_edges.get(n, [])) <= 1
@@ -131,15 +173,27 @@ def parse_node(line: str, lineno: int = 0) -> Node:
                                f"{line.strip()[:80]!r}")
     m = _META.search(parts[2])
     if m is None:
-        raise GraphFormatError(f"line {lineno}: cannot read the metadata {parts[2][:80]!r}")
-    act = m.group(3)
+        raise GraphFormatError(f"line {lineno}: cannot read the metadata {parts[2][:80]!r}; "
+                               "expected 'forward_compute_time=F, backward_compute_time=B, "
+                               "activation_size=A, parameter_size=P'")
+    names = ("forward_compute_time", "backward_compute_time", "activation_size",
+             "parameter_size")
+
+    def number(i: int, text: str) -> float:
+        try:
+            return float(text)
+        except ValueError:
+            raise GraphFormatError(f"line {lineno}: {names[i]}={m.group(i + 1).strip()!r} is "
+                                   "not a number") from None
+
+    act = m.group(3).strip()
+    acts = tuple(number(2, x) for x in act.strip("[]").split(";")) if act.startswith("[") \
+        else (number(2, act),)
+    fwd, bwd, params = number(0, m.group(1)), number(1, m.group(2)), number(3, m.group(4))
     try:
-        acts = tuple(float(x) for x in act.strip("[]").split(";")) if act.startswith("[") \
-            else (float(act),)
-        return Node(parts[0], parts[1], float(m.group(1)), float(m.group(2)), acts,
-                    float(m.group(4)))
-    except ValueError as e:
-        raise GraphFormatError(f"line {lineno}: {e}") from e
+        return Node(parts[0].strip(), parts[1], fwd, bwd, acts, params)
+    except GraphFormatError as e:
+        raise GraphFormatError(f"line {lineno}: {e}") from None
 
 
 def parse_graph(text: str) -> Graph:
@@ -154,19 +208,26 @@ def parse_graph(text: str) -> Graph:
                 raise GraphFormatError(f"line {lineno}: expected '\\tnodeA -- nodeB'")
             pending.append((lineno, ends[0], ends[1]))
         else:
-            g.add_node(parse_node(line, lineno))
+            node = parse_node(line, lineno)
+            if node.node_id in g.nodes:
+                raise GraphFormatError(f"line {lineno}: node {node.node_id} is declared twice; "
+                                       "node ids must be unique")
+            g.add_node(node)
     for lineno, a, b in pending:
         try:
             g.add_edge(a, b)
         except GraphFormatError as e:
-            raise GraphFormatError(f"line {lineno}: {e}") from e
+            raise GraphFormatError(f"line {lineno}: {e}") from None
     if not g.nodes:
-        raise GraphFormatError("no nodes in graph")
+        raise GraphFormatError("no nodes in graph: expected lines 'nodeN -- desc -- "
+                               "forward_compute_time=...' (PipeDream's graph.txt)")
+    g.check_acyclic()
     return g
 
 
 def read_graph(path: str | Path) -> Graph:
-    p = Path(path)
-    if not p.exists():
-        raise GraphFormatError(f"profile {path} does not exist")
-    return parse_graph(p.read_text())
+    text = read_text(path, "profile", "give a graph.txt or a `pipebench profile` JSON")
+    try:
+        return parse_graph(text)
+    except GraphFormatError as e:
+        raise GraphFormatError(f"profile {path}: {e}") from None

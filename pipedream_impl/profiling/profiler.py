@@ -21,6 +21,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
+from core.errors import require_int
 from pipedream_impl.profiling.graph import Graph, Node
 from pipedream_impl.profiling.profile import Profile
 from workloads.base import Batch, LayerModel, Workload
@@ -97,6 +98,9 @@ def profile_layers(model: LayerModel, batch: Batch, loss_fn: Callable, device: t
 def profile_workload(workload: Workload, scale: str, batch_size: int, device: torch.device,
                      seed: int = 0, warmup: int = 2, steps: int = 5,
                      hardware: str = "") -> Profile:
+    require_int("--batch-size", batch_size)
+    require_int("--steps", steps)
+    require_int("--warmup", warmup, low=0)
     splits = workload.default_data(scale, seed)
     model = workload.build(scale, {**splits.train.meta, "init_seed": seed})
     n = min(batch_size, len(splits.train))

@@ -3,6 +3,8 @@ config, and the benchmark's targets read off the right rows."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from core.errors import UserInputError
@@ -27,7 +29,9 @@ def test_one_rule_gives_every_compared_system_its_config(tmp_path) -> None:  # n
     """compare-run and bench share system_config: single gets one worker and the whole
     thread budget, data parallelism no plan, every pipeline the plan."""
     plan = tmp_path / "plan.json"
-    plan.write_text("{}")
+    plan.write_text(json.dumps({"workers": 2, "predicted": {}, "stages": [
+        {"layers": [0, 20], "replicas": 1, "ranks": [0], "predicted_time_s": 0},
+        {"layers": [20, 40], "replicas": 1, "ranks": [1], "predicted_time_s": 0}]}))
     plan = str(plan)
     base = RunConfig(system="pipedream", workload="vgg16", scale="tiny", workers=2, threads=1)
     single = system_config(base, "single", plan, batch_size=8)

@@ -11,7 +11,7 @@ from core.errors import UserInputError
 from pipedream_impl.planner.antichain import build_states
 from pipedream_impl.planner.cluster import parse_bandwidth, parse_cluster
 from pipedream_impl.planner.optimizer import solve
-from pipedream_impl.planner.plan import Plan, build_plan, plan_profile
+from pipedream_impl.planner.plan import Plan, build_plan, load_plan, plan_profile
 from pipedream_impl.profiling.graph import Graph, Node
 from pipedream_impl.profiling.profile import Profile, load_profile
 
@@ -86,3 +86,37 @@ def test_infeasible_memory_limit_is_a_clear_error() -> None:
     with pytest.raises(UserInputError, match="memory limit"):
         plan_profile(Profile.from_graph(g), parse_cluster("2x2"), memory_limit=1.0,
                      straight=True)
+
+
+def test_a_limit_no_partition_fits_is_a_clear_error() -> None:
+    """Each layer fits alone (1 GB of weights under 3.5 GB) but no straight pipeline on
+    4 workers does once the stashed versions count."""
+    g = Graph.chain([Node(f"l{i}", "Op", 1, 1, (1e9,), 1e9) for i in range(4)])
+    with pytest.raises(UserInputError, match="every partition exceeds the memory limit"):
+        plan_profile(Profile.from_graph(g), parse_cluster("4"), memory_limit=3.5e9,
+                     straight=True)
+
+
+def test_load_plan_round_trips_and_names_the_bad_key(tmp_path: Path) -> None:
+    plan = _plan("A:2x4")
+    path = tmp_path / "plan.json"
+    path.write_text(plan.to_json())
+    assert load_plan(str(path)) == plan
+    d = json.loads(plan.to_json())
+    d["stages"][1]["ranks"] = [99]
+    path.write_text(json.dumps(d))
+    with pytest.raises(UserInputError, match=r"plan .*plan.json: rank 99 is not below"):
+        load_plan(str(path))
+
+
+@pytest.mark.parametrize("spec, needle", [("0x4", "has no workers"), ("4x0", "has no workers"),
+                                          ("40000", "too large")])
+def test_clusters_without_workers_or_too_large_are_refused(spec: str, needle: str) -> None:
+    with pytest.raises(UserInputError, match=needle):
+        parse_cluster(spec)
+
+
+def test_a_level_the_planner_cannot_finish_is_refused_before_solving() -> None:
+    g = Graph.chain([Node(f"l{i}", "Op", 1, 1, (1e6,), 1e6) for i in range(3)])
+    with pytest.raises(UserInputError, match="cannot plan 2000 workers in one level"):
+        plan_profile(Profile.from_graph(g), parse_cluster("2000"))

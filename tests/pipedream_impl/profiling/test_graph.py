@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -64,3 +65,37 @@ def test_bad_lines_name_the_line() -> None:
         parse_graph("node1 -- Input -- nonsense\n")
     with pytest.raises(GraphFormatError, match="line 2.*unknown node node9"):
         parse_graph(TEXT.splitlines()[0] + "\n\tnode1 -- node9\n")
+
+
+def test_a_cycle_is_named_node_by_node() -> None:
+    with pytest.raises(GraphFormatError, match=r"cycle: node2 -> node3 -> node2; .*remove the "
+                                               r"edge node3 -- node2"):
+        parse_graph(TEXT + "\tnode3 -- node2\n")
+
+
+def test_repeated_nodes_and_edges_and_bad_numbers_name_the_line() -> None:
+    first = TEXT.splitlines()[0]
+    with pytest.raises(GraphFormatError, match="line 4: node node1 is declared twice"):
+        parse_graph(TEXT.replace("\tnode1 -- node2", first + "\n\tnode1 -- node2"))
+    with pytest.raises(GraphFormatError, match="line 7: edge node1 -- node2 appears twice"):
+        parse_graph(TEXT + "\tnode1 -- node2\n")
+    with pytest.raises(GraphFormatError, match="line 2: backward_compute_time='x' is not a"):
+        parse_graph(TEXT.replace("backward_compute_time=5.348", "backward_compute_time=x"))
+    with pytest.raises(GraphFormatError, match="line 2: node node2: forward time inf"):
+        parse_graph(TEXT.replace("forward_compute_time=3.190", "forward_compute_time=inf"))
+
+
+def test_profile_json_errors_name_the_key(tmp_path: Path) -> None:
+    prof = Profile.from_graph(parse_graph(TEXT), batch_size=128)
+    d = json.loads(prof.to_json())
+    del d["layers"][1]["parameter_bytes"]
+    path = tmp_path / "p.json"
+    path.write_text(json.dumps(d))
+    with pytest.raises(GraphFormatError, match=r'p.json: layers\[1\] \(node2\) has no '
+                                               r'"parameter_bytes"'):
+        load_profile(path)
+    d = json.loads(prof.to_json())
+    d["edges"].append(["node3", "node1"])
+    path.write_text(json.dumps(d))
+    with pytest.raises(GraphFormatError, match="cycle: node1 -> node2 -> node3 -> node1"):
+        load_profile(path)
