@@ -126,7 +126,7 @@ class PeerExecutor(Executor):
             losses = self._step(k)
             self.synchronize()
             self.record(report, "step", t0, time.perf_counter())
-            self.progress.leave(f"step {k}")
+            self.progress.leave(f"F{k}")
             if self.last:
                 report.losses.extend(losses)
                 self.mark_warm(report, k)

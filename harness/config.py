@@ -96,6 +96,9 @@ class RunConfig:
         if self.checkpoint_dir is not None and Path(self.checkpoint_dir).is_file():
             raise UserInputError(f"--checkpoint-dir {self.checkpoint_dir} is a file; give a "
                                  f"directory (created if missing)")
+        if self.fault is not None and not system.multi_process:
+            raise UserInputError(f"--inject-fault acts on the workers of a multi-process "
+                                 f"system; --system {system.name} has none")
         if self.fault is not None and self.fault.rank >= self.workers:
             raise UserInputError(f"--inject-fault names rank {self.fault.rank}, but the run "
                                  f"has {self.workers} worker(s)")

@@ -20,19 +20,13 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from pipedream_impl.runtime.contract import RunSettings, SystemSettings, WorkerSpec  # noqa: E402
+from pipedream_impl.runtime.contract import (  # noqa: E402
+    RunSettings,
+    SystemSettings,
+    WorkerSpec,
+    flat_tensors,
+)
 from pipedream_impl.runtime.local import local_executors, run_local  # noqa: E402
-
-
-def flat(obj, prefix: str = "") -> dict[str, torch.Tensor]:  # noqa: ANN001
-    if isinstance(obj, torch.Tensor):
-        return {prefix: obj.cpu()}
-    out: dict[str, torch.Tensor] = {}
-    items = obj.items() if isinstance(obj, dict) else enumerate(obj) \
-        if isinstance(obj, list | tuple) else ()
-    for k, v in items:
-        out.update(flat(v, f"{prefix}/{k}"))
-    return out
 
 
 def two_epochs(resume: bool) -> dict[str, torch.Tensor]:
@@ -46,7 +40,7 @@ def two_epochs(resume: bool) -> dict[str, torch.Tensor]:
         for e, s in zip(executors, saved, strict=True):
             e.load_checkpoint(s)
     run_local(executors, 1)
-    return flat([e.checkpoint_state() for e in executors])
+    return flat_tensors([e.checkpoint_state() for e in executors])
 
 
 def diff(x: dict[str, torch.Tensor], y: dict[str, torch.Tensor]) -> str:

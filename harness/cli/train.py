@@ -71,8 +71,8 @@ def run(
         help="continue the run checkpointed in this directory (its settings; --epochs may "
              "extend it)")] = None,
     inject_fault: Annotated[str | None, typer.Option(
-        help="fault injection for tests, off by default: KIND:RANK:ACTION[@EPOCH], KIND "
-             "raise|kill|stall, e.g. kill:1:F3")] = None,
+        help="fault injection for tests, off by default: KIND:RANK:ACTION or "
+             "KIND:RANK:ACTION@EPOCH, KIND raise|kill|stall, e.g. kill:1:F3")] = None,
 ) -> None:
     """Train a workload with one system until the target or the epoch budget."""
     from harness.config import RunConfig

@@ -30,6 +30,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import pickle
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,7 +41,7 @@ from core.errors import UserInputError
 from harness.config import RunConfig
 from harness.experiments.training import EpochStats, RunSummary
 
-__all__ = ["FORMAT", "Checkpoint", "load", "resume_config", "save"]
+__all__ = ["FORMAT", "Checkpoint", "load", "prepare", "resume_config", "save"]
 
 FORMAT = "pipebench-checkpoint/1"
 KEEP = 2  # newest checkpoints kept on disk
@@ -61,10 +62,10 @@ class Checkpoint:
 
     def worker_states(self) -> list[dict]:
         files = sorted(self.path.glob("rank*.pt"), key=lambda p: int(p.stem[4:]))
-        return [torch.load(f, map_location="cpu", weights_only=False) for f in files]
+        return [_read(f) for f in files]
 
     def trainer_state(self) -> dict:
-        return torch.load(self.path / "trainer.pt", map_location="cpu", weights_only=False)
+        return _read(self.path / "trainer.pt")
 
     def summary(self, cfg: RunConfig, metric: str, target: float) -> RunSummary:
         """The run's history up to the checkpoint, to continue from."""
@@ -78,13 +79,36 @@ class Checkpoint:
         return out
 
 
+def prepare(directory: str | Path, resuming: bool) -> None:
+    """Before a run starts: the directory exists and is writable, and a new run does not
+    mix its checkpoints with another run's (one clear error otherwise)."""
+    root = Path(directory)
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        probe = root / f".probe-{os.getpid()}"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as e:
+        raise UserInputError(f"--checkpoint-dir {directory}: cannot write there ({e})") \
+            from None
+    if not resuming and (root / "latest").exists():
+        raise UserInputError(f"--checkpoint-dir {directory} already holds a run's "
+                             f"checkpoints; continue it with --resume {directory}, or give "
+                             f"an empty directory")
+
+
 def save(directory: str | Path, cfg: RunConfig, summary: RunSummary, run_id: str | None,
          worker_states: list[dict], trainer_state: dict) -> Path:
-    """Write the checkpoint of ``len(summary.epochs)`` finished epochs; returns its path."""
+    """Write the checkpoint of ``len(summary.epochs)`` finished epochs; returns its path.
+    A checkpoint already complete on disk (renamed into place) is not written again: only
+    ``latest`` is brought up to it (a save interrupted by SIGTERM is finished this way)."""
     root = Path(directory)
     root.mkdir(parents=True, exist_ok=True)
     done = len(summary.epochs)
     final = root / f"epoch-{done:04d}"
+    if final.is_dir():
+        _point_latest(root, final)
+        return final
     tmp = root / f".{final.name}.tmp-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
@@ -99,16 +123,28 @@ def save(directory: str | Path, cfg: RunConfig, summary: RunSummary, run_id: str
                         "epochs_to_target": summary.epochs_to_target}}
     (tmp / "run.json").write_text(json.dumps(meta, indent=1))
     _fsync_dir(tmp)
-    if final.exists():
-        shutil.rmtree(final)
     os.rename(tmp, final)
+    _point_latest(root, final)
+    older = [p for p in sorted(root.glob("epoch-*")) if p.name < final.name]
+    for old in older[:len(older) - (KEEP - 1)]:
+        shutil.rmtree(old, ignore_errors=True)
+    return final
+
+
+def _point_latest(root: Path, final: Path) -> None:
     pointer = root / ".latest.tmp"
     pointer.write_text(final.name + "\n")
     os.replace(pointer, root / "latest")
     _fsync_dir(root)
-    for old in sorted(root.glob("epoch-*"))[:-KEEP]:
-        shutil.rmtree(old, ignore_errors=True)
-    return final
+
+
+def _read(path: Path) -> dict:
+    try:
+        return torch.load(path, map_location="cpu", weights_only=False)
+    except (OSError, RuntimeError, EOFError, ValueError, pickle.UnpicklingError) as e:
+        raise UserInputError(f"--resume: {path} is missing or damaged ({e}); resume from "
+                             f"an earlier checkpoint by pointing {path.parent.parent}/latest "
+                             f"at it") from None
 
 
 def load(directory: str | Path) -> Checkpoint:
@@ -144,9 +180,13 @@ def resume_config(ckpt: Checkpoint, **overrides: object) -> RunConfig:
     except TypeError as e:
         raise UserInputError(f"--resume: the checkpoint's config does not fit this version "
                              f"of pipebench ({e})") from None
-    if cfg.epochs is not None and cfg.epochs < ckpt.epochs_done:
-        raise UserInputError(f"--resume: the checkpoint has {ckpt.epochs_done} epochs done; "
-                             f"--epochs {cfg.epochs} is fewer")
+    if ckpt.meta["summary"].get("time_to_target_s") is not None:
+        raise UserInputError(f"--resume: that run already reached its target after "
+                             f"{ckpt.epochs_done} epochs; nothing is left to train")
+    if cfg.epochs is not None and cfg.epochs <= ckpt.epochs_done:
+        raise UserInputError(f"--resume: the checkpoint has {ckpt.epochs_done} epochs done, "
+                             f"the budget is {cfg.epochs}: give --epochs N with N > "
+                             f"{ckpt.epochs_done} to train further")
     return cfg
 
 

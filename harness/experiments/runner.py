@@ -48,6 +48,10 @@ def run(cfg: RunConfig, progress: Progress | None = None,
     if target is None:
         target = spec.real_target if (cfg.data and spec.real_target is not None) else spec.target
     device = resolve_device(cfg.device)
+    # resolved, so that a checkpoint resumes with the same threads and device elsewhere
+    cfg = dataclasses.replace(cfg, threads=cfg.threads_per_worker(), device=device.type)
+    if cfg.checkpoint_dir is not None:
+        checkpoint.prepare(cfg.checkpoint_dir, resuming=resume is not None)
     torch.set_num_threads(cfg.threads_per_worker())
     torch.manual_seed(cfg.seed)
 
@@ -58,7 +62,20 @@ def run(cfg: RunConfig, progress: Progress | None = None,
     own_state = resume.trainer_state() if resume is not None else None
     trainer, layout_params = _trainer(cfg, workload, splits, device, progress, batch_size,
                                       own_state)
+    try:
+        return _train_tracked(cfg, workload, target, splits, device, batch_size, trainer,
+                              layout_params, progress, parent_run_id, resume, own_state)
+    except BaseException:  # a failure, Ctrl-C or SIGTERM: stop every worker now
+        if cfg.definition.multi_process:
+            trainer.close(kill=True)
+        raise
 
+
+def _train_tracked(cfg: RunConfig, workload: Workload, target: float, splits: DataSplits,
+                   device: torch.device, batch_size: int, trainer,  # noqa: ANN001
+                   layout_params: dict, progress: Progress, parent_run_id: str | None,
+                   resume: Checkpoint | None, own_state: dict | None) -> RunSummary:
+    """Everything after the workers started: the MLflow run, training, final metrics."""
     run_name = f"{cfg.system}-{workload.name}-{cfg.scale}-w{cfg.workers}-s{cfg.seed}"
     num_parameters = count_parameters(trainer.model)
     if resume is not None:
@@ -87,10 +104,10 @@ def run(cfg: RunConfig, progress: Progress | None = None,
                 summary = run_training(cfg, workload, target, trainer.train_epoch,
                                        trainer.evaluate, log_epoch, progress, resumed,
                                        saver.after_epoch if cfg.checkpoint_dir else None)
-        except BaseException as e:  # a failure, Ctrl-C or SIGTERM: stop every worker now
+        except Terminated:  # the newest finished epoch, if not on disk yet
             if cfg.definition.multi_process:
                 trainer.close(kill=True)
-            if isinstance(e, Terminated) and cfg.checkpoint_dir:
+            if cfg.checkpoint_dir:
                 saver.save_newest()
             raise
         if cfg.definition.multi_process:

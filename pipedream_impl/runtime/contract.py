@@ -55,7 +55,8 @@ from workloads.recipe import dropout_seed, epoch_order, load_splits, make_optimi
 from workloads.recipe import peak_memory_bytes as _peak_memory_bytes
 
 __all__ = ["ORPHAN_CHECK_S", "TRACE_EVENTS_PER_EPOCH", "EpochReport", "Executor", "RunSettings",
-           "SystemSettings", "WorkerPieces", "WorkerSpec", "cpu_copy", "worker_main"]
+           "SystemSettings", "WorkerPieces", "WorkerSpec", "cpu_copy", "flat_tensors",
+           "worker_main"]
 
 TRACE_EVENTS_PER_EPOCH = 20_000  # per worker: a full-scale epoch is not shipped whole
 ORPHAN_CHECK_S = 1.0  # how often a worker checks that its launcher is still alive
@@ -71,6 +72,19 @@ def cpu_copy(obj):  # noqa: ANN001, ANN201
     if isinstance(obj, list | tuple):
         return type(obj)(cpu_copy(v) for v in obj)
     return obj
+
+
+def flat_tensors(obj, prefix: str = "") -> dict[str, torch.Tensor]:  # noqa: ANN001
+    """Every tensor of a (nested) state, on the CPU, by its path ("/0/module/w"): how a
+    checkpoint is compared with another, tensor by tensor."""
+    if isinstance(obj, torch.Tensor):
+        return {prefix: obj.detach().cpu()}
+    out: dict[str, torch.Tensor] = {}
+    items = obj.items() if isinstance(obj, dict) else enumerate(obj) \
+        if isinstance(obj, list | tuple) else ()
+    for k, v in items:
+        out.update(flat_tensors(v, f"{prefix}/{k}"))
+    return out
 
 
 @dataclass(frozen=True)

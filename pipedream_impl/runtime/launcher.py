@@ -70,7 +70,13 @@ class Launcher:
         self.boards = {s.rank: board_path(self.board_dir, s.rank) for s in specs}
         self.last_seen: dict[int, dict] = {}  # rank -> its newest readable progress record
         self._epoch_t0: float | None = None
-        self._start([dataclasses.replace(s, progress_dir=self.board_dir) for s in specs])
+        self.procs: list = []
+        self.controls: list = []
+        try:
+            self._start([dataclasses.replace(s, progress_dir=self.board_dir) for s in specs])
+        except BaseException:  # nothing half-started may outlive a failed start
+            Launcher.close(self, kill=True)
+            raise
 
     def _start(self, specs: list[WorkerSpec]) -> None:
         """One spawned process per rank; ``controls[rank]``/``results`` are its queues.
@@ -157,7 +163,9 @@ class Launcher:
             return
         ages = {r: p for r in self.boards if r not in reports
                 and (p := self.progress(r)) is not None and p["active"]}
-        if not any(p["age_s"] > self.stall_timeout_s for p in ages.values()):
+        # stalled: no rank still in the epoch has moved for the timeout (a rank waiting
+        # behind a slow but moving stage is not a stall)
+        if not ages or min(p["age_s"] for p in ages.values()) <= self.stall_timeout_s:
             return
         # blame a rank stuck outside a wait before its victims blocked in a receive
         culprits = [r for r, p in ages.items() if not p["waiting"]] or list(ages)
@@ -168,46 +176,55 @@ class Launcher:
                   f"raise --stall-timeout.{self.others(rank)}")
 
     def _fail_with_cause(self, errors: dict[int, str], lost: list[int]) -> None:
-        """Something broke. Gather for a second what every rank reports, then name the
-        root cause: a rank that died without a word (killed, or its connection lost)
-        comes before the ranks whose receives broke because of it; else the first error."""
+        """Something broke. Gather what every rank reports (up to 3 s: a killed process
+        may be reaped after its peers' receives broke), then name the root cause, in this
+        order: a rank killed by a signal; a rank's own error; a rank gone without a word
+        (its process ended or its connection broke: under horovodrun the others are
+        ended that way once one fails); a rank whose receive broke because a peer went
+        away. The rest follow as "then: ..." lines."""
         one_per_rank = self.names[0] == "rank 0"
-        deadline = time.monotonic() + 3.0  # a killed process may be reaped after its
-        while time.monotonic() < deadline:  # peers' receives broke: give it a moment
-            try:
-                kind, rank, payload = self.results.get(timeout=0.1)
-                if kind == "error":
-                    errors.setdefault(rank, payload)
-                elif kind == "lost":
-                    lost.append(rank)
-            except queue.Empty:
-                pass
-            silent = [(i, _exit_text(p.exitcode)) for i, p in enumerate(self.procs)
-                      if one_per_rank and p.exitcode not in (None, 0) and i not in errors]
-            silent += [(r, "its process ended or its connection to the launcher broke")
-                       for r in lost if r not in errors and r not in dict(silent)]
-            if silent or len(errors) == len(self.boards):
+        deadline = time.monotonic() + 3.0
+        while True:
+            self._drain(errors, lost)
+            signalled = [i for i, p in enumerate(self.procs) if one_per_rank
+                         and p.exitcode is not None and p.exitcode < 0 and i not in errors]
+            own = [r for r, tb in errors.items() if not _peer_gone(tb)]
+            if signalled or own or time.monotonic() > deadline:
                 break
-        if silent:
-            rank = silent[0][0]
-            message = "worker stopped: " + "; ".join(f"{self.where(r)}: {why}"
-                                                     for r, why in silent)
-            if errors:
-                message += "\nthen: " + "; ".join(
-                    f"rank {r}: {_last_line(tb)}" for r, tb in sorted(errors.items()))
-        elif errors:  # the first error that is not a peer's broken connection
-            rank = next((r for r, tb in errors.items() if not _peer_gone(tb)),
-                        next(iter(errors)))
-            message = f"worker {self.where(rank)} failed:\n{errors[rank]}"
-            if len(errors) > 1:
-                message += "\nthen: " + "; ".join(f"rank {r}: {_last_line(tb)}"
-                                                  for r, tb in errors.items() if r != rank)
-        else:  # a launcher process other than a rank (horovodrun) ended
-            rank = None
-            message = "worker stopped: " + "; ".join(
-                f"{self.names[i]}: {_exit_text(p.exitcode)}" for i, p in enumerate(self.procs)
-                if p.exitcode not in (None, 0))
+            time.sleep(0.1)  # polling the exit codes, with a deadline
+        dead = [i for i, p in enumerate(self.procs) if one_per_rank
+                and p.exitcode not in (None, 0) and i not in errors and i not in signalled]
+        gone = dead + [r for r in lost if r not in errors and r not in dead + signalled]
+        causes: list[tuple[int, str]] = []
+        causes += [(i, _exit_text(self.procs[i].exitcode)) for i in signalled]
+        causes += [(r, "failed:\n" + errors[r]) for r in own]
+        causes += [(r, _exit_text(self.procs[r].exitcode) if r in dead else
+                    "its process ended or its connection to the launcher broke")
+                   for r in gone]
+        causes += [(r, "failed:\n" + tb) for r, tb in errors.items() if r not in own]
+        if not causes:  # a launcher process other than a rank (horovodrun) ended
+            self.fail("worker stopped: " + "; ".join(
+                f"{self.names[i]}: {_exit_text(p.exitcode)}"
+                for i, p in enumerate(self.procs) if p.exitcode not in (None, 0)))
+        rank, why = causes[0]
+        message = f"worker {self.where(rank)} {why}" if why.startswith("failed") \
+            else f"worker stopped: {self.where(rank)}: {why}"
+        rest = [f"rank {r}: {_last_line(w)}" for r, w in causes[1:]]
+        if rest:
+            message += "\nthen: " + "; ".join(rest)
         self.fail(message + self.others(rank))
+
+    def _drain(self, errors: dict[int, str], lost: list[int]) -> None:
+        """Every message waiting now (reports of a failed epoch are dropped)."""
+        while True:
+            try:
+                kind, rank, payload = self.results.get(timeout=0.05)
+            except queue.Empty:
+                return
+            if kind == "error":
+                errors.setdefault(rank, payload)
+            elif kind == "lost" and rank not in lost:
+                lost.append(rank)
 
     def fail(self, message: str) -> None:
         """Kill and join every worker, then raise: the one way a run ends badly."""

@@ -24,26 +24,13 @@ from harness.experiments.runner import run
 from harness.experiments.training import EpochStats, RunSummary
 from harness.reporting.progress import quiet
 from pipedream_impl.planner.plan import Plan, Stage
-
-
-def _tensors(obj, prefix: str = "") -> dict[str, torch.Tensor]:  # noqa: ANN001
-    """Every tensor of a nested state, by path."""
-    if isinstance(obj, torch.Tensor):
-        return {prefix: obj}
-    out: dict[str, torch.Tensor] = {}
-    if isinstance(obj, dict):
-        for k, v in obj.items():
-            out.update(_tensors(v, f"{prefix}/{k}"))
-    elif isinstance(obj, list | tuple):
-        for i, v in enumerate(obj):
-            out.update(_tensors(v, f"{prefix}/{i}"))
-    return out
+from pipedream_impl.runtime.contract import flat_tensors
 
 
 def _state(path: Path) -> dict[str, torch.Tensor]:
     out = {}
     for f in sorted(path.glob("*.pt")):
-        out.update(_tensors(torch.load(f, weights_only=False), f.stem))
+        out.update(flat_tensors(torch.load(f, weights_only=False), f.stem))
     return out
 
 
@@ -116,6 +103,10 @@ def test_checkpoints_are_atomic_and_the_two_newest_are_kept(tmp_path: Path) -> N
     (tmp_path / ".epoch-0004.tmp-123" / "rank0.pt").write_bytes(b"half a file")
     ckpt = checkpoint.load(tmp_path)
     assert ckpt.epochs_done == 3 and ckpt.run_id == "run-1"
+    # saving an epoch already on disk only points 'latest' at it (an interrupted save)
+    (tmp_path / "latest").write_text("epoch-0002\n")
+    checkpoint.save(tmp_path, cfg, _summary(3), "run-1", [{"w": torch.zeros(2)}], {})
+    assert (tmp_path / "latest").read_text().strip() == "epoch-0003"
     assert torch.equal(ckpt.worker_states()[0]["w"], torch.ones(2) * 3)
     resumed = ckpt.summary(cfg, "top1", 0.9)
     assert resumed.qualities == pytest.approx([0.1, 0.2, 0.3])
@@ -129,6 +120,13 @@ def test_resume_errors_are_one_clear_line(tmp_path: Path) -> None:
         checkpoint.load(tmp_path)
     cfg = RunConfig(system="single", workload="vgg16", epochs=5)
     checkpoint.save(tmp_path, cfg, _summary(3), None, [{}], {})
-    with pytest.raises(UserInputError, match="3 epochs done; --epochs 2 is fewer"):
-        checkpoint.resume_config(checkpoint.load(tmp_path), epochs=2)
+    for epochs in (2, 3):  # nothing left to train
+        with pytest.raises(UserInputError, match=f"3 epochs done, the budget is {epochs}"):
+            checkpoint.resume_config(checkpoint.load(tmp_path), epochs=epochs)
     assert checkpoint.resume_config(checkpoint.load(tmp_path), epochs=7).epochs == 7
+    with pytest.raises(UserInputError, match="already holds a run's checkpoints"):
+        checkpoint.prepare(tmp_path, resuming=False)  # a new run would mix its epochs in
+    checkpoint.prepare(tmp_path, resuming=True)
+    (tmp_path / "epoch-0003" / "rank0.pt").write_bytes(b"torn")
+    with pytest.raises(UserInputError, match="rank0.pt is missing or damaged"):
+        checkpoint.load(tmp_path).worker_states()

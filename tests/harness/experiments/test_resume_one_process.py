@@ -28,7 +28,12 @@ import pytest
 import torch
 
 from harness.paths import REPO
-from pipedream_impl.runtime.contract import RunSettings, SystemSettings, WorkerSpec
+from pipedream_impl.runtime.contract import (
+    RunSettings,
+    SystemSettings,
+    WorkerSpec,
+    flat_tensors,
+)
 from pipedream_impl.runtime.local import local_executors, run_local
 
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
@@ -38,17 +43,6 @@ def _device(name: str) -> torch.device:
     if name == "cuda" and not torch.cuda.is_available():
         pytest.skip("needs a CUDA device")
     return torch.device(name)
-
-
-def _flat(obj, prefix: str = "") -> dict[str, torch.Tensor]:  # noqa: ANN001
-    if isinstance(obj, torch.Tensor):
-        return {prefix: obj.cpu()}
-    out: dict[str, torch.Tensor] = {}
-    items = obj.items() if isinstance(obj, dict) else enumerate(obj) \
-        if isinstance(obj, list | tuple) else ()
-    for k, v in items:
-        out.update(_flat(v, f"{prefix}/{k}"))
-    return out
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -61,21 +55,21 @@ def test_in_process_pipeline_restored_equals_uninterrupted(device: str, weights:
     run_local(straight, 0)
     saved = [ex.checkpoint_state() for ex in straight]
     run_local(straight, 1)
-    expected = _flat([ex.checkpoint_state() for ex in straight])
+    expected = flat_tensors([ex.checkpoint_state() for ex in straight])
 
     restored = local_executors(spec, dev)
     for ex, state in zip(restored, saved, strict=True):
         ex.load_checkpoint(state)
     run_local(restored, 1)
-    got = _flat([ex.checkpoint_state() for ex in restored])
+    got = flat_tensors([ex.checkpoint_state() for ex in restored])
     control = None
     if dev.type == "cuda":  # run-to-run spread of an uninterrupted run
         again = local_executors(spec, dev)
         run_local(again, 0)
         run_local(again, 1)
-        control = _flat([ex.checkpoint_state() for ex in again])
+        control = flat_tensors([ex.checkpoint_state() for ex in again])
     _assert_same(expected, got, control)
-    before = _flat(saved)
+    before = flat_tensors(saved)
     assert any(not torch.equal(before[k], expected[k]) for k in before
                if "/module/" in k)  # epoch 1 changed the weights
 
@@ -115,7 +109,7 @@ def test_killed_run_resumes_to_the_uninterrupted_weights(device: str, tmp_path: 
     if device == "cuda":  # run-to-run spread of an uninterrupted run
         again = _cli(common + ["--checkpoint-dir", str(tmp_path / "again"), "--quiet"])
         assert again.wait(timeout=600) == 0, again.stderr.read()
-        control = _flat(torch.load(tmp_path / "again" / "epoch-0003" / "rank0.pt",
+        control = flat_tensors(torch.load(tmp_path / "again" / "epoch-0003" / "rank0.pt",
                                    weights_only=False))
 
     killed = _cli(common + ["--checkpoint-dir", str(tmp_path / "part")])
@@ -129,8 +123,8 @@ def test_killed_run_resumes_to_the_uninterrupted_weights(device: str, tmp_path: 
 
     resumed = _cli(["run", "--resume", str(tmp_path / "part"), "--quiet"])
     assert resumed.wait(timeout=600) == 0, resumed.stderr.read()
-    expected = _flat(torch.load(tmp_path / "whole" / "epoch-0003" / "rank0.pt",
+    expected = flat_tensors(torch.load(tmp_path / "whole" / "epoch-0003" / "rank0.pt",
                                 weights_only=False))
-    got = _flat(torch.load(tmp_path / "part" / "epoch-0003" / "rank0.pt",
+    got = flat_tensors(torch.load(tmp_path / "part" / "epoch-0003" / "rank0.pt",
                            weights_only=False))
     _assert_same(expected, got, control)
