@@ -99,6 +99,10 @@ class RunConfig:
         if self.fault is not None and not system.multi_process:
             raise UserInputError(f"--inject-fault acts on the workers of a multi-process "
                                  f"system; --system {system.name} has none")
+        if self.fault is not None and self.fault.action not in system.actions:
+            raise UserInputError(f"--inject-fault: --system {system.name} has no action "
+                                 f"{self.fault.action!r}; its workers act "
+                                 f"{', '.join(system.actions)}")
         if self.fault is not None and self.fault.rank >= self.workers:
             raise UserInputError(f"--inject-fault names rank {self.fault.rank}, but the run "
                                  f"has {self.workers} worker(s)")

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 
 from core.errors import UserInputError
 from pipedream_impl.runtime import SPAWN_LAUNCHER, STAGE_EXECUTOR
+from pipedream_impl.schedule import ACTION_NAMES
 
 __all__ = ["PAPER", "SIMULATED", "SYSTEMS", "VALIDATED", "System", "get", "names", "simulated"]
 
@@ -57,6 +58,17 @@ class System:
         if self.executor != STAGE_EXECUTOR:
             return None
         return "in-flight-1" if self.in_flight == 1 else self.schedule
+
+    @property
+    def actions(self) -> tuple[str, ...]:
+        """The action kinds its workers stamp (what ``--inject-fault`` can name): our
+        executor's schedule actions, data parallelism's F/B/A/U per minibatch, a peer
+        engine's whole step as F."""
+        if self.kind == "data-parallel":
+            return ("F", "B", "A", "U")
+        if self.executor == STAGE_EXECUTOR:
+            return tuple(ACTION_NAMES)
+        return ("F",) if self.executor else ()
 
     @property
     def straight(self) -> bool:

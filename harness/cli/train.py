@@ -84,6 +84,14 @@ def run(
 
     ckpt = None
     if resume is not None:
+        given = [flag for flag, value in (("--workload", workload), ("--plan", plan),
+                                          ("--config", config), ("--data", data),
+                                          ("--inject-fault", inject_fault))
+                 if value is not None]
+        if given:
+            raise UserInputError(f"--resume continues the checkpoint's run with its own "
+                                 f"settings; drop {', '.join(given)} (only --epochs, "
+                                 f"--stall-timeout and --checkpoint-dir may change)")
         ckpt = checkpoint.load(resume)
         cfg = checkpoint.resume_config(ckpt, epochs=epochs, stall_timeout_s=stall_timeout,
                                        checkpoint_dir=checkpoint_dir or resume)

@@ -126,6 +126,7 @@ class WorkerSpec:
     init_method: str = ""  # torch.distributed rendezvous (tcp://host:port or env://)
     local_rank: int = -1  # rank on this machine (GPU index); -1: same as rank
     progress_dir: str = ""  # where the launcher reads progress boards ("": none)
+    launcher_pid: int = 0  # the launcher's process (0: none, e.g. under torchrun)
 
     def __post_init__(self) -> None:
         if self.local_rank < 0:
@@ -279,17 +280,22 @@ def worker_main(spec: WorkerSpec, control, results) -> None:  # noqa: ANN001 - q
             dist.destroy_process_group()
 
 
-def _orphan_guard(parent: int) -> None:
-    """Exit when the parent process (the launcher, or horovodrun) is gone: a killed
-    launcher must not leave its workers waiting for an hour."""
+def _orphan_guard(launcher: int, parent: int) -> None:
+    """Exit when the launcher (or, without one, the parent process: torchrun's agent) is
+    gone: a killed launcher must not leave its workers waiting for an hour."""
     while True:
-        time.sleep(ORPHAN_CHECK_S)
-        if os.getppid() != parent:
+        if launcher:
+            try:
+                os.kill(launcher, 0)
+            except ProcessLookupError:
+                os._exit(70)
+        elif os.getppid() != parent:
             os._exit(70)
+        time.sleep(ORPHAN_CHECK_S)
 
 
 def _serve(spec: WorkerSpec, control, results) -> None:  # noqa: ANN001
-    threading.Thread(target=_orphan_guard, args=(os.getppid(),), daemon=True,
+    threading.Thread(target=_orphan_guard, args=(spec.launcher_pid, os.getppid()), daemon=True,
                      name="pipebench-orphan-guard").start()
     torch.set_num_threads(spec.run.threads)
     device = torch.device("cpu")

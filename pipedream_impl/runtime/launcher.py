@@ -24,6 +24,7 @@ Across machines the same ``worker_main`` runs under torchrun instead
 from __future__ import annotations
 
 import dataclasses
+import os
 import queue
 import shutil
 import signal
@@ -73,7 +74,8 @@ class Launcher:
         self.procs: list = []
         self.controls: list = []
         try:
-            self._start([dataclasses.replace(s, progress_dir=self.board_dir) for s in specs])
+            self._start([dataclasses.replace(s, progress_dir=self.board_dir,
+                                             launcher_pid=os.getpid()) for s in specs])
         except BaseException:  # nothing half-started may outlive a failed start
             Launcher.close(self, kill=True)
             raise

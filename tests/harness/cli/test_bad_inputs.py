@@ -359,3 +359,20 @@ def test_entry_point_profile_writes_nothing(tmp_path: Path) -> None:
     out = tmp_path / "profile.json"
     line = _pipebench(["profile", "-w", "vgg16", "--batch-size", "0", "-o", str(out)])
     assert "--batch-size must be at least 1 (got 0)" in line and not out.exists()
+
+
+@pytest.mark.parametrize(("argv", "expected"), [
+    (["run", "--resume", "{tmp}", "--workload", "vgg16"], "drop --workload"),
+    (["run", "--resume", "{tmp}", "--inject-fault", "kill:1:F3"], "drop --inject-fault"),
+    (["run", "--resume", "{tmp}/none"], "no such directory"),
+    (["run", "--resume", "{tmp}"], "no checkpoint there"),
+    (["run", "-w", "vgg16", "--system", "ddp", "--workers", "2", "--inject-fault",
+      "kill:1:SF3"], "ddp has no action 'SF'"),
+    (["run", "-w", "vgg16", "--system", "deepspeed-pipe", "--workers", "2",
+      "--checkpoint-dir", "{tmp}"], "cannot checkpoint"),
+])
+def test_resilience_options_refuse_bad_input(argv: list[str], expected: str, tmp_path: Path,
+                                              capsys: pytest.CaptureFixture,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    line = _cli([a.replace("{tmp}", str(tmp_path)) for a in argv], capsys, monkeypatch)
+    assert expected in line

@@ -1,0 +1,82 @@
+"""pipedream_impl/runtime/faults.py: the fault switch, progress boards, and the checks that
+keep a fault spec to what a system's workers can do; the worker's orphan guard."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from core.errors import UserInputError
+from harness.config import RunConfig
+from pipedream_impl.runtime.contract import _orphan_guard
+from pipedream_impl.runtime.faults import Fault, Progress, board_path, read_board
+
+
+def test_fault_specs_parse_and_hit_only_their_action() -> None:
+    f = Fault.parse("kill:1:F3")
+    assert (f.kind, f.rank, f.action, f.minibatch, f.epoch) == ("kill", 1, "F", 3, 0)
+    assert Fault.parse("stall:0:SB12@2") == Fault("stall", 0, "SB", 12, 2)
+    assert f.hits(1, 0, "F", 3)
+    assert not f.hits(1, 0, "B", 3) and not f.hits(0, 0, "F", 3) and not f.hits(1, 1, "F", 3)
+    for bad in ("kill:1", "kill:x:F3", "kill:1:3", "boom:1:F3"):
+        with pytest.raises(UserInputError, match="inject-fault"):
+            Fault.parse(bad)
+
+
+def test_a_board_says_where_a_worker_is(tmp_path: Path) -> None:
+    path = board_path(str(tmp_path), 3)
+    progress = Progress(3, path)
+    assert read_board(path)["action"] == "setting up"
+    progress.begin_epoch(2, stage=1)
+    progress.enter("RB7", waiting=True)
+    state = read_board(path)
+    assert (state["rank"], state["stage"], state["epoch"]) == (3, 1, 2)
+    assert (state["action"], state["waiting"], state["active"]) == ("RB7", True, True)
+    assert 0 <= state["age_s"] < 5
+    progress.enter("F10", waiting=False)  # a shorter record over a longer one
+    assert read_board(path)["action"] == "F10"
+    progress.end_epoch()
+    assert read_board(path)["active"] is False
+    assert read_board(tmp_path / "missing") is None
+
+
+@pytest.mark.parametrize(("system", "spec", "message"), [
+    ("ddp", "kill:1:SF2", "ddp has no action 'SF'"),
+    ("torch-gpipe", "stall:1:B2", "its workers act F"),
+    ("single", "raise:0:F2", "has none"),
+    ("pipedream", "raise:2:F2", "names rank 2, but the run has 2"),
+])
+def test_fault_specs_a_system_cannot_reach_are_refused(system: str, spec: str,
+                                                        message: str) -> None:
+    with pytest.raises(UserInputError, match=message):
+        RunConfig(system=system, workload="vgg16", workers=1 if system == "single" else 2,
+                  fault=Fault.parse(spec))
+
+
+def test_a_worker_exits_when_its_launcher_is_gone() -> None:
+    launcher = subprocess.Popen(["sleep", "600"])
+    guard = mp.get_context("spawn").Process(target=_orphan_guard, args=(launcher.pid, 0))
+    guard.start()
+    try:
+        assert guard.exitcode is None
+        launcher.kill()
+        launcher.wait()
+        guard.join(timeout=30)
+        assert guard.exitcode == 70
+    finally:
+        launcher.kill()
+        if guard.is_alive():
+            guard.kill()
+            guard.join()
+
+
+def test_stall_timeout_defaults_per_scale() -> None:
+    cfg = RunConfig(system="pipedream", workload="vgg16", workers=2)
+    assert cfg.stall_timeout() == 20.0
+    assert RunConfig(system="pipedream", workload="vgg16", scale="full", workers=2,
+                     stall_timeout_s=7.5).stall_timeout() == 7.5
+    with pytest.raises(UserInputError, match="--stall-timeout must be a positive"):
+        RunConfig(system="pipedream", workload="vgg16", workers=2, stall_timeout_s=0)
