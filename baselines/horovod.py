@@ -117,12 +117,9 @@ class _ConnEnd:
 
     def __init__(self, conn: Connection) -> None:
         self.conn = conn
-        self._send_lock = threading.Lock()  # the worker's heartbeat thread sends too
 
     def put(self, obj: object) -> None:
-        data = pickle.dumps(obj)
-        with self._send_lock:
-            self.conn.send_bytes(data)
+        self.conn.send_bytes(pickle.dumps(obj))
 
     def get(self, timeout: float | None = None) -> object:
         if not self.conn.poll(timeout):

@@ -170,11 +170,8 @@ def load(directory: str | Path) -> Checkpoint:
 
 def resume_config(ckpt: Checkpoint, **overrides: object) -> RunConfig:
     """The run's config from its checkpoint, with ``overrides`` (None values ignored)."""
-    fields = dict(ckpt.meta["config"])
-    fields["fault"] = None  # a resumed run is a new attempt
+    fields = dict(ckpt.meta["config"])  # saved without its injected fault (_config_dict)
     fields.update({k: v for k, v in overrides.items() if v is not None})
-    for key in ("fail_at",):  # keys of older formats
-        fields.pop(key, None)
     try:
         cfg = RunConfig(**fields)
     except TypeError as e:
@@ -191,6 +188,8 @@ def resume_config(ckpt: Checkpoint, **overrides: object) -> RunConfig:
 
 
 def _config_dict(cfg: RunConfig) -> dict:
+    """The config as ``run.json`` keeps it: an injected fault is not carried over (a
+    resumed run is a new attempt)."""
     d = dataclasses.asdict(cfg)
     d["fault"] = None
     return d

@@ -10,10 +10,10 @@ from __future__ import annotations
 import torch
 
 from baselines.peers import check_peer_boundaries
-from core.errors import UserInputError, WorkloadError
+from core.errors import WorkloadError
 from harness.config import RunConfig
 from pipedream_impl.planner.cluster import Cluster, Level
-from pipedream_impl.planner.plan import Plan, balanced_bounds, plan_profile
+from pipedream_impl.planner.plan import balanced_bounds, load_plan, plan_profile
 from pipedream_impl.profiling.profiler import profile_workload
 from pipedream_impl.runtime.stage_executor import check_ties
 from pipedream_impl.schedule import Layout
@@ -28,16 +28,15 @@ def pipeline_layout(cfg: RunConfig, workload: Workload, batch_size: int,
                     device: torch.device, data: Dataset) \
         -> tuple[tuple[int, ...], tuple[tuple[int, int], ...], str]:
     """(replicas per stage, layer range per stage, how it was chosen). ``data``: the run's
-    training split (the peer engines' boundary check runs two of its samples)."""
+    training split (the peer engines' boundary check runs two of its samples).
+    ``RunConfig`` has already checked --plan/--config against --workers and the system
+    (no layout for data parallelism, no replicas for straight pipelines)."""
     system = cfg.definition
     if system.kind == "data-parallel":  # one stage, every worker a replica of the whole model
-        if cfg.plan or cfg.config:
-            raise UserInputError(f"{cfg.system} replicates the whole model: drop "
-                                 f"--plan/--config")
         n = len(workload.build(cfg.scale, {}).layers)
         return (cfg.workers,), ((0, n),), "data parallel (whole model on every worker)"
     if cfg.plan is not None:
-        plan = Plan.from_json(open(cfg.plan).read())
+        plan = load_plan(cfg.plan)
         replicas = tuple(s.replicas for s in plan.stages)
         bounds = tuple(tuple(s.layers) for s in plan.stages)
         how = f"plan {cfg.plan} ({plan.config})"
@@ -56,14 +55,9 @@ def pipeline_layout(cfg: RunConfig, workload: Workload, batch_size: int,
             replicas = tuple(s.replicas for s in plan.stages)
             bounds = tuple(tuple(s.layers) for s in plan.stages)
             how = f"planned here ({plan.config}) from a local profile"
-    if system.straight and any(r != 1 for r in replicas):
-        raise UserInputError(f"{cfg.system} runs unreplicated stages; got config "
-                             f"{'-'.join(map(str, replicas))}")
-    if sum(replicas) != cfg.workers:
-        raise UserInputError(f"the layout {'-'.join(map(str, replicas))} needs "
-                             f"{sum(replicas)} workers but --workers is {cfg.workers}")
     model = workload.build(cfg.scale, {})
-    if bounds[-1][1] != len(model.layers):
+    if bounds[-1][1] != len(model.layers):  # RunConfig checks it too, where its meta-device
+        # model could be built
         raise WorkloadError(f"plan covers {bounds[-1][1]} layers, {workload.name}/{cfg.scale} "
                             f"has {len(model.layers)}: was it made for another workload?")
     check_ties(model, bounds)

@@ -26,6 +26,7 @@ from pipedream_impl.runtime.contract import (
     RunSettings,
     SystemSettings,
     WorkerSpec,
+    cpu_copy,
 )
 from pipedream_impl.runtime.launcher import Launcher, free_port
 from workloads.base import DataSplits, Workload
@@ -140,8 +141,7 @@ class PipelineTrainer:
         counters = {"samples": m.samples, "busy": m.busy, "idle": m.idle,
                     "action_s": m.action_s, "actions": m.actions, "links": m.links,
                     "bytes_sent": m.bytes_sent, "events_dropped": m.events_dropped}
-        return self.held, {"eval_model": {k: v.detach().clone()
-                                          for k, v in self.model.state_dict().items()},
+        return self.held, {"eval_model": cpu_copy(self.model.state_dict()),
                            "counters": counters, "layout": (self.replicas, self.bounds)}
 
     def restore(self, worker_states: list[dict], trainer_state: dict) -> None:

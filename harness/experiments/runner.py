@@ -104,10 +104,8 @@ def _train_tracked(cfg: RunConfig, workload: Workload, target: float, splits: Da
                 summary = run_training(cfg, workload, target, trainer.train_epoch,
                                        trainer.evaluate, log_epoch, progress, resumed,
                                        saver.after_epoch if cfg.checkpoint_dir else None)
-        except Terminated:  # the newest finished epoch, if not on disk yet
-            if cfg.definition.multi_process:
-                trainer.close(kill=True)
-            if cfg.checkpoint_dir:
+        except Terminated:  # the newest finished epoch, if not on disk yet (the caller
+            if cfg.checkpoint_dir:  # then stops the workers)
                 saver.save_newest()
             raise
         if cfg.definition.multi_process:
@@ -120,7 +118,6 @@ def _train_tracked(cfg: RunConfig, workload: Workload, target: float, splits: Da
         if cfg.definition.multi_process:
             summary.last_epoch_events = dict(trainer.metrics.last_events or {})
             summary.placement = dict(trainer.metrics.placement or {})
-        summary.run_id, summary.tracking_uri = tracker.run_id, tracker.uri
         if tracker.active:
             log_artifacts(tracker, cfg, summary, trainer, workload)
     # read after the run ended: a tracking server lost on the way moves the run (new id)

@@ -160,7 +160,7 @@ class Launcher:
         return ("\nother ranks:\n" + "\n".join(lines)) if lines else ""
 
     def _watch(self, reports: dict[int, EpochReport]) -> None:
-        """Fail when a rank still in this epoch made no progress for the stall timeout."""
+        """Fail when no rank still in this epoch has made progress for the stall timeout."""
         if self.stall_timeout_s is None:
             return
         ages = {r: p for r in self.boards if r not in reports
