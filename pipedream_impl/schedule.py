@@ -31,9 +31,13 @@ the pipeline at a time). Weight modes decide the version each F and B uses:
   than the one stage 0 used for k;
 - ``none``: F and B each use whatever is newest when they run.
 
-``validate`` runs every worker's list against blocking receives and all-reduce barriers and
-raises ``ScheduleError`` on a deadlock, a receive of the wrong minibatch, a backward before
-its forward, a minibatch not completed everywhere, or versions that contradict the mode.
+``validate`` checks what the runtime relies on, for generated and hand-written schedules
+alike, and raises ``ScheduleError`` on: versions that contradict the mode, a backward before
+its forward, a minibatch not completed everywhere, a forward before its receive (or a
+message kind out of place, on the wrong peer, missing or doubled), an update dropped,
+added, or ahead of its all-reduce, a send never received or a receive never sent, and (by
+running the lists against blocking receives and all-reduce barriers) a deadlock or a
+receive of the wrong minibatch.
 ``grid`` renders the run as a worker x time table (F one tick, B two ticks).
 """
 
@@ -361,35 +365,21 @@ def simulate(sched: Schedule, ticks: dict[str, int] | None = None, costs=None) \
 
 
 def validate(sched: Schedule) -> None:
+    """Raise ``ScheduleError`` where ``sched`` cannot be run as the runtime runs it.
+
+    Hand-written schedules reach the runtime too, so every rule a generated schedule keeps
+    by construction is checked: per rank, versions as the weight mode defines them; each
+    unit's forward preceded by its receive and followed by its send (backward: receive
+    before, send after) on the right peers, exactly once each, so with every rank completing
+    exactly its units every send has its receive and no message is left unreceived; one
+    update per minibatch (after its backwards, replicas all-reducing first); then the event
+    engine proves the lists free of deadlocks and out-of-order messages.
+    """
     layout = sched.layout
     for rank, acts in enumerate(sched.actions):
-        s, _ = layout.stage_of(rank)
-        seen_f: dict[int, int] = {}
-        applied = 0
-        for a in acts:
-            if a.kind == "F":
-                if a.mb in seen_f:
-                    raise ScheduleError(f"rank {rank}: forward of {a.mb} twice")
-                if a.version > applied:
-                    raise ScheduleError(f"rank {rank}: {a} uses a version not yet made")
-                if sched.weights == "stash" and a.version != applied:
-                    raise ScheduleError(f"rank {rank}: {a} is not the newest version {applied}")
-                seen_f[a.mb] = a.version
-            elif a.kind == "B":
-                if a.mb not in seen_f:
-                    raise ScheduleError(f"rank {rank}: backward of {a.mb} before its forward")
-                if sched.weights != "none" and a.version != seen_f[a.mb]:
-                    raise ScheduleError(f"rank {rank}: {a} does not use its forward's version "
-                                        f"{seen_f[a.mb]}")
-                if sched.weights == "none" and a.version != applied:
-                    raise ScheduleError(f"rank {rank}: {a} is not the newest version")
-            elif a.kind == "U":
-                applied += layout.replicas[s]
-        mine = {u for u in range(sched.units) if sched.owner(s, u) == rank}
-        done_b = {a.mb for a in acts if a.kind == "B"}
-        if set(seen_f) != mine or done_b != mine:
-            raise ScheduleError(f"rank {rank} (stage {s}) does not complete exactly its "
-                                f"minibatches {sorted(mine)}")
+        _check_versions(sched, rank, acts)
+        _check_messages(sched, rank, acts)
+        _check_updates(sched, rank, acts)
     if sched.weights == "vertical-sync":
         v0 = {a.mb: a.version for r in range(layout.replicas[0]) for a in sched.actions[r]
               if a.kind == "F"}
@@ -399,6 +389,106 @@ def validate(sched: Schedule) -> None:
                     raise ScheduleError(f"rank {rank}: {a} is newer than stage 0's "
                                         f"version {v0[a.mb]} (vertical sync)")
     simulate(sched)
+
+
+def _check_versions(sched: Schedule, rank: int, acts: tuple[Action, ...]) -> None:
+    s, _ = sched.layout.stage_of(rank)
+    seen_f: dict[int, int] = {}
+    applied = 0
+    for a in acts:
+        if a.kind == "F":
+            if a.mb in seen_f:
+                raise ScheduleError(f"rank {rank}: forward of {a.mb} twice")
+            if a.version > applied:
+                raise ScheduleError(f"rank {rank}: {a} uses a version not yet made")
+            if sched.weights == "stash" and a.version != applied:
+                raise ScheduleError(f"rank {rank}: {a} is not the newest version {applied}")
+            seen_f[a.mb] = a.version
+        elif a.kind == "B":
+            if a.mb not in seen_f:
+                raise ScheduleError(f"rank {rank}: backward of {a.mb} before its forward")
+            if sched.weights != "none" and a.version != seen_f[a.mb]:
+                raise ScheduleError(f"rank {rank}: {a} does not use its forward's version "
+                                    f"{seen_f[a.mb]}")
+            if sched.weights == "none" and a.version != applied:
+                raise ScheduleError(f"rank {rank}: {a} is not the newest version")
+        elif a.kind == "U":
+            applied += sched.layout.replicas[s]
+    mine = {u for u in range(sched.units) if sched.owner(s, u) == rank}
+    done_b = {a.mb for a in acts if a.kind == "B"}
+    if set(seen_f) != mine or done_b != mine:
+        raise ScheduleError(f"rank {rank} (stage {s}) does not complete exactly its "
+                            f"minibatches {sorted(mine)}")
+
+
+# (compute kind, message kind, before or after it, stage whose replica is the peer)
+_MESSAGES = (("F", "RF", "before", -1), ("F", "SF", "after", 1),
+             ("B", "RB", "before", 1), ("B", "SB", "after", -1))
+
+
+def _check_messages(sched: Schedule, rank: int, acts: tuple[Action, ...]) -> None:
+    """A forward consumes exactly one receive of its unit placed before it (stage > 0) and
+    is followed by exactly one send (not the last stage); a backward the other way round."""
+    s, _ = sched.layout.stage_of(rank)
+    last = len(sched.layout.replicas) - 1
+    pos = {(a.kind, a.mb): i for i, a in enumerate(acts) if a.kind in ("F", "B")}
+    count: dict[tuple[str, int], int] = {}
+    for i, a in enumerate(acts):
+        if a.kind not in ("RF", "SF", "RB", "SB"):
+            continue
+        count[(a.kind, a.mb)] = count.get((a.kind, a.mb), 0) + 1
+        compute, _, where, step = next(m for m in _MESSAGES if m[1] == a.kind)
+        if not 0 <= s + step <= last:
+            raise ScheduleError(f"rank {rank} (stage {s}): {a} has no stage to talk to")
+        peer = sched.owner(s + step, a.mb)
+        if a.peer != peer:
+            raise ScheduleError(f"rank {rank}: {a} names rank {a.peer}; the replica of stage "
+                                f"{s + step} that runs unit {a.mb} is rank {peer}")
+        j = pos.get((compute, a.mb))
+        if j is None or (j < i if where == "before" else j > i):
+            raise ScheduleError(f"rank {rank}: {a} must come {where} {compute}{a.mb}")
+    for compute, kind, where, step in _MESSAGES:
+        if not 0 <= s + step <= last:
+            continue
+        for (k, mb) in pos:
+            if k == compute and count.get((kind, mb), 0) != 1:
+                raise ScheduleError(f"rank {rank} (stage {s}): {compute}{mb} needs exactly "
+                                    f"one {kind}{mb} {where} it, found "
+                                    f"{count.get((kind, mb), 0)}")
+
+
+def _check_updates(sched: Schedule, rank: int, acts: tuple[Action, ...]) -> None:
+    """One update per minibatch the rank works on, each after backward work done since the
+    previous one; a replicated stage all-reduces (rounds 0, 1, ...) before each update."""
+    s, _ = sched.layout.stage_of(rank)
+    replicated = sched.layout.replicas[s] > 1
+    backwards = rounds = updates = 0
+    reduced = False
+    for a in acts:
+        if a.kind == "B":
+            backwards += 1
+        elif a.kind == "A":
+            if not replicated:
+                raise ScheduleError(f"rank {rank}: {a} on stage {s}, which has one replica")
+            if a.mb != rounds or backwards == 0:
+                raise ScheduleError(f"rank {rank}: {a} out of order (expected A{rounds} "
+                                    "after a backward)")
+            rounds += 1
+            reduced = True
+        elif a.kind == "U":
+            if backwards == 0:
+                raise ScheduleError(f"rank {rank}: {a} updates with no backward since the "
+                                    "previous update")
+            if replicated and not reduced:
+                raise ScheduleError(f"rank {rank}: {a} before its all-reduce: the replicas "
+                                    f"of stage {s} would drift apart")
+            backwards, reduced, updates = 0, False, updates + 1
+    expected = len({a.mb // sched.microbatches for a in acts if a.kind == "B"})
+    if updates != expected or backwards:
+        raise ScheduleError(f"rank {rank} (stage {s}): {updates} updates for {expected} "
+                            "minibatches" + (", gradients left unapplied at the end"
+                                             if backwards else "")
+                            + ": an update was dropped or added")
 
 
 def grid(sched: Schedule) -> str:

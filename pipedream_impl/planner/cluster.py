@@ -8,7 +8,10 @@ plain number of bytes/s). Presets, written ``A:4x4`` etc., are the PipeDream pap
 - A: 4 V100 per server over PCIe 3.0 x16 (15.75 GB/s), servers over 10 Gbps Ethernet;
 - B: 8 V100 per server over NVLink (150 GB/s per direction, six 25 GB/s links; our
   figure, the paper does not give one), servers over 25 Gbps;
-- C: one Titan X per server (no intra-server level), servers over 40 Gbps.
+- C: one Titan X per server (no intra-server level), servers over 40 Gbps;
+- H: a current cluster (not in the paper): 8 H100 per server on NVLink 4 (450 GB/s per
+  direction per GPU), servers on a 400 Gbps fabric (50 GB/s per server link; servers with
+  one 400 Gbps NIC per GPU have eight such links, not modelled by the preset).
 
 A level of one worker (e.g. ``C:4x1``) carries no traffic and is dropped.
 """
@@ -28,6 +31,7 @@ PRESETS: dict[str, tuple[float, float]] = {  # (intra-server, inter-server) byte
     "A": (15.75e9, 10e9 / 8),
     "B": (150e9, 25e9 / 8),
     "C": (15.75e9, 40e9 / 8),
+    "H": (450e9, 400e9 / 8),
 }
 DEFAULT_BANDWIDTHS = PRESETS["A"]
 # Case matters: B is bytes, b is bits.
@@ -95,7 +99,7 @@ def parse_cluster(spec: str, bandwidth: str | None = None) -> Cluster:
         preset, shape = shape.split(":", 1)
         preset = preset.upper()
         if preset not in PRESETS:
-            raise UserInputError(f"unknown cluster preset {preset!r}; choose A, B or C")
+            raise UserInputError(f"unknown cluster preset {preset!r}; choose A, B, C or H")
     m = re.fullmatch(r"(\d+)(?:x(\d+))?", shape)
     if m is None:
         raise UserInputError(f"cannot read cluster {spec!r}; write SxG (servers x workers per "

@@ -77,12 +77,15 @@ def _broken(s: Schedule, rank: int, acts: list[Action]) -> Schedule:
 
 def test_validator_rejects_hand_broken_schedules() -> None:
     s = one_f_one_b(Layout.from_config("1-1"), 4)
+    # rank 1 runs minibatch 1 before minibatch 0 (versions kept consistent): its first
+    # receive asks for minibatch 1 while rank 0 sends minibatch 0 first
     a1 = list(s.actions[1])
-    # swap two receives: rank 1 expects minibatch 1 first -> out of order
-    i, j = a1.index(parse_action("RF0<0")), a1.index(parse_action("RF1<0"))
-    a1[i], a1[j] = a1[j], a1[i]
+    block0, block1 = a1[:5], a1[5:10]  # RF F B SB U of minibatches 0 and 1
+    swapped = [dataclasses.replace(a, version=0) if a.kind in ("F", "B") else a
+               for a in block1] + [dataclasses.replace(a, version=1) if a.kind in ("F", "B")
+                                   else a for a in block0] + a1[10:]
     with pytest.raises(ScheduleError, match="next message"):
-        validate(_broken(s, 1, a1))
+        validate(_broken(s, 1, swapped))
     # backward before forward
     a0 = list(s.actions[0])
     b0, f0 = a0.index(parse_action("B0v0")), a0.index(parse_action("F0v0"))
@@ -101,6 +104,84 @@ def test_validator_rejects_hand_broken_schedules() -> None:
     a1 = [Action("RB", 0, peer=0)] + list(s.actions[1])
     with pytest.raises(ScheduleError):
         validate(_broken(s, 1, a1))
+
+
+def _without(acts: tuple[Action, ...], *drop: str) -> list[Action]:
+    gone = [parse_action(x) for x in drop]
+    return [a for a in acts if a not in gone]
+
+
+def test_validator_rejects_a_forward_before_its_receive() -> None:
+    s = one_f_one_b(Layout.from_config("1-1-1"), 6)
+    a1 = list(s.actions[1])
+    i, j = a1.index(parse_action("RF2<0")), a1.index(parse_action("F2v1"))
+    assert i == j - 1  # generated: receive, then forward
+    a1[i], a1[j] = a1[j], a1[i]  # the forward would run on an input not yet received
+    with pytest.raises(ScheduleError, match="RF2<0 must come before F2"):
+        validate(_broken(s, 1, a1))
+
+
+def test_validator_rejects_a_missing_send_receive_pair() -> None:
+    # both halves gone: no deadlock, every minibatch still "completes" on both ranks
+    s = one_f_one_b(Layout.from_config("1-1"), 4)
+    broken = _broken(_broken(s, 0, _without(s.actions[0], "SF2>1")), 1,
+                     _without(s.actions[1], "RF2<0"))
+    with pytest.raises(ScheduleError, match="F2 needs exactly one SF2 after it, found 0"):
+        validate(broken)
+    # the same for a gradient, on a replicated layout (peer = the replica that ran it)
+    s = one_f_one_b(Layout.from_config("2-1"), 4)
+    assert parse_action("SB3>1") in s.actions[2]
+    broken = _broken(_broken(s, 2, _without(s.actions[2], "SB3>1")), 1,
+                     _without(s.actions[1], "RB3<2"))
+    with pytest.raises(ScheduleError, match="needs exactly one RB3 before it, found 0"):
+        validate(broken)
+
+
+def test_validator_rejects_messages_to_the_wrong_peer_or_twice() -> None:
+    s = one_f_one_b(Layout.from_config("2-1"), 4)
+    a2 = [Action("RF", 1, peer=0) if a == parse_action("RF1<1") else a for a in s.actions[2]]
+    with pytest.raises(ScheduleError, match="the replica of stage 0 that runs unit 1 is "
+                                            "rank 1"):
+        validate(_broken(s, 2, a2))
+    # a message sent twice is never received the second time
+    a0 = list(s.actions[0])
+    a0.insert(a0.index(parse_action("SF0>2")), parse_action("SF0>2"))
+    with pytest.raises(ScheduleError, match="needs exactly one SF0 after it, found 2"):
+        validate(_broken(s, 0, a0))
+
+
+def test_validator_rejects_a_dropped_or_early_update() -> None:
+    s = one_f_one_b(Layout.from_config("1-1"), 4)
+    # the last update dropped: no later version check can notice, gradients left unapplied
+    a0 = list(s.actions[0])
+    last_u = max(i for i, a in enumerate(a0) if a.kind == "U")
+    with pytest.raises(ScheduleError, match="3 updates for 4 minibatches, gradients left"):
+        validate(_broken(s, 0, a0[:last_u] + a0[last_u + 1:]))
+    # an extra update with no backward since the previous one
+    with pytest.raises(ScheduleError, match="no backward since the previous update"):
+        validate(_broken(s, 0, a0 + [Action("U", 3)]))
+    # a replicated stage updating before its all-reduce
+    r = one_f_one_b(Layout.from_config("2-1"), 4)
+    with pytest.raises(ScheduleError, match="before its all-reduce"):
+        validate(_broken(r, 0, _without(r.actions[0], "A1")))
+    # gpipe: one update per minibatch of microbatches, not per microbatch
+    from pipedream_impl.schedule import gpipe
+
+    g = gpipe(Layout.from_config("1-1"), 2, 3)
+    extra = list(g.actions[1])
+    extra.insert(extra.index(parse_action("B4v1")), Action("U", 3))
+    with pytest.raises(ScheduleError, match="3 updates for 2 minibatches"):
+        validate(_broken(g, 1, extra))
+
+
+def test_generated_schedules_pass_the_stricter_validator() -> None:
+    from pipedream_impl.schedule import gpipe
+
+    for config in ("1-1", "2-1", "1-2", "2-1-1", "3-2-1", "1-1-1-1"):
+        for mode in ("stash", "vertical-sync", "none"):
+            one_f_one_b(Layout.from_config(config), 12, mode)  # validates
+        one_f_one_b(Layout.from_config(config), 12, in_flight=1)
+    gpipe(Layout.from_config("1-1-1"), 3, 4)
 
 
 def test_minibatches_must_divide_over_replicas() -> None:
