@@ -10,6 +10,7 @@ from pathlib import Path
 from core.errors import UserInputError
 from harness import systems
 from pipedream_impl.runtime.faults import Fault
+from pipedream_impl.runtime.stage_lr import STAGE_LR_RULES
 from pipedream_impl.schedule import WEIGHT_MODES
 from workloads.base import SCALES
 
@@ -46,6 +47,7 @@ class RunConfig:
     checkpoint_every_epochs: int = 1
     microbatches: int | None = None  # gpipe: default 4 x stages
     recompute: bool = False  # gpipe: re-materialise activations in the backward
+    stage_lr: str = "replicas"  # replicated stages: PipeDream's per-stage lr rule, or "same"
 
     def __post_init__(self) -> None:
         system = systems.get(self.system)  # unknown names: a clear error
@@ -64,6 +66,9 @@ class RunConfig:
             raise UserInputError(f"--threads must be at least 1 (got {self.threads})")
         if self.device not in ("auto", "cpu", "cuda"):
             raise UserInputError(f"--device must be auto, cpu or cuda (got {self.device!r})")
+        if self.stage_lr not in STAGE_LR_RULES:
+            raise UserInputError(f"--stage-lr must be one of {', '.join(STAGE_LR_RULES)} "
+                                 f"(got {self.stage_lr!r})")
         if self.weights not in WEIGHT_MODES:
             raise UserInputError(f"--weights must be one of {', '.join(WEIGHT_MODES)}")
         if self.plan is not None and self.config is not None:

@@ -10,6 +10,8 @@ An ``Action`` is one of::
     SB  send the gradient of its input
     A   all-reduce the weight gradients with the other replicas of the stage (round k)
     U   optimizer step
+    ST  send the stage's gradient of tied weights of its update k (to the other tied stage)
+    RT  receive the other tied stage's gradient of its update k (runtime/ties.py)
 
 and prints compactly as ``F3v2`` (kind, minibatch, ``v`` version) or ``SF3>4`` (``>`` peer
 rank) / ``RF3<1`` (``<`` peer rank); ``parse_action`` reads that form back.
@@ -57,8 +59,9 @@ __all__ = ["ACTION_NAMES", "Action", "Layout", "Schedule", "TickCosts", "WEIGHT_
 WEIGHT_MODES = ("stash", "vertical-sync", "none")
 ACTION_NAMES = {"RF": "receive activations", "F": "forward", "SF": "send activations",
                 "RB": "receive gradients", "B": "backward", "SB": "send gradients",
-                "A": "all-reduce", "U": "update"}  # what each action kind does
-_ACTION = re.compile(r"^(RF|SF|RB|SB|F|B|A|U)(\d+)(?:v(\d+))?(?:([<>])(\d+))?$")
+                "A": "all-reduce", "U": "update", "ST": "send tied gradients",
+                "RT": "receive tied gradients"}  # what each action kind does
+_ACTION = re.compile(r"^(RF|SF|RB|SB|ST|RT|F|B|A|U)(\d+)(?:v(\d+))?(?:([<>])(\d+))?$")
 
 
 @dataclass(frozen=True)
@@ -331,10 +334,10 @@ def simulate(sched: Schedule, ticks: dict[str, int] | None = None, costs=None) \
     timeline: list[list[tuple[float, float, Action]]] = [[] for _ in range(n)]
 
     def step(rank: int, pos: int, a: Action) -> bool:
-        if a.kind in ("SF", "SB"):
+        if a.kind in ("SF", "SB", "ST"):
             clock[rank], token = costs.send(rank, a.peer, a, clock[rank])
             channels.setdefault((rank, a.peer, a.kind[1]), []).append((a.mb, token))
-        elif a.kind in ("RF", "RB"):
+        elif a.kind in ("RF", "RB", "RT"):
             q = channels.get((a.peer, rank, a.kind[1]), [])
             if not q:
                 return False

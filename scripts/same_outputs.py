@@ -51,7 +51,7 @@ COMMANDS += [
                                  "--microbatches", "6", "--latency", "1e-5"]),
     ("simulate-resnet-ps.txt", ["simulate", "--profile", "{P}/resnet50/graph.txt",
                                 "--cluster", "B:2x8", "--system", "dp", "--allreduce", "ps",
-                                "--compute-factor", "2"]),
+                                "--cpu-machines", "1", "--compute-factor", "2"]),
     ("simulate-vgg16-noovl.txt", ["simulate", "--profile", "{P}/vgg16/graph.txt", "--cluster",
                                   "B:1x8", "--system", "dp", "--no-dp-overlap"]),
     ("reproduce-table1.md", ["reproduce", "table1", "--profiles", "{P}", "--quiet",

@@ -7,6 +7,11 @@ stored input), exactly the rule each weight mode defines:
 - vertical-sync: the same with stage 0's version everywhere;
 - none: forward activations at forward-time versions, Jacobians at backward-time versions.
 Updates apply in each stage's order; a replicated stage averages one round of minibatches.
+Learning rates (``stage_lr``): ``replicas``, PipeDream's rule (msr-fiddle/pipedream
+runtime/runtime.py get_adjusted_learning_rate): a stage of r_s replicas updates once per
+r_s minibatches with the mean of their gradients at lr x r_s / r_0, so every stage moves
+lr / r_0 per minibatch; ``same``: lr on every stage. Computed here from the layout, not by
+the runtime's helper.
 """
 
 from __future__ import annotations
@@ -23,11 +28,17 @@ from workloads.recipe import epoch_order, make_optimizer
 
 def simulate_pipedream(workload: Workload, scale: str, splits: DataSplits, model: LayerModel,
                        bounds, sched: Schedule, batch_size: int, seed: int,
-                       lr: float | None = None) -> LayerModel:
+                       lr: float | None = None, stage_lr: str = "replicas") -> LayerModel:
     layout = sched.layout
     stages = [copy.deepcopy(model.stage(a, b)) for a, b in bounds]
     spec = workload.spec(scale)
-    opts = [make_optimizer(spec, st.parameters(), lr) for st in stages]
+    base = spec.lr if lr is None else lr
+    assert stage_lr in ("replicas", "same"), stage_lr
+    # per minibatch every stage moves base / r_0: one step of r_s minibatches at base r_s / r_0
+    per_minibatch = base / layout.replicas[0] if stage_lr == "replicas" else None
+    opts = [make_optimizer(spec, st.parameters(),
+                           base if per_minibatch is None else per_minibatch * r)
+            for st, r in zip(stages, layout.replicas, strict=True)]
     history = [{0: {n: p.detach().clone() for n, p in st.named_parameters()}} for st in stages]
     applied = [0] * len(stages)
     pending: list[list[list[torch.Tensor]]] = [[] for _ in stages]

@@ -12,6 +12,7 @@ A workload knows nothing about workers, pipelines or MLflow (see shared ARCHITEC
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -77,7 +78,15 @@ class LayerModel(nn.Module):
         return len(self.layers)
 
     def stage(self, start: int, stop: int) -> LayerModel:
-        return LayerModel(list(self.layers[start:stop]))
+        """The same layer objects, unless they share a parameter with a layer outside the
+        range (a tie, e.g. AWD-LM's embedding and decoder): then a deep copy, so each stage
+        owns its copy of the tied weight, initialised identically (a tie inside the range
+        stays one parameter; ``pipedream_impl.runtime.ties`` keeps the copies equal)."""
+        layers = list(self.layers[start:stop])
+        inside = {id(p) for layer in layers for p in layer.parameters()}
+        outside = {id(p) for i, layer in enumerate(self.layers) if not start <= i < stop
+                   for p in layer.parameters()}
+        return LayerModel(copy.deepcopy(layers) if inside & outside else layers)
 
     def load_stage_state(self, start: int, state: dict[str, Tensor]) -> None:
         """Copy in the weights of a stage that began at layer ``start``: its keys

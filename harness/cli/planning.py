@@ -10,6 +10,7 @@ from typing import Annotated
 
 import typer
 
+from core.collectives import Sync
 from core.errors import UserInputError, require_int, require_output
 from harness.cli.app import app, console
 
@@ -85,6 +86,10 @@ def plan(
     straight: Annotated[bool, typer.Option(help="no replication")] = False,
     memory_limit: Annotated[str | None, typer.Option(help="per worker, e.g. 16GB")] = None,
     cost_model: Annotated[str, typer.Option(help="pipebench or pipedream-2019")] = "pipebench",
+    allreduce: Annotated[str, typer.Option(help="weight sync among machines: ring, ps, "
+                                           "ps-colocated or byteps")] = "ring",
+    cpu_machines: Annotated[int, typer.Option(help="ps/byteps: CPU-only server machines "
+                                              "(k)")] = 0,
     batch_size: Annotated[int | None, typer.Option(help="samples per minibatch of the "
                                                    "profile (for bytes per sample)")] = None,
     output: Annotated[str | None, typer.Option("-o", "--output", help="plan JSON")] = None,
@@ -106,6 +111,9 @@ def plan(
         raise UserInputError("give exactly one of --profile FILE or --workload NAME")
     require_int("--batch-size", batch_size)
     require_output(output)
+    sync = Sync(allreduce, cpu_machines)
+    if sync.mode != "ring" and cost_model != "pipebench":
+        raise UserInputError(f"--allreduce {allreduce} needs --cost-model pipebench")
     clus = parse_cluster(cluster, bandwidth)
     limit = parse_bytes(memory_limit) if memory_limit is not None else None  # "16GB" -> bytes
     if profile_path is not None:
@@ -120,7 +128,8 @@ def plan(
         wl = registry.get(workload)
         torch.set_num_threads(1)
         prof = profile_workload(wl, scale, wl.spec(scale).batch_size, resolve_device("auto"))
-    result = plan_profile(prof, clus, cost_model, straight, limit, batch_size)
+    result = plan_profile(prof, clus, cost_model, straight, limit, batch_size,
+                          None if sync.mode == "ring" else sync)
     console.print(plan_table(result))
     if output:
         Path(output).write_text(result.to_json())

@@ -33,7 +33,10 @@ def simulate(
     compute_factor: Annotated[float, typer.Option(help="device speed relative to the "
                                                   "profiled one")] = 1.0,
     latency: Annotated[float, typer.Option(help="seconds per message")] = 0.0,
-    allreduce: Annotated[str, typer.Option(help="ring or ps")] = "ring",
+    allreduce: Annotated[str, typer.Option(help="weight sync among machines: ring, ps, "
+                                           "ps-colocated or byteps")] = "ring",
+    cpu_machines: Annotated[int, typer.Option(help="ps/byteps: CPU-only server machines "
+                                              "(k)")] = 0,
     dp_overlap: Annotated[bool, typer.Option(help="dp: all-reduce overlapped with the "
                                              "backward (DDP, Horovod)")] = True,
     gantt_path: Annotated[str | None, typer.Option("--gantt", help="timeline PNG")] = None,
@@ -48,7 +51,8 @@ def simulate(
 
     options = SimOptions(minibatches=minibatches, microbatches=microbatches,
                          compute_factor=compute_factor, latency_s=latency,
-                         allreduce=allreduce, dp_overlap=dp_overlap)
+                         allreduce=allreduce, cpu_machines=cpu_machines,
+                         dp_overlap=dp_overlap)
     require_output(gantt_path, "--gantt")
     system_registry.simulated(system)  # an unknown name: before reading any file
     prof = load_profile(profile_path)
@@ -77,7 +81,8 @@ def simulate(
 
 @app.command()
 def reproduce(
-    table: Annotated[str, typer.Argument(help="table1, other-tasks, gpipe or validation")],
+    table: Annotated[str, typer.Argument(help="table1, other-tasks, gpipe, byteps, today "
+                                         "or validation")],
     profiles: Annotated[str | None, typer.Option(help="folder of PipeDream graph.txt "
                                                  "profiles, e.g. ../shared/pipedream-profiles")]
     = None,
@@ -96,9 +101,13 @@ def reproduce(
     steps: Annotated[int, typer.Option(help="validation: minibatches per epoch")] = 24,
     epochs: Annotated[int, typer.Option(help="validation: epochs per run")] = 3,
     quiet: Annotated[bool, typer.Option(help="no progress output")] = False,
+    json_path: Annotated[str | None, typer.Option("--json", help="also write the rows as "
+                                                  "JSON")] = None,
 ) -> None:
     """The PipeDream paper's tables beside our plans and simulations (table1, other-tasks,
-    gpipe), or the simulator against runs on this machine (validation)."""
+    gpipe), data parallelism under all-reduce, parameter servers and BytePS (byteps), the
+    planner on full-scale GPU profiles and a current cluster (today; --profiles default
+    results/profiles/h100), or the simulator against runs on this machine (validation)."""
     from pathlib import Path
 
     from harness.paths import RESULTS
@@ -106,11 +115,12 @@ def reproduce(
     from harness.sim import paper
     from harness.sim import reproduce as rp
 
-    if table not in ("validation", "table1", "other-tasks", "gpipe"):
-        raise UserInputError(f"unknown table {table!r}; choose table1, other-tasks, gpipe or "
-                             "validation")
+    if table not in ("validation", "table1", "other-tasks", "gpipe", "byteps", "today"):
+        raise UserInputError(f"unknown table {table!r}; choose table1, other-tasks, gpipe, "
+                             "byteps, today or validation")
     require_int("--minibatches", minibatches)
     require_output(output)
+    require_output(json_path, "--json")
     progress = Progress(enabled=not quiet)
     cpu_profiles = cpu_profiles or str(RESULTS / "profiles")
     command = command_line()
@@ -123,27 +133,46 @@ def reproduce(
                                  tuple(s.strip() for s in systems.split(",") if s.strip()),
                                  steps, epochs, "pipebench-validation", progress)
         text = markdown(rows, machine, command)
-    elif table in ("table1", "other-tasks"):
-        rows = rp.table_rows(paper.TABLE1 if table == "table1" else paper.OTHER_TASKS,
-                             rp.ProfileSource(profiles, progress, cpu_profiles),
-                             minibatches, progress)
-        title = ("Table 1: speedup and communication vs data parallelism" if table == "table1"
-                 else "Epoch time: PipeDream vs data parallelism on other tasks")
-        text = rp.markdown(title, rp.TABLE_NOTE, rp.TABLE_COLUMNS, rows, command) \
-            + rp.EXPLANATION
-    elif table == "gpipe":
-        rows = rp.gpipe_rows(rp.ProfileSource(profiles, progress, cpu_profiles),
-                             minibatches, progress)
-        text = rp.markdown("PipeDream vs GPipe", rp.GPIPE_NOTE, rp.GPIPE_COLUMNS, rows,
-                           command) + rp.GPIPE_EXPLANATION
-    else:
-        raise UserInputError(f"unknown table {table!r}; choose table1, other-tasks, gpipe or "
-                             "validation")
-    if output and table in rp.PLOTS:
-        png = str(Path(output).with_suffix(".png"))
-        series, ylabel = rp.PLOTS[table]
-        rp.plot(rows, series, ylabel, png, f"{table}: paper vs simulated")
-        text += f"\n![paper vs simulated]({Path(png).name})\n"
+    elif table in ("table1", "other-tasks", "gpipe"):
+        from harness.sim import reproduce_text as rt
+        from harness.sim.calibration import fit_on
+
+        source = rp.ProfileSource(profiles, progress, cpu_profiles)
+        fitted = fit_on(source, progress)
+        if table == "gpipe":
+            rows = rp.gpipe_rows(source, minibatches, fitted, progress)
+            text = rt.gpipe_markdown(rows, fitted, command)
+        else:
+            rows = rp.table_rows(paper.TABLE1 if table == "table1" else paper.OTHER_TASKS,
+                                 source, minibatches, fitted, progress)
+            title = ("Table 1: speedup and communication vs data parallelism"
+                     if table == "table1" else
+                     "Epoch time: PipeDream vs data parallelism on other tasks")
+            text = rt.table_markdown(title, rows, fitted, command)
+        if json_path:
+            rt.write_json(rows, fitted, json_path)
+        if output:
+            png = str(Path(output).with_suffix(".png"))
+            series, ylabel = rt.GPIPE_PLOT if table == "gpipe" else rt.SPEEDUP_PLOT
+            rt.plot(rows, series, ylabel, png, f"{table}: paper vs simulated")
+            text += f"\n![paper vs simulated]({Path(png).name})\n"
+    elif table == "byteps":
+        from harness.sim import byteps
+        from harness.sim.profile_source import ProfileSource
+
+        brows = byteps.byteps_rows(ProfileSource(profiles, progress, cpu_profiles),
+                                   minibatches, progress)
+        text = byteps.byteps_markdown(brows, command)
+        if json_path:
+            byteps.write_json(brows, json_path)
+    else:  # today: measured full-scale GPU profiles on a current cluster
+        from harness.sim import today
+
+        folder = profiles or str(RESULTS / "profiles" / "h100")
+        trows = today.rows(folder, minibatches, progress)
+        text = today.markdown(trows, folder, command)
+        if json_path:
+            today.write_json(trows, json_path)
     emit(text, output)
 
 

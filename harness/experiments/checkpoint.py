@@ -171,6 +171,7 @@ def load(directory: str | Path) -> Checkpoint:
 def resume_config(ckpt: Checkpoint, **overrides: object) -> RunConfig:
     """The run's config from its checkpoint, with ``overrides`` (None values ignored)."""
     fields = dict(ckpt.meta["config"])  # saved without its injected fault (_config_dict)
+    fields.setdefault("stage_lr", "same")  # saved before the per-stage rule: one lr then
     fields.update({k: v for k, v in overrides.items() if v is not None})
     try:
         cfg = RunConfig(**fields)

@@ -2,7 +2,9 @@
 
 The rule, for the runtime: a plan file if given, else a config (layers balanced on a quick
 local profile), else the planner on a local profile; straight pipelines default to one
-stage per worker, data parallelism to one stage replicated on every worker.
+stage per worker, data parallelism to one stage replicated on every worker. A split that
+puts a tied parameter on two stages runs on our runtime (``pipedream_impl.runtime.ties``
+keeps the copies equal) and is refused for the other engines.
 """
 
 from __future__ import annotations
@@ -11,11 +13,13 @@ import torch
 
 from baselines.peers import check_peer_boundaries
 from core.errors import WorkloadError
+from harness import systems
 from harness.config import RunConfig
 from pipedream_impl.planner.cluster import Cluster, Level
 from pipedream_impl.planner.plan import balanced_bounds, load_plan, plan_profile
 from pipedream_impl.profiling.profiler import profile_workload
-from pipedream_impl.runtime.stage_executor import check_ties
+from pipedream_impl.runtime import STAGE_EXECUTOR
+from pipedream_impl.runtime.ties import check_ties, find_ties
 from pipedream_impl.schedule import Layout
 from workloads.base import Dataset, Workload
 
@@ -60,7 +64,14 @@ def pipeline_layout(cfg: RunConfig, workload: Workload, batch_size: int,
         # model could be built
         raise WorkloadError(f"plan covers {bounds[-1][1]} layers, {workload.name}/{cfg.scale} "
                             f"has {len(model.layers)}: was it made for another workload?")
-    check_ties(model, bounds)
+    ties = find_ties(model, bounds)
+    if ties and system.executor != STAGE_EXECUTOR:
+        ours = ", ".join(s.name for s in systems.SYSTEMS if s.executor == STAGE_EXECUTOR)
+        raise WorkloadError(f"this split puts a tied parameter ({ties[0].names[0]}) on stages "
+                            f"{ties[0].stages[0]} and {ties[0].stages[1]}, and {cfg.system} "
+                            f"keeps no tied copies in sync: use {ours}, or keep the tied "
+                            "layers on one stage")
+    check_ties(model, bounds, replicas)  # what our runtime's tie rule cannot cover
     if system.float_boundaries_only:
         check_peer_boundaries(cfg.system, workload, cfg.scale, bounds, data)
     return replicas, bounds, how

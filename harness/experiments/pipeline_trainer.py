@@ -74,8 +74,11 @@ def system_settings(cfg: RunConfig, replicas: tuple[int, ...],
     in_flight = system.in_flight or cfg.in_flight
     if system.weight_modes:
         params.update(weights=cfg.weights, in_flight=in_flight or "noam")
+    if system.replicated_stages:
+        params["stage_lr"] = cfg.stage_lr
     settings = SystemSettings(replicas, bounds, system.executor, system.schedule or "1f1b",
-                              cfg.weights, in_flight, micro, cfg.recompute)
+                              cfg.weights, in_flight, micro, cfg.recompute,
+                              stage_lr=cfg.stage_lr)
     return settings, params
 
 

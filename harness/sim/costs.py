@@ -16,13 +16,21 @@ receive, plus all-reduce); ``ClusterCosts`` answers them from a profile and a cl
   per stage and direction (``transfer_s``), the sender's own time in the send call
   (``send_s``), and ``rendezvous``: the message moves only once the receiver posts its
   receive (gloo);
-- all-reduce of a replicated stage (our runtime: after the backward, not overlapped):
-  hierarchical ring, as the planner models it: at each level a ring among the k groups
-  the replicas form there, ``2 (k-1)/k x bytes / bandwidth`` of that level plus
-  ``2 (k-1)`` latencies, summed over levels (``MachineModel.allreduce_fit``: a measured
-  fixed + per-byte time instead); ``allreduce="ps"``: one parameter server
-  outside the workers, whose link carries every replica's gradient in and weights out:
-  ``2 r x bytes / bw``;
+- all-reduce of a replicated stage (our runtime: after the backward, not overlapped),
+  as the planner models it (``sync_levels``): inside a machine (every level but the
+  outermost) a ring among the k groups the replicas form at each level,
+  ``2 (k-1)/k x bytes / bandwidth`` of that level plus ``2 (k-1)`` latencies (the local
+  reduce BytePS also does first); among the n machines the replicas span (the outermost
+  level, one NIC per machine; on a one-level cluster every worker is a machine) the
+  ``Sync`` mode's closed form (``core.collectives``): ``ring`` (2 (n-1)/n, ``2 (n-1)``
+  latencies), ``ps`` (k CPU server machines: max(1, n/k)), ``ps-colocated`` (2 (n-1)/n)
+  or ``byteps`` (2 n (n-1)/(n^2 + k n - 2k)) x bytes / bandwidth, 2 latencies for the
+  last three; summed over levels (``MachineModel.allreduce_fit``: a measured fixed +
+  per-byte time instead). Bytes per level are what the links of the level carry: at each
+  level every member of a ring sends 2 (k-1)/k x bytes, so a machine's NIC carries its
+  ring share once, not once per GPU (a hierarchical ring over g x n ranks then moves
+  2 (gn-1)/(gn) x bytes per rank, a flat ring's count), plus the CPU machines' traffic
+  under ps and byteps;
 - data parallelism (``dp``): DDP/Horovod overlap the all-reduce with the backward, so
   only what the backward does not hide is exposed: ``max(0, allreduce - backward)``
   (``dp_overlap=False``: not overlapped, as PipeDream's optimizer models it).
@@ -37,14 +45,17 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass
+from typing import Protocol
 
-from core.collectives import ring_factor
+from core.collectives import Sync, ring_factor
+from pipedream_impl.planner.antichain import input_nodes
 from pipedream_impl.planner.cluster import Cluster
 from pipedream_impl.profiling.profile import Profile
+from pipedream_impl.runtime.weight_stash import snapshots_held
 from pipedream_impl.schedule import Action, Layout, Schedule
 
-__all__ = ["ClusterCosts", "MachineModel", "StageCost", "Topology", "memory_per_worker",
-           "stage_costs"]
+__all__ = ["AllReduceModel", "ClusterCosts", "MachineModel", "StageCost", "Topology",
+           "memory_per_worker", "stage_costs", "sync_levels"]
 
 
 @dataclass(frozen=True)
@@ -82,8 +93,11 @@ class StageCost:
 
 
 def stage_costs(profile: Profile, groups: list[tuple[str, ...]]) -> list[StageCost]:
-    """Per-stage sums over the profile's nodes; ``groups`` are the nodes of each stage."""
+    """Per-stage sums over the profile's nodes; ``groups`` are the nodes of each stage.
+    Input nodes (``antichain.input_nodes``, the planner's rule) cost no compute: the
+    planner drops them, as the original optimizer does; their bytes still count."""
     g = profile.graph()
+    inputs = set(input_nodes(g))
     where = {n: i for i, grp in enumerate(groups) for n in grp}
     groups = [list(grp) for grp in groups]
     for n in g.nodes:  # nodes a plan leaves out (inputs): with their first consumer
@@ -94,10 +108,11 @@ def stage_costs(profile: Profile, groups: list[tuple[str, ...]]) -> list[StageCo
     out = []
     for i, grp in enumerate(groups):
         nodes = [g.nodes[n] for n in grp]
+        work = [n for n in nodes if n.node_id not in inputs]
         crossing = [g.nodes[n] for n in where if where[n] <= i
                     and any(where[m] > i for m in g.edges.get(n, []))]
-        out.append(StageCost(tuple(grp), sum(n.forward_ms for n in nodes) / 1e3,
-                             sum(n.backward_ms for n in nodes) / 1e3,
+        out.append(StageCost(tuple(grp), sum(n.forward_ms for n in work) / 1e3,
+                             sum(n.backward_ms for n in work) / 1e3,
                              sum(n.parameter_bytes for n in nodes),
                              sum(n.activation_bytes for n in nodes),
                              sum(n.activation_bytes for n in crossing),
@@ -141,18 +156,60 @@ class Topology:
         return out
 
 
+def sync_levels(topology: Topology, ranks: tuple[int, ...], sync: Sync, nbytes: float,
+                latency_s: float) -> list[tuple[int, float, float]]:
+    """(level, seconds, bytes the level's links carry) of one synchronisation of ``nbytes``
+    among ``ranks``: a ring among the groups the ranks form at each level inside a machine,
+    ``sync`` among the machines at the outermost level (see the module docstring)."""
+    cluster = topology.cluster
+    top = len(cluster.levels) - 1
+    workers = [topology.placement[r] for r in ranks]
+    out = []
+    for lv, size in enumerate(topology.group_sizes):
+        inner = size // cluster.levels[lv].workers  # workers per level-(lv-1) group
+        groups: dict[int, set[int]] = defaultdict(set)
+        for w in workers:
+            groups[w // size].add(w // inner)
+        sizes = [len(g) for g in groups.values()]
+        k = max(sizes)
+        if k < 2:
+            continue
+        bw = cluster.levels[lv].bandwidth
+        if lv < top or sync.mode == "ring":
+            secs = ring_factor(k) * nbytes / bw + 2 * (k - 1) * latency_s
+            moved = sum(g * ring_factor(g) * nbytes for g in sizes)
+        else:  # one group at the top: the k machines, push and pull
+            secs = sync.time(k, nbytes, bw) + 2 * latency_s
+            moved = sync.machine_bytes(k, nbytes)
+        out.append((lv, secs, moved))
+    return out
+
+
+class AllReduceModel(Protocol):
+    """A fitted model of one all-reduce implementation (``harness.sim.calibration``): it
+    replaces the time of every replicated stage's synchronisation (bytes are still counted
+    by ``sync_levels``) and says whether it hides behind the backward (DDP's hooks)."""
+    overlap: bool
+
+    def seconds(self, topology: Topology, ranks: tuple[int, ...], nbytes: float) -> float:
+        ...
+
+
 class ClusterCosts:
     """The cost model the schedule engine asks (see ``pipedream_impl.schedule.TickCosts``)."""
 
     def __init__(self, layout: Layout, stages: list[StageCost], cluster: Cluster,
                  placement: list[int], unit_share: float, compute_factor: float,
                  latency_s: float, allreduce: str, overlap_allreduce: bool,
-                 machine: MachineModel | None = None) -> None:
+                 machine: MachineModel | None = None, cpu_machines: int = 0,
+                 model: AllReduceModel | None = None) -> None:
         self.layout, self.stages, self.cluster = layout, stages, cluster
         self.topology = Topology(cluster, placement)
         self.unit_share, self.factor = unit_share, compute_factor
         self.latency, self.mode, self.overlap = latency_s, allreduce, overlap_allreduce
+        self.sync = Sync(allreduce, cpu_machines)  # among machines (``sync_levels``)
         self.machine = machine or MachineModel()
+        self.model = model  # a calibrated all-reduce (time only), overlapped if it says so
         self.link_free: dict[tuple[int, int], float] = defaultdict(float)
         self.bytes_per_level: dict[int, float] = defaultdict(float)
         self.send_busy_s = 0.0  # senders' own time in their send calls
@@ -195,47 +252,45 @@ class ClusterCosts:
         return done
 
     def allreduce(self, stage: int, ranks: tuple[int, ...], t: float) -> float:
-        r = len(ranks)
         nbytes = self.stages[stage].parameter_bytes
         fit = self.machine.allreduce_fit
-        if self.mode == "ps" and fit is None:
-            lv = max(self.topology.level(ranks[0], x) for x in ranks[1:])
-            self.bytes_per_level[lv] += 2 * nbytes  # per replica: gradient in, weights out
-            dur = 2 * r * nbytes / self.cluster.levels[lv].bandwidth + 2 * self.latency
-        else:  # ring bytes per rank, as the planner models them; time measured or modelled
-            rings = self.topology.ring_levels(ranks)
-            for lv, k in rings:
-                self.bytes_per_level[lv] += ring_factor(k) * nbytes
-            dur = fit[0] + fit[1] * nbytes if fit is not None else sum(
-                ring_factor(k) * nbytes / self.cluster.levels[lv].bandwidth
-                + 2 * (k - 1) * self.latency for lv, k in rings)
-        if self.overlap:  # hidden behind the backward that produced the gradients
+        levels = sync_levels(self.topology, ranks, self.sync, nbytes, self.latency)
+        for lv, _, moved in levels:  # every replica calls once: each adds its share
+            self.bytes_per_level[lv] += moved / len(ranks)
+        dur = fit[0] + fit[1] * nbytes if fit is not None else sum(s for _, s, _ in levels)
+        if self.model is not None and fit is None:
+            dur = self.model.seconds(self.topology, ranks, nbytes)
+        # hidden behind the backward that produced the gradients
+        if self.overlap or (self.model is not None and self.model.overlap):
             dur = max(0.0, dur - self.compute(ranks[0], Action("B", 0)))
         return dur
 
 
 def memory_per_worker(sched: Schedule, stages: list[StageCost], unit_share: float,
                       optimizer_slots: int) -> dict[int, dict[str, float]]:
-    """Peak bytes per rank read off its action list: weights (+ optimizer state), stashed
-    versions (distinct versions of in-flight minibatches other than the current one) and
-    activations (in-flight units x the stage's activation bytes)."""
+    """Peak bytes per rank read off its action list: ``weights`` (the live weights +
+    ``optimizer_slots`` copies of optimizer state), ``stashed_weights`` (the snapshots the
+    runtime holds besides the live weights: distinct versions in flight whose minibatches
+    see an update before their backward, the current one included; counted by
+    ``weight_stash.snapshots_held``, the rules the runtime's ``stash_weight_bytes`` metric
+    measures, versions advancing by the stage's replicas per update), ``activations``
+    (in-flight units x the stage's activation bytes); ``total`` is the sum of the three
+    peaks."""
     out = {}
     for rank, acts in enumerate(sched.actions):
-        st = stages[sched.layout.stage_of(rank)[0]]
-        in_flight: dict[int, int] = {}
-        current, peak_units, peak_versions = 0, 0, 0
+        stage = sched.layout.stage_of(rank)[0]
+        st = stages[stage]
+        held = snapshots_held(acts, sched.weights, sched.layout.replicas[stage])
+        in_flight: set[int] = set()
+        peak_units = 0
         for a in acts:
             if a.kind == "F":
-                in_flight[a.mb] = a.version
+                in_flight.add(a.mb)
             elif a.kind == "B":
-                in_flight.pop(a.mb, None)
-            elif a.kind == "U":
-                current += 1
+                in_flight.discard(a.mb)
             peak_units = max(peak_units, len(in_flight))
-            if sched.weights != "none":
-                peak_versions = max(peak_versions, len(set(in_flight.values()) - {current}))
         out[rank] = {"weights": st.parameter_bytes * (1 + optimizer_slots),
-                     "stashed_weights": st.parameter_bytes * peak_versions,
+                     "stashed_weights": st.parameter_bytes * max(held, default=0),
                      "activations": st.activation_bytes * unit_share * peak_units}
         out[rank]["total"] = sum(out[rank].values())
     return out

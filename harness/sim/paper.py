@@ -6,16 +6,17 @@ reproduction (``pipebench reproduce table1|other-tasks|gpipe``). A row is one mo
 one cluster as the paper reports it: its configuration (replicas per stage first stage
 first, ``straight`` for an unreplicated pipeline, a single number for data parallelism)
 and its speedup over data parallelism, in Table 1 (with the communication reduction) or
-in the epoch-time discussion of section 5.2; AlexNet has a shared profile but no row in
-the paper's tables (the planner table still plans it).
+in the epoch-time discussion of section 5.2; Table 1 also gives each cluster's measured
+data-parallel (BSP) speedup over one machine (``BSP_SPEEDUPS``). AlexNet has a shared
+profile but no row in the paper's tables (the planner table still plans it).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["GPIPE_MODELS", "GPIPE_SLOWDOWN", "OTHER_TASKS", "PaperRow", "ROWS", "TABLE1",
-           "planner_rows"]
+__all__ = ["BSP_SPEEDUPS", "GPIPE_MODELS", "GPIPE_SLOWDOWN", "OTHER_TASKS", "PaperRow", "ROWS",
+           "TABLE1", "planner_rows"]
 
 
 @dataclass(frozen=True)
@@ -76,6 +77,14 @@ GPIPE_SLOWDOWN = {("A", "pipedream depth"): 0.55, ("B", "pipedream depth"): 0.71
                   ("A", "max depth"): 0.35, ("B", "max depth"): 0.42}
 GPIPE_MODELS = (("GNMT-16", "A:4x4"), ("GNMT-16", "B:2x8"), ("VGG-16", "A:4x4"),
                 ("VGG-16", "B:2x8"))
+
+
+# Table 1's measured BSP (data-parallel) speedups over one machine: (model, cluster,
+# speedup). The only numbers the calibrated all-reduce (``harness.sim.calibration``) is
+# fitted on; nothing of PipeDream's own enters that fit.
+BSP_SPEEDUPS = (("VGG-16", "A:1x4", 1.47), ("VGG-16", "A:2x4", 2.35), ("VGG-16", "A:4x4", 3.28),
+                ("VGG-16", "B:1x8", 1.36), ("Inception-v3", "A:2x4", 7.66),
+                ("Inception-v3", "B:1x8", 4.74), ("S2VT", "C:4x1", 1.10))
 
 
 def planner_rows() -> tuple[PaperRow, ...]:

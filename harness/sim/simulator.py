@@ -6,9 +6,10 @@ cluster given as levels (workers per level and bandwidth per level, innermost fi
 executes the *same* schedules the runtime executes (``pipedream_impl.schedule``: 1F1B /
 1F1B-RR with NOAM, GPipe, one minibatch in flight, data parallelism as one replicated
 stage) with the schedule module's event engine and the cost model of
-``harness.sim.costs`` (compute from the profile, FIFO links per level, hierarchical ring or
-parameter-server all-reduce, data parallelism's all-reduce overlapped with the backward
-or not; measured machine facts where a validation gives them).
+``harness.sim.costs`` (compute from the profile, FIFO links per level, rings inside
+machines and, among machines, a ring, a parameter server (colocated or on k CPU machines)
+or BytePS, data parallelism's all-reduce overlapped with the backward or not; measured
+machine facts where a validation gives them).
 
 Outputs (``SimResult``): time per minibatch and throughput in steady state (between the
 first and last quarter of the minibatches; ``total_s`` is the whole run, fill and drain
@@ -23,17 +24,26 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from core.collectives import ring_factor
+from core.collectives import Sync
 from core.errors import UserInputError, require_int, require_number
 from harness import systems
-from harness.sim.costs import ClusterCosts, MachineModel, Topology, memory_per_worker, stage_costs
+from harness.sim.costs import (
+    AllReduceModel,
+    ClusterCosts,
+    MachineModel,
+    Topology,
+    memory_per_worker,
+    stage_costs,
+    sync_levels,
+)
+from pipedream_impl.planner.antichain import input_nodes
 from pipedream_impl.planner.cluster import Cluster
 from pipedream_impl.planner.plan import Plan, min_max_split
 from pipedream_impl.profiling.profile import Profile, infer_batch_size
 from pipedream_impl.schedule import Action, Layout, Schedule, gpipe, one_f_one_b, simulate
 
-__all__ = ["SimLayout", "SimOptions", "SimResult", "build_schedule", "config_groups", "gantt",
-           "layout_for", "plan_groups", "simulate_system"]
+__all__ = ["NEAR_TIE", "SimLayout", "SimOptions", "SimResult", "build_schedule", "config_groups",
+           "gantt", "layout_for", "plan_groups", "simulate_system"]
 
 
 @dataclass
@@ -84,11 +94,15 @@ class SimOptions:
     microbatches: int | None = None  # flush pipelines (default 4 x stages)
     compute_factor: float = 1.0  # device speed relative to the profiled one
     latency_s: float = 0.0  # per message
-    allreduce: str = "ring"  # or "ps"
+    allreduce: str = "ring"  # among machines: ring, ps, ps-colocated or byteps
+    cpu_machines: int = 0  # k: CPU-only server machines (ps: at least 1; byteps)
     optimizer_slots: int = 1  # optimizer state as copies of the weights
     dp_overlap: bool = True  # data parallelism: all-reduce overlapped with the backward
     unit_profiled: bool = False
     machine: MachineModel | None = None
+    # a fitted all-reduce (``harness.sim.calibration``) for every replicated stage, data
+    # parallelism's and a pipeline's alike; None: the ideal ``allreduce`` model above
+    allreduce_model: AllReduceModel | None = None
 
     def __post_init__(self) -> None:
         require_int("--minibatches", self.minibatches)
@@ -96,8 +110,7 @@ class SimOptions:
         require_number("--compute-factor", self.compute_factor, example="0.5 (twice as fast)")
         require_number("--latency", self.latency_s, strict=False, example="5e-6")
         require_int("optimizer_slots", self.optimizer_slots, low=0)
-        if self.allreduce not in ("ring", "ps"):
-            raise UserInputError(f"--allreduce must be ring or ps (got {self.allreduce!r})")
+        Sync(self.allreduce, self.cpu_machines)  # a bad mode or k: one line, up front
 
 
 def simulate_system(profile: Profile, cluster: Cluster, system: str, layout: SimLayout,
@@ -109,8 +122,6 @@ def simulate_system(profile: Profile, cluster: Cluster, system: str, layout: Sim
     minibatches, microbatches, allreduce, machine = (o.minibatches, o.microbatches,
                                                      o.allreduce, o.machine)
     kind = systems.simulated(system).sim  # registry names and aliases
-    if allreduce not in ("ring", "ps"):
-        raise UserInputError("--allreduce must be ring or ps")
     if sum(replicas) > cluster.workers:
         raise UserInputError(f"config {'-'.join(map(str, replicas))} needs {sum(replicas)} "
                              f"workers; the cluster has {cluster.workers}")
@@ -123,16 +134,19 @@ def simulate_system(profile: Profile, cluster: Cluster, system: str, layout: Sim
     costs = ClusterCosts(sched.layout, stages, cluster, placement, share, o.compute_factor,
                          o.latency_s, allreduce,
                          overlap_allreduce=kind == "data-parallel" and o.dp_overlap,
-                         machine=machine)
+                         machine=machine, cpu_machines=o.cpu_machines,
+                         model=o.allreduce_model)
     timeline = simulate(sched, costs=costs)
     total = max((e for row in timeline for _, e, _ in row), default=0.0)
     n = sched.minibatches
     # steady state: minibatches finish when stage 0 ends their backward (the last unit's,
-    # for GPipe); time per minibatch between the first and the last quarter of them
+    # for GPipe); time per minibatch between the ends of whole rounds (lcm of the replica
+    # counts: the schedule repeats per round) near the first and the last quarter
     done = sorted(e for r in range(sched.layout.replicas[0]) for _, e, a in timeline[r]
                   if a.kind == "B" and (a.mb + 1) % m == 0)
-    lo, hi = n // 4, (3 * n) // 4
-    steady = (done[hi] - done[lo]) / (hi - lo) if hi > lo else total / n
+    rnd = math.lcm(*replicas)
+    lo, hi = max(1, round(n / 4 / rnd)) * rnd, (3 * n // 4) // rnd * rnd
+    steady = (done[hi - 1] - done[lo - 1]) / (hi - lo) if hi > lo else total / n
     cores = costs.machine.cores
     if cores is not None and sched.layout.workers > cores:  # the CPU's capacity bound
         busy = costs.send_busy_s + sum(e - s for row in timeline for s, e, a in row
@@ -190,21 +204,31 @@ def gantt(result: SimResult, path: str, title: str = "") -> None:
     plt.close(fig)
 
 
-def config_groups(profile: Profile, replicas: tuple[int, ...],
-                  cluster: Cluster) -> list[tuple[str, ...]]:
-    """Contiguous stages (topological order) for a fixed config that minimise the slowest
-    stage under the simulator's own costs: (compute + its hierarchical all-reduce) / r,
-    or the transfer of the live activations into it and their gradients back, whichever
-    is longer (``min_max_split``: an exact DP over cut positions)."""
+NEAR_TIE = 0.01  # config_groups: splits this close to the fastest count as tied
+
+
+def config_groups(profile: Profile, replicas: tuple[int, ...], cluster: Cluster,
+                  near_tie: float = NEAR_TIE) -> list[tuple[str, ...]]:
+    """Contiguous stages (topological order) for a fixed config, chosen with the planner's
+    objective: first the slowest stage's time, a stage taking the longest of (its
+    compute + its ideal all-reduce) / r, the transfer of the live activations into it and
+    their gradients back, and the same out of it, each 2 x bytes / (bandwidth x r) as the
+    planner charges them (``min_max_split``: an exact DP over cut positions); then, among
+    the splits within ``near_tie`` of that time (``inf``: among all), the one moving the
+    fewest bytes per minibatch (activations and gradients across every cut plus each
+    replicated stage's all-reduce bytes: a second exact DP). Input nodes cost no compute
+    (the planner's rule)."""
     g = profile.graph()
     ids = g.topological_order()
     n, k = len(ids), len(replicas)
     if k > n:
         raise UserInputError(f"config has {k} stages but the profile has {n} layers")
     pos = {x: i for i, x in enumerate(ids)}
+    inputs = set(input_nodes(g))
     comp, par = [0.0], [0.0]
     for x in ids:
-        comp.append(comp[-1] + (g.nodes[x].forward_ms + g.nodes[x].backward_ms) / 1e3)
+        work = 0.0 if x in inputs else g.nodes[x].forward_ms + g.nodes[x].backward_ms
+        comp.append(comp[-1] + work / 1e3)
         par.append(par[-1] + g.nodes[x].parameter_bytes)
     live = [0.0] * (n + 1)  # bytes crossing a cut before position i
     for x in ids:
@@ -213,22 +237,43 @@ def config_groups(profile: Profile, replicas: tuple[int, ...],
             live[c] += g.nodes[x].activation_bytes
     topo = Topology(cluster, list(range(sum(replicas))))
     offsets = [sum(replicas[:i]) for i in range(k)]
-    ar = []  # seconds per byte of one all-reduce for each stage's replica set
+    ar, moved = [], []  # per byte of a stage's weights: seconds, bytes per minibatch
     for i, r in enumerate(replicas):
-        ranks = tuple(range(offsets[i], offsets[i] + r))
-        ar.append(sum(ring_factor(kk) / cluster.levels[lv].bandwidth
-                      for lv, kk in topo.ring_levels(ranks)) if r > 1 else 0.0)
+        levels = sync_levels(topo, tuple(range(offsets[i], offsets[i] + r)), Sync(), 1.0, 0.0)
+        ar.append(sum(t for _, t, _ in levels))
+        moved.append(sum(b for _, _, b in levels) / r)  # one all-reduce per r minibatches
     inf = float("inf")
-    bw_in = [inf] + [cluster.levels[topo.level(offsets[i] - 1, offsets[i])].bandwidth
-                     for i in range(1, k)]  # the link into each stage
-    links = [1] + [min(replicas[i], replicas[i - 1]) for i in range(1, k)]
+    bw = [cluster.levels[topo.level(offsets[i] - 1, offsets[i])].bandwidth
+          for i in range(1, k)]  # bw[i - 1]: the link between stages i - 1 and i
 
     def slowest(i: int, a: int, b: int) -> float:
         t = (comp[b] - comp[a] + ar[i] * (par[b] - par[a])) / replicas[i]
-        return max(t, 2 * live[a] / bw_in[i] / links[i]) if i > 0 else t
+        if i > 0:
+            t = max(t, 2 * live[a] / (bw[i - 1] * replicas[i]))
+        if i < k - 1:
+            t = max(t, 2 * live[b] / (bw[i] * replicas[i]))
+        return t
 
     bounds = min_max_split(n, k, slowest)
-    return [tuple(ids[a:b]) for a, b in bounds]
+    limit = max(slowest(i, a, b) for i, (a, b) in enumerate(bounds)) * (1 + near_tie)
+    # fewest bytes among splits whose every stage is within the limit
+    best = [[inf] * (n + 1) for _ in range(k + 1)]
+    cut = [[0] * (n + 1) for _ in range(k + 1)]
+    best[0][0] = 0.0
+    for i in range(1, k + 1):
+        for b in range(i, n - (k - i) + 1):
+            for a in range(i - 1, b):
+                if best[i - 1][a] == inf or slowest(i - 1, a, b) > limit:
+                    continue
+                v = best[i - 1][a] + (2 * live[a] if i > 1 else 0.0) \
+                    + moved[i - 1] * (par[b] - par[a])
+                if v < best[i][b]:
+                    best[i][b], cut[i][b] = v, a
+    out, b = [], n
+    for i in range(k, 0, -1):
+        out.append(tuple(ids[cut[i][b]:b]))
+        b = cut[i][b]
+    return list(reversed(out))
 
 
 def _check_plan_nodes(profile: Profile, groups: list[tuple[str, ...]]) -> None:

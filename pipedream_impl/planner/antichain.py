@@ -21,13 +21,14 @@ Differences from the original, none of which changes an optimum:
 - predecessor sets are bitmasks (ints), so the big NASNet graphs reduce in seconds;
 - the augmented antichain lists its extra nodes in graph order (the original iterates a
   Python set, so its state numbering depends on the hash seed);
-- the DP only uses ranges (k, j] with k a predecessor of j (see optimizer.py).
+- the DP only uses ranges (k, j] with k a predecessor of j (see optimizer.py, search.py).
 
 When a graph has more than ``max_states`` antichains (Inception-v3 has over 200,000, the
 NASNets more: the original's N x N tables cannot even be allocated for them), we fall back to
 the prefixes of one depth-first topological order: every prefix is downward closed, hence a
 valid cut, and a depth-first order keeps each branch together, so every cut between blocks
-is among them. ``States.method`` says which was used; the plan reports it.
+is among them; likewise beyond ``max_triples`` ordered triples of antichains (the work of a
+multi-level solve, ``triples``). ``States.method`` says which was used; the plan reports it.
 
 Input nodes (descriptions starting with "Input") are removed and sinks that are bare
 ``__getitem__`` nodes are dropped, as the original does.
@@ -42,7 +43,8 @@ import numpy as np
 
 from pipedream_impl.profiling.graph import Graph
 
-__all__ = ["MAX_STATES", "States", "build_states", "coarsen", "prepare"]
+__all__ = ["MAX_STATES", "States", "build_states", "coarsen", "input_nodes", "prepare",
+           "triples"]
 
 
 @dataclass(frozen=True)
@@ -62,13 +64,20 @@ class States:
         return len(self.antichains)
 
 
+def input_nodes(graph: Graph) -> list[str]:
+    """The graph's input nodes: sources whose description starts with "Input" (the data a
+    minibatch brings, e.g. ``Input``, ``Input0``). The original optimizer zeroes their
+    compute and drops them; the planner does the same (``prepare``) and the simulator
+    charges them no compute (``harness.sim.costs.stage_costs``): the one rule for both."""
+    return [s for s in graph.sources() if graph.nodes[s].desc.startswith("Input")]
+
+
 def prepare(graph: Graph) -> Graph:
     """Drop input nodes and dangling ``__getitem__`` sinks (as the original optimizer)."""
     g = Graph(dict(graph.nodes), {k: list(v) for k, v in graph.edges.items()},
               {k: list(v) for k, v in graph.in_edges.items()})
-    for s in g.sources():
-        if g.nodes[s].desc.startswith("Input"):
-            g.remove_node(s)
+    for s in input_nodes(g):
+        g.remove_node(s)
     for s in g.sinks():
         if g.nodes[s].desc.startswith("__getitem__"):
             g.remove_node(s)
@@ -128,13 +137,25 @@ class _TooMany(Exception):
 MAX_STATES = 4000
 
 
-def build_states(graph: Graph, max_states: int = MAX_STATES) -> States:
+def build_states(graph: Graph, max_states: int = MAX_STATES,
+                 max_triples: float | None = None) -> States:
+    """Antichain states, or topological prefixes beyond ``max_states`` antichains or
+    ``max_triples`` ordered triples of them (``triples``)."""
     g = prepare(graph)
     b = _Bits(g)
     try:
-        return _antichain_states(g, b, max_states)
+        states = _antichain_states(g, b, max_states)
     except _TooMany:
         return _prefix_states(g, b)
+    if max_triples is not None and triples(states.precedes) > max_triples:
+        return _prefix_states(g, b)
+    return states
+
+
+def triples(precedes: np.ndarray) -> int:
+    """Ordered triples a < k < j of the states (the work of an inner level's search):
+    sum over the middle state k of (its predecessors) x (its successors)."""
+    return int(precedes.sum(axis=0) @ precedes.sum(axis=1))
 
 
 def _prefix_states(g: Graph, b: _Bits) -> States:

@@ -22,9 +22,10 @@ backward; dividing by m' spreads a replicated stage's minibatches over m' links.
 
 Levels: the DP runs on the innermost level first; at the next level a "unit" is a whole
 server and C(r, j) becomes A_inner(r, j, G) (the best time of that range on one server),
-while P and Act keep their raw sums. The final level needs row 0 only; inner levels need
-all rows (every range can become an outer stage), so their cost is O(N^3 M^2) elementwise:
-we vectorise over (range start, split, stage end) with numpy instead of Python loops.
+while P and Act keep their raw sums. The final level needs row 0 only; an inner level needs
+the rows the next level can read: under a final level of two units only row 0 and the
+ranges ending at the last state, otherwise every row. Splits are visited only over ordered
+triples r-1 < k < j of the antichain DAG (search.py), vectorised with numpy.
 
 Memory limit (optional, per worker): a stage that has w workers after it (at this level)
 stashes ``ceil(w / m')`` versions of its weights and activations (the original's count); it
@@ -58,7 +59,11 @@ its bandwidth:
   version did, made cross-server replication of straight pipelines look G times cheaper
   than the simulator finds it). Data parallelism: (total compute + sum over levels of
   2 (n-1)/n * P / B_level) / workers. Like the runtime, weight synchronisation is not
-  overlapped with compute; point-to-point transfers are (max).
+  overlapped with compute; point-to-point transfers are (max). ``sync``
+  (``--allreduce ring|ps|ps-colocated|byteps --cpu-machines k``, ``core.collectives.Sync``)
+  replaces the ring at the outermost level, where the units are machines with one NIC
+  each: AR(m, P_eff) = its closed form for m machines (0 for m = 1); levels inside a
+  machine keep the ring (the local reduce). Default: the ring, the plans unchanged.
 
 Where the original indexes a range (r, j) whose start does not precede j (possible in
 branching graphs, where its state order is hash-seed dependent), it reads a meaningless
@@ -73,12 +78,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from core.collectives import ring_factor
+from core.collectives import Sync, ring_factor
 from core.errors import UserInputError
 from pipedream_impl.planner.antichain import States
 from pipedream_impl.planner.cluster import Cluster, Level
+from pipedream_impl.planner.search import LastStage, Pairs, forward, reverse
 
 __all__ = ["COST_MODELS", "INF", "LevelInput", "LevelSolution", "MAX_STATES_MULTI_LEVEL",
+           "MAX_TRIPLES_MULTI_LEVEL",
            "Solution", "SolveOptions", "allreduce_time", "data_parallel_time",
            "effective_params", "range_tables", "solve", "solve_level"]
 
@@ -98,7 +105,12 @@ class LevelSolution:
 
 
 def allreduce_time(model: str, replicas: int | np.ndarray, params: np.ndarray,
-                   bandwidth: float) -> np.ndarray:
+                   bandwidth: float, sync: Sync | None = None) -> np.ndarray:
+    """Seconds to synchronise ``params`` bytes among ``replicas`` units at one level;
+    ``sync``: the mode among machines (``core.collectives.Sync``; None or ring: the ring),
+    given for the outermost level only (``pipebench`` model)."""
+    if sync is not None and sync.mode != "ring":
+        return sync.time(int(replicas), params, bandwidth)
     r = np.asarray(replicas, dtype=float)
     if model == "pipedream-2019":
         return 4.0 * (r - 1) * params / (bandwidth * r)
@@ -126,6 +138,7 @@ class SolveOptions:
     model: str = "pipebench"  # a cost model of COST_MODELS
     straight: bool = False  # no replication
     memory_limit: float | None = None  # bytes per worker
+    sync: Sync | None = None  # among machines (the outermost level); None: ring
 
 
 @dataclass(frozen=True)
@@ -138,16 +151,19 @@ class LevelInput:
     valid: np.ndarray
     out: np.ndarray
     precedes: np.ndarray
+    pairs: Pairs | None = None  # the ordered pairs of ``precedes`` (built when None)
 
 
 def solve_level(tables: LevelInput, level: Level, inner_units: int, opts: SolveOptions,
                 final: bool, sync_params: np.ndarray | None = None,
                 dp_inner: tuple[np.ndarray, np.ndarray] | None = None,
-                chunk_elems: int = 1 << 23) -> LevelSolution:
+                next_units: int | None = None) -> LevelSolution:
     """One level's DP over ``level.workers`` units joined at ``level.bandwidth``.
     ``sync_params``: the ``pipebench`` model's P_eff table (default P); ``dp_inner``:
     (C, P_eff) of each range run data parallel inside a unit, a second candidate for every
-    stage; ``inner_units``: G, used only by ``pipedream-2019``."""
+    stage; ``inner_units``: G, used only by ``pipedream-2019``; ``next_units``: the units
+    of the next level when it is the final one (2: only row 0 and the ranges ending at the
+    last state are computed, see search.py), else None (every row)."""
     compute, params, acts, valid = tables.compute, tables.params, tables.acts, tables.valid
     out, precedes = tables.out, tables.precedes
     units, bandwidth = level.workers, level.bandwidth
@@ -156,68 +172,70 @@ def solve_level(tables: LevelInput, level: Level, inner_units: int, opts: SolveO
     if sync_params is None:
         sync_params = params
     rows = 1 if final else rows_total
-    time = np.full((rows, n, units), INF)
-    split = np.full((rows, n, units), -1, dtype=np.int32)
-    prev_m = np.full((rows, n, units), -1, dtype=np.int16)
-    reps = np.zeros((rows, n, units), dtype=np.int16)
-    inner_dp = np.zeros((rows, n, units), dtype=bool)
-    C, P, Act, V = compute[:rows], params[:rows], acts[:rows], valid[:rows]
+    # [rows, N, units] views of unit-major arrays: a unit count's table is contiguous
+    time, split, prev_m, reps, inner_dp = (
+        np.full((units, rows, n), fill, dtype=dtype).transpose(1, 2, 0)
+        for fill, dtype in ((INF, float), (-1, np.int32), (-1, np.int16), (0, np.int16),
+                            (False, bool)))
+    C, P, Act, _ = compute[:rows], params[:rows], acts[:rows], valid[:rows]
     orig = model == "pipedream-2019"
     PE = P / inner_units if orig else sync_params[:rows]
+    sync = opts.sync if final else None  # the outermost level joins machines
 
     def stage_time(c: np.ndarray, pe: np.ndarray, dp: tuple | None, r: int,
                    sl: slice) -> tuple[np.ndarray, np.ndarray]:
         """(c + AR(r, pe)) / r, or the data-parallel-inside candidate where faster."""
-        t = (c + allreduce_time(model, r, pe, bandwidth)) / r
+        t = (c + allreduce_time(model, r, pe, bandwidth, sync)) / r
         t = np.where(np.isfinite(t), t, INF)
         if dp is None:
             return t, np.zeros(t.shape, dtype=bool)
-        t_dp = (dp[0][sl] + allreduce_time(model, r, dp[1][sl], bandwidth)) / r
+        t_dp = (dp[0][sl] + allreduce_time(model, r, dp[1][sl], bandwidth, sync)) / r
         t_dp = np.where(np.isfinite(t_dp), t_dp, INF)
         return np.minimum(t, t_dp), t_dp < t
 
+    # Single stages, on valid ranges only (row 0: every state; row k+1: the pairs (k, j)).
+    pairs = tables.pairs if tables.pairs is not None else Pairs.build(precedes)
+    vr = np.concatenate([np.zeros(n, dtype=np.int64), pairs.k + 1]) if not final \
+        else np.zeros(n, dtype=np.int64)
+    vj = np.concatenate([np.arange(n), pairs.j]) if not final else np.arange(n)
+    base_dp = None if dp_inner is None else (dp_inner[0][vr, vj], dp_inner[1][vr, vj])
+    stash = Act[vr, vj] + P[vr, vj]
     for m in range(1 if straight else units):
         r = m + 1
-        t, use_dp = stage_time(C, PE, dp_inner, r, slice(0, rows))
-        ok = V & np.isfinite(t)
+        t, use_dp = stage_time(C[vr, vj], PE[vr, vj], base_dp, r, slice(None))
+        ok = np.isfinite(t)
         if memory_limit is not None:
-            ok &= (Act + P) * math.ceil((units - r) / r) <= memory_limit
-        time[:, :, m] = np.where(ok, t, INF)
-        reps[:, :, m] = r
-        inner_dp[:, :, m] = ok & use_dp
+            ok &= stash * math.ceil((units - r) / r) <= memory_limit
+        time[vr, vj, m] = np.where(ok, t, INF)
+        reps[vr, vj, m] = r
+        inner_dp[vr, vj, m] = ok & use_dp
 
-    # Last-stage tables for each m': L[k, j] over ranges (k, j], i.e. rows k+1 of the tables.
+    # Last-stage costs of every ordered pair (k, j) (ranges (k, j], rows k+1 of the tables).
+    kk, jj = pairs.k, pairs.j
     last_c, last_p, last_a = compute[1:], params[1:], acts[1:]  # [N, N]
     last_pe = last_p if orig else sync_params[1:]  # the original omits /G in this branch
+    dp_pairs = None if dp_inner is None else (dp_inner[0][1:][kk, jj], dp_inner[1][1:][kk, jj])
     out_t = 2.0 * out.copy()
     out_t[-1] = 0.0  # no output transfer after the last state
-    for m in range(1, units):
-        for mp in range(1, 2 if straight else m + 1):
-            L, last_dp = stage_time(last_c, last_pe, dp_inner, mp, slice(1, None))
-            L = np.maximum(L, 2.0 * out[:, None] / (bandwidth * mp))
-            L = np.maximum(L, out_t[None, :] / (bandwidth * mp))
-            ok = precedes & np.isfinite(L)
-            if memory_limit is not None:
-                ok &= (last_a + last_p) * math.ceil((units - (m + 1)) / mp) <= memory_limit
-            L = np.where(ok, L, INF)
-            before = time[:, :, m - mp]  # [rows, N(k)]
-            step = max(1, chunk_elems // (n * n))
-            for r0 in range(0, rows, step):
-                r1 = min(rows, r0 + step)
-                # A range starting after state r-1 can only split at k >= r (states are in
-                # topological order), so columns before r0 - 1 hold nothing: skip them.
-                lo = max(0, r0 - 1)
-                cand = np.maximum(before[r0:r1, lo:, None], L[None, lo:, lo:])  # [r, k, j]
-                k_best = np.argmin(cand, axis=1)  # [r, j]
-                best = np.take_along_axis(cand, k_best[:, None, :], axis=1)[:, 0, :]
-                cur = time[r0:r1, lo:, m]
-                better = best < cur
-                time[r0:r1, lo:, m] = np.where(better, best, cur)
-                split[r0:r1, lo:, m] = np.where(better, k_best + lo, split[r0:r1, lo:, m])
-                prev_m[r0:r1, lo:, m] = np.where(better, m - mp, prev_m[r0:r1, lo:, m])
-                reps[r0:r1, lo:, m] = np.where(better, mp, reps[r0:r1, lo:, m])
-                chosen = last_dp[lo:, lo:][k_best, np.arange(n - lo)[None, :]]
-                inner_dp[r0:r1, lo:, m] = np.where(better, chosen, inner_dp[r0:r1, lo:, m])
+    times, flags = {}, {}
+    for mp in range(1, 2 if straight else units):
+        lt, flags[mp] = stage_time(last_c[kk, jj], last_pe[kk, jj], dp_pairs, mp, slice(None))
+        lt = np.maximum(lt, 2.0 * out[kk] / (bandwidth * mp))
+        times[mp] = np.maximum(lt, out_t[jj] / (bandwidth * mp))
+    last = LastStage(times, flags, (last_a + last_p)[kk, jj], memory_limit)
+    tabs = (time, split, prev_m, reps, inner_dp)
+
+    def replica_range(m: int) -> range:
+        return range(1, 2 if straight else m + 1)
+
+    forward(tabs, 0, pairs, last, units, replica_range, None)
+    if final:
+        return LevelSolution(time, split, prev_m, reps, inner_dp)
+    if next_units == 2:  # the next level reads row 0 and ranges ending at the last state
+        reverse(tabs, n - 1, pairs, last, units, replica_range)
+    else:
+        for r in range(1, rows):
+            forward(tabs, r, pairs, last, units, replica_range, precedes[r - 1])
     return LevelSolution(time, split, prev_m, reps, inner_dp)
 
 
@@ -227,6 +245,7 @@ class Solution:
     cluster: Cluster
     states: States
     model: str
+    sync: Sync | None = None
 
     @property
     def time(self) -> float:
@@ -234,12 +253,14 @@ class Solution:
 
 
 def solve(states: States, cluster: Cluster, model: str = "pipebench", straight: bool = False,
-          memory_limit: float | None = None) -> Solution:
+          memory_limit: float | None = None, sync: Sync | None = None) -> Solution:
     if model not in COST_MODELS:
         raise UserInputError(f"unknown cost model {model!r}; choose one of {COST_MODELS}")
+    _check_sync(model, sync)
     _check_size(len(states), cluster)
     compute, params, acts, valid = range_tables(states)
-    opts = SolveOptions(model, straight, memory_limit)
+    pairs = Pairs.build(states.precedes)
+    opts = SolveOptions(model, straight, memory_limit, sync)
     sols = []
     inner = 1
     peff = params
@@ -248,19 +269,27 @@ def solve(states: States, cluster: Cluster, model: str = "pipebench", straight: 
         final = i == len(cluster.levels) - 1
         use_dp = model == "pipebench" and i > 0 and not straight
         tables = LevelInput(compute, params, acts, valid, states.output_bytes,
-                            states.precedes)
+                            states.precedes, pairs)
+        nxt = cluster.levels[i + 1].workers if i == len(cluster.levels) - 2 else None
         sol = solve_level(tables, level, inner, opts, final, sync_params=peff,
-                          dp_inner=(dp_c, dp_pe) if use_dp else None)
+                          dp_inner=(dp_c, dp_pe) if use_dp else None, next_units=nxt)
         sols.append(sol)
         if not final:
             compute = np.where(valid, sol.time[:, :, -1], np.nan)
             compute[~np.isfinite(compute)] = np.nan
-            peff = effective_params(sol, peff, dp_pe, valid)
+            if model == "pipebench":  # pipedream-2019 divides by G instead
+                peff = effective_params(sol, peff, dp_pe, valid)
             n_w = level.workers
             dp_c = (dp_c + allreduce_time(model, n_w, dp_pe, level.bandwidth)) / n_w
             dp_pe = dp_pe / n_w
         inner = level.workers
-    return Solution(tuple(sols), cluster, states, model)
+    return Solution(tuple(sols), cluster, states, model, sync)
+
+
+def _check_sync(model: str, sync: Sync | None) -> None:
+    if sync is not None and sync.mode != "ring" and model != "pipebench":
+        raise UserInputError(f"--allreduce {sync.mode} needs --cost-model pipebench ("
+                             f"{model} keeps the original optimizer's all-reduce formula)")
 
 
 MAX_PLAN_LEVEL_WORKERS = 1024  # the DP loops over (units, replicas) pairs: ~20 s at 1024
@@ -321,8 +350,11 @@ def effective_params(sol: LevelSolution, peff: np.ndarray, dp_pe: np.ndarray,
     return out
 
 
-def data_parallel_time(states: States, cluster: Cluster, model: str) -> float:
-    """Seconds per minibatch of pure data parallelism on the same cluster."""
+def data_parallel_time(states: States, cluster: Cluster, model: str,
+                       sync: Sync | None = None) -> float:
+    """Seconds per minibatch of pure data parallelism on the same cluster (``sync``: the
+    mode among machines, at the outermost level)."""
+    _check_sync(model, sync)
     total, params = float(states.compute_s[-1]), float(states.parameter_bytes[-1])
     if model == "pipedream-2019":
         t, inner = total, 1
@@ -331,11 +363,16 @@ def data_parallel_time(states: States, cluster: Cluster, model: str) -> float:
                 / lv.workers
             inner = lv.workers
         return t
-    sync = sum(float(allreduce_time(model, lv.workers, params, lv.bandwidth))
-               for lv in cluster.levels)
-    return (total + sync) / cluster.workers
+    top = len(cluster.levels) - 1
+    ar = sum(float(allreduce_time(model, lv.workers, params, lv.bandwidth,
+                                  sync if i == top else None))
+             for i, lv in enumerate(cluster.levels))
+    return (total + ar) / cluster.workers
 
 
-# Antichain states beyond which a multi-level solve plans over topological prefixes instead:
-# inner levels cost O(N^3 M^2) (GNMT-16 has 1,495 antichain states: ~2 minutes).
+# Multi-level solves: an inner level under a final level of three or more units visits
+# every ordered triple of states (search.forward), so beyond MAX_TRIPLES_MULTI_LEVEL of them
+# (GNMT-16: 22 million, ~3 s here) the planner uses topological prefixes instead, and
+# coarsens prefix chains longer than MAX_STATES_MULTI_LEVEL to their narrowest half.
+MAX_TRIPLES_MULTI_LEVEL = 25_000_000
 MAX_STATES_MULTI_LEVEL = 600

@@ -20,7 +20,9 @@ g x r replicas. Bytes per sample count what crosses links per training sample: a
 forward and gradients backward at every stage boundary (2 x its output bytes per
 minibatch), and for a stage with r replicas a ring all-reduce, 2 (r-1)/r x its parameters per
 replica per r minibatches, i.e. 2 (r-1)/r x P per minibatch. Data parallelism on W workers:
-2 (W-1)/W x all parameters per minibatch.
+2 (W-1)/W x all parameters per minibatch. Under another ``sync`` mode (``--allreduce ps``
+etc.) the machines' share is that mode's (every NIC's bytes, CPU machines included:
+``core.collectives.Sync.machine_bytes``) and ``extra`` records the mode and k.
 
 ``load_plan`` reads a plan file and says which key is wrong when one is (a plan edited by
 hand, a profile given where a plan belongs, a file that is not JSON).
@@ -33,12 +35,13 @@ import math
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
-from core.collectives import ring_factor
+from core.collectives import Sync, ring_factor
 from core.errors import UserInputError, read_text
 from pipedream_impl.planner.antichain import MAX_STATES, States, build_states, coarsen
 from pipedream_impl.planner.cluster import Cluster
 from pipedream_impl.planner.optimizer import (
     MAX_STATES_MULTI_LEVEL,
+    MAX_TRIPLES_MULTI_LEVEL,
     Solution,
     data_parallel_time,
     solve,
@@ -57,7 +60,7 @@ class Stage:
     layers: tuple[int, int]  # state range [start, stop)
     replicas: int
     ranks: tuple[int, ...]
-    predicted_time_s: float  # compute + weight sync of the stage, per minibatch
+    predicted_time_s: float  # compute / replicas per minibatch (the bottleneck adds sync)
     nodes: tuple[str, ...] = ()
 
 
@@ -240,16 +243,22 @@ def build_plan(sol: Solution, batch_size: int = 0, profile: str = "") -> Plan:
         replicas = math.prod(reps)
         p = states.parameter_bytes[stop] - (states.parameter_bytes[start - 1] if start else 0)
         c = states.compute_s[stop] - (states.compute_s[start - 1] if start else 0)
-        sync = ring_factor(replicas) * p
+        sync = ring_factor(replicas) * p if sol.sync is None or sol.sync.mode == "ring" \
+            else _sync_bytes(reps, p, sol.sync)
         bytes_mb += sync + (2.0 * states.output_bytes[stop] if stop < len(states) - 1 else 0)
         before = set(states.members[start - 1]) if start else set()
         nodes = tuple(n for n in states.members[stop] if n not in before)
         stages.append(Stage((start, stop + 1), replicas, tuple(ranks), float(c / replicas),
                             nodes))
     total = float(states.compute_s[-1])
-    dp = data_parallel_time(states, cluster, sol.model)
+    dp = data_parallel_time(states, cluster, sol.model, sol.sync)
     w = cluster.workers
     dp_bytes = ring_factor(w) * float(states.parameter_bytes[-1])
+    extra = {}
+    if sol.sync is not None and sol.sync.mode != "ring":
+        dp_bytes = _sync_bytes([lv.workers for lv in cluster.levels],
+                               float(states.parameter_bytes[-1]), sol.sync)
+        extra = {"allreduce": sol.sync.mode, "cpu_machines": sol.sync.cpu_machines}
     b = batch_size if batch_size > 0 else 1
     predicted = {"time_per_minibatch_s": sol.time,
                  "throughput_minibatches_per_s": 1.0 / sol.time,
@@ -259,7 +268,19 @@ def build_plan(sol: Solution, batch_size: int = 0, profile: str = "") -> Plan:
                  "bytes_per_sample": bytes_mb / b,
                  "bytes_per_sample_data_parallel": dp_bytes / b}
     return Plan(tuple(stages), w, predicted, cluster.describe(), sol.model,
-                states.method, batch_size, profile)
+                states.method, batch_size, profile, extra)
+
+
+def _sync_bytes(reps: list[int], nbytes: float, sync: Sync) -> float:
+    """Bytes per minibatch of a stage of ``nbytes`` on ``reps`` units per level (innermost
+    first; the outermost are machines): rings among the ring members of each inner level
+    (r / prod(reps[:i]) members at level i, each sending 2 (k-1)/k x the bytes), ``sync``
+    among the machines (every NIC's bytes, CPU machines included), over the r replicas
+    (one synchronisation per r minibatches)."""
+    r = math.prod(reps)
+    total = sum(r // math.prod(reps[:i]) * ring_factor(k) * nbytes
+                for i, k in enumerate(reps[:-1]))
+    return (total + sync.machine_bytes(reps[-1], nbytes)) / r
 
 
 def _assign_ranks(flat: list[tuple], sizes: list[int]) -> list[list[int]]:
@@ -288,8 +309,9 @@ def _assign_ranks(flat: list[tuple], sizes: list[int]) -> list[list[int]]:
 
 def plan_profile(profile: Profile, cluster: Cluster, model: str = "pipebench",
                  straight: bool = False, memory_limit: float | None = None,
-                 batch_size: int | None = None) -> Plan:
-    """Profile + cluster -> Plan: the library behind ``pipebench plan``."""
+                 batch_size: int | None = None, sync: Sync | None = None) -> Plan:
+    """Profile + cluster -> Plan: the library behind ``pipebench plan``; ``sync``: how
+    replicas on different machines synchronise (default: a ring)."""
     if batch_size is not None and batch_size < 1:
         raise UserInputError(f"--batch-size must be at least 1 (got {batch_size})")
     if memory_limit is not None and not (math.isfinite(memory_limit) and memory_limit > 0):
@@ -302,16 +324,17 @@ def plan_profile(profile: Profile, cluster: Cluster, model: str = "pipebench",
                                  f"{big.node_id} alone "
                                  f"({big.parameter_bytes:.4g} bytes); raise --memory-limit "
                                  "(e.g. 16GB)")
-    max_states = MAX_STATES if len(cluster.levels) == 1 else MAX_STATES_MULTI_LEVEL
-    states = build_states(profile.graph(), max_states=max_states)
-    if len(cluster.levels) > 1 and len(states) > MAX_STATES_MULTI_LEVEL:
+    multi = len(cluster.levels) > 1
+    states = build_states(profile.graph(), max_states=MAX_STATES,
+                          max_triples=MAX_TRIPLES_MULTI_LEVEL if multi else None)
+    if multi and states.method != "antichain" and len(states) > MAX_STATES_MULTI_LEVEL:
         states = coarsen(states, MAX_STATES_MULTI_LEVEL // 2)
     if straight and cluster.workers > len(states):
         raise UserInputError(f"a straight pipeline on {cluster.workers} workers needs "
                              f"{cluster.workers} stages, but the profile has only "
                              f"{len(states)} layers to split; use at most {len(states)} "
                              "workers")
-    sol = solve(states, cluster, model, straight, memory_limit)
+    sol = solve(states, cluster, model, straight, memory_limit, sync)
     if not math.isfinite(sol.time):
         raise UserInputError("no feasible plan: every partition exceeds the memory limit "
                              "(raise --memory-limit or add workers)")

@@ -15,14 +15,30 @@ Receives and all-reduces wait with a timeout: a peer that died turns into a
 ``CommTimeout`` on every worker waiting for it, never a hang. Sends are asynchronous
 (``isend``); their handles are completed lazily and at ``flush``.
 
+A replicated stage's gradients are averaged by the all-reduce the planner and the
+simulator model (``harness.sim.costs.Topology.ring_levels``): hierarchical, one level per
+machine boundary. ``Hierarchy`` groups a stage's replica ranks by host: inside each host
+the ranks reduce to their leader (the host's first rank), the leaders all-reduce among
+themselves, and each leader broadcasts the sum back inside its host; on one host that is
+the flat all-reduce over the replica group. Bytes are counted per level as the model
+charges them (``core.collectives``): inside a host ``2 (k-1)/k`` per byte for the host's
+``k`` ranks (the reduce and the broadcast), among hosts ``2 (h-1)/h`` per byte on each of
+the ``h`` leaders. Hosts are each rank's host name, exchanged once over the whole world
+when the first replicated stage's groups are made; ``PIPEBENCH_FAKE_HOSTS`` (a test hook:
+one comma-separated name per global rank) overrides them, to fake several hosts on one
+machine.
+
 Backends: NCCL when the tensors live on a GPU (chosen by the runtime), else gloo.
 """
 
 from __future__ import annotations
 
 import datetime
+import os
+import socket
 import time
 from collections import defaultdict
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -31,12 +47,15 @@ from torch import Tensor
 
 from core.collectives import ring_allreduce_bytes
 
-__all__ = ["Comm", "CommTimeout", "HEADER", "LinkStats", "TAGS"]
+__all__ = ["FAKE_HOSTS_ENV", "HEADER", "TAGS", "Comm", "CommTimeout", "Hierarchy", "LinkStats",
+           "host_name"]
 
 HEADER = 64  # int64 slots: enough for 8 tensors of up to 5 dimensions
 _DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64,
            torch.int32, torch.bool, torch.uint8]
-TAGS = {"F": 1, "B": 2}
+TAGS = {"F": 1, "B": 2, "T": 3}  # T: tied gradients (ties.py)
+FAKE_HOSTS_ENV = "PIPEBENCH_FAKE_HOSTS"  # test hook: "a,a,b,b" = host of each global rank
+HOST, AMONG_HOSTS = 0, 1  # the all-reduce's levels: inside a host, between hosts
 
 
 class CommTimeout(RuntimeError):
@@ -47,7 +66,8 @@ class CommTimeout(RuntimeError):
 class LinkStats:
     payload: dict[tuple[int, int], int] = field(default_factory=lambda: defaultdict(int))
     header: dict[tuple[int, int], int] = field(default_factory=lambda: defaultdict(int))
-    allreduce: int = 0  # bytes this rank sends in ring all-reduces (2 (r-1)/r per byte)
+    allreduce: int = 0  # bytes this rank sends in all-reduces (the sum over levels)
+    allreduce_levels: dict[int, int] = field(default_factory=lambda: defaultdict(int))
     wait_s: float = 0.0
 
 
@@ -73,6 +93,63 @@ def _shapes(h: Tensor) -> list[tuple[torch.dtype, tuple[int, ...]]]:
     return out
 
 
+def host_name(rank: int) -> str:
+    """This rank's host: its entry of ``PIPEBENCH_FAKE_HOSTS`` if set, else the hostname."""
+    fake = os.environ.get(FAKE_HOSTS_ENV, "")
+    if fake:
+        names = fake.split(",")
+        if rank >= len(names):
+            raise ValueError(f"{FAKE_HOSTS_ENV}={fake!r} names {len(names)} hosts, but this "
+                             f"is rank {rank}: give one host per rank")
+        return names[rank]
+    return socket.gethostname()
+
+
+@dataclass(frozen=True)
+class Hierarchy:
+    """A replica group's all-reduce, level by level: ``local`` holds the ranks of each host
+    (hosts in order of their first rank, ranks in the group's order), ``leaders`` the first
+    rank of each host."""
+    local: tuple[tuple[int, ...], ...]
+    leaders: tuple[int, ...]
+
+    @classmethod
+    def of(cls, ranks: Sequence[int], hosts: Sequence[str]) -> Hierarchy:
+        """Group ``ranks`` by ``hosts[rank]`` (hosts: one name per global rank)."""
+        by_host: dict[str, list[int]] = {}
+        for r in ranks:
+            by_host.setdefault(hosts[r], []).append(r)
+        local = tuple(tuple(g) for g in by_host.values())
+        return cls(local, tuple(g[0] for g in local))
+
+    def groups(self) -> list[tuple[int, ...]]:
+        """The process groups it needs, in creation order: each host's ranks (where more
+        than one), then the leaders (where more than one host). One host: the flat group."""
+        out = [g for g in self.local if len(g) > 1]
+        return out + ([self.leaders] if len(self.leaders) > 1 else [])
+
+    def ring_levels(self) -> list[tuple[int, int]]:
+        """(level, k) of each ring, as ``Topology.ring_levels`` gives them: inside a host
+        (k: the most ranks on one host), then among the hosts (k: the hosts)."""
+        out = []
+        if max(len(g) for g in self.local) > 1:
+            out.append((HOST, max(len(g) for g in self.local)))
+        if len(self.leaders) > 1:
+            out.append((AMONG_HOSTS, len(self.leaders)))
+        return out
+
+    def host_of(self, rank: int) -> tuple[int, ...]:
+        return next(g for g in self.local if rank in g)
+
+    def bytes_sent(self, rank: int, nbytes: int) -> dict[int, int]:
+        """Bytes ``rank`` sends at each level to all-reduce ``nbytes``, as the model counts
+        them: a ring inside its host, and (leaders) a ring among the hosts."""
+        out = {HOST: int(ring_allreduce_bytes(nbytes, len(self.host_of(rank))))}
+        if rank in self.leaders:
+            out[AMONG_HOSTS] = int(ring_allreduce_bytes(nbytes, len(self.leaders)))
+        return {lv: b for lv, b in out.items() if b}
+
+
 class Comm:
     def __init__(self, rank: int, device: torch.device, timeout_s: float,
                  static_shapes: bool = False) -> None:
@@ -84,6 +161,8 @@ class Comm:
         self.stats = LinkStats()
         self._pending: list[dist.Work] = []
         self._groups: dict[tuple[int, ...], dist.ProcessGroup] = {}
+        self._hierarchies: dict[tuple[int, ...], Hierarchy] = {}
+        self.hosts: list[str] | None = None  # each global rank's host, once exchanged
 
     def _wait(self, work: dist.Work, what: str) -> None:
         t0 = time.perf_counter()
@@ -137,15 +216,45 @@ class Comm:
             self._groups[ranks] = dist.new_group(list(ranks))
         return self._groups[ranks]
 
+    def allreduce_groups(self, ranks: tuple[int, ...]) -> Hierarchy:
+        """Make the process groups of an all-reduce over ``ranks``. Every rank of the world
+        must call this for every replica group, in the same order (the runtime does, at
+        start): the first call exchanges the host names over the whole world."""
+        if ranks not in self._hierarchies:
+            if self.hosts is None:
+                names: list = [None] * dist.get_world_size()
+                dist.all_gather_object(names, host_name(self.rank))
+                self.hosts = names
+            h = self._hierarchies[ranks] = Hierarchy.of(ranks, self.hosts)
+            for g in h.groups():
+                self.group(g)
+        return self._hierarchies[ranks]
+
     def allreduce_mean(self, tensors: list[Tensor], ranks: tuple[int, ...]) -> None:
+        """Average ``tensors`` over ``ranks`` in place: reduce inside each host, all-reduce
+        among the hosts' leaders, broadcast inside each host (one host: one all-reduce)."""
         if len(ranks) < 2:
             return
+        h = self._hierarchies.get(ranks) or self.allreduce_groups(ranks)
         flat = torch.cat([t.reshape(-1) for t in tensors])
-        work = dist.all_reduce(flat, group=self.group(ranks), async_op=True)
-        self._wait(work, f"all-reduce among ranks {ranks}")
+        where = f"all-reduce among ranks {ranks}"
+        mine = h.host_of(self.rank)
+        if len(h.leaders) == 1:
+            self._wait(dist.all_reduce(flat, group=self.group(ranks), async_op=True), where)
+        else:
+            if len(mine) > 1:
+                self._wait(dist.reduce(flat, dst=mine[0], group=self.group(mine),
+                                       async_op=True), f"{where}: reduce inside the host")
+            if self.rank == mine[0]:
+                self._wait(dist.all_reduce(flat, group=self.group(h.leaders), async_op=True),
+                           f"{where}: all-reduce among hosts")
+            if len(mine) > 1:
+                self._wait(dist.broadcast(flat, src=mine[0], group=self.group(mine),
+                                          async_op=True), f"{where}: broadcast inside the host")
         flat /= len(ranks)
-        n = len(ranks)
-        self.stats.allreduce += int(ring_allreduce_bytes(flat.numel() * flat.element_size(), n))
+        for lv, b in h.bytes_sent(self.rank, flat.numel() * flat.element_size()).items():
+            self.stats.allreduce_levels[lv] += b
+            self.stats.allreduce += b
         pos = 0
         for t in tensors:
             t.copy_(flat[pos:pos + t.numel()].view_as(t))

@@ -116,6 +116,7 @@ class SystemSettings:
     in_flight: int | None = None  # None: PipeDream's NOAM; 1: model parallelism
     microbatches: int = 1  # per minibatch (flush pipelines; data parallelism: ranks)
     recompute: bool = False  # flush: re-materialise activations in the backward
+    stage_lr: str = "replicas"  # replicas: PipeDream's per-stage rate; same: one rate
 
 
 @dataclass(frozen=True)
@@ -148,7 +149,7 @@ class EpochReport:
     header: dict = field(default_factory=dict)
     allreduce_bytes: int = 0
     peak_memory: int = 0
-    stash_weight_bytes: int = 0
+    stash_weight_bytes: int = 0  # peak of weight_stash.WeightStore.stashed_bytes, run so far
     stash_activation_bytes: int = 0
     warm_done_at: float | None = None  # wall clock when its warm-up minibatches finished
     end_at: float = 0.0

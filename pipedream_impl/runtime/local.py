@@ -85,7 +85,7 @@ def run_local(executors: list[StageExecutor], epoch: int) -> list[EpochReport]:
 
     def step(rank: int, pos: int, a: Action) -> bool:
         ex = executors[rank]
-        if a.kind in ("RF", "RB") and not ex.comm.ready(a.peer, a.kind[1]):
+        if a.kind in ("RF", "RB", "RT") and not ex.comm.ready(a.peer, a.kind[1]):
             return False
         ex.step(a, pos)
         return True

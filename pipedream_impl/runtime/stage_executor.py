@@ -20,7 +20,8 @@ the module) until the all-reduce or update reads them, once per update.
 
 Gradient clipping, where a workload asks for it, is applied per stage (a global norm would
 need another all-reduce across stages). Parameters tied across two stages (AWD-LM's
-embedding and decoder) are rejected with a clear error: their copies would drift apart.
+embedding and decoder) are kept equal by ``ties.TieSync``: its ST/RT actions exchange the
+tied gradients, its ``before_update`` sets the gradient both copies apply (and clips).
 """
 
 from __future__ import annotations
@@ -32,15 +33,16 @@ import torch
 from torch import Tensor
 from torch.func import functional_call
 
-from core.errors import WorkloadError
 from pipedream_impl.runtime.comm import Comm
 from pipedream_impl.runtime.contract import EpochReport, Executor, WorkerPieces, cpu_copy
-from pipedream_impl.runtime.weight_stash import WeightStore
+from pipedream_impl.runtime.stage_lr import set_lr, stage_lr_scale
+from pipedream_impl.runtime.ties import TieSync, check_ties
+from pipedream_impl.runtime.weight_stash import WeightStore, direct_forwards, future_versions
 from pipedream_impl.schedule import Action, Schedule, gpipe, one_f_one_b
 from workloads.base import Batch
 from workloads.recipe import microbatch
 
-__all__ = ["StageExecutor", "check_ties"]
+__all__ = ["StageExecutor"]
 
 
 class StageExecutor(Executor):
@@ -52,14 +54,19 @@ class StageExecutor(Executor):
         self.comm = Comm(self.rank, self.device, self.run.timeout_s, self.wl.static_shapes)
         for s, r in enumerate(layout.replicas):  # every rank creates every group, same order
             if r > 1:
-                self.comm.group(tuple(layout.rank(s, i) for i in range(r)))
+                self.comm.allreduce_groups(tuple(layout.rank(s, i) for i in range(r)))
         self.stage, self.replica = layout.stage_of(self.rank)
         self.last = self.stage == len(layout.replicas) - 1
-        check_ties(pieces.model, system.bounds)
+        ties = check_ties(pieces.model, system.bounds, layout.replicas)
         a, b = system.bounds[self.stage]
         self.module = pieces.model.stage(a, b).to(self.device).train()
         self.params = list(self.module.parameters())
+        self.ties = TieSync.for_stage(ties, self.stage, layout, self.module,
+                                      self.scale_spec.grad_clip)  # None: holds no tied copy
         self.optimizer = self.optimizer_for(self.params)
+        scale = stage_lr_scale(layout.replicas, self.stage, system.stage_lr)
+        self.lrs = [g["lr"] * scale for g in self.optimizer.param_groups]  # stage_lr.py
+        set_lr(self.optimizer, self.lrs)
         self.store = WeightStore(self.module, layout.replicas[self.stage],
                                  system.weights == "vertical-sync")
         self.replica_ranks = tuple(layout.rank(self.stage, i)
@@ -70,9 +77,15 @@ class StageExecutor(Executor):
         self.naive = system.weights == "none" or system.recompute  # no graph kept from F to B
         self.handlers = {"RF": self._recv_forward, "F": self._forward, "SF": self._send_forward,
                          "RB": self._recv_backward, "B": self._backward,
-                         "SB": self._send_backward, "A": self._allreduce, "U": self._update}
+                         "SB": self._send_backward, "A": self._allreduce, "U": self._update,
+                         "ST": self._send_tie, "RT": self._recv_tie}
 
     def schedule(self) -> Schedule:
+        if self.ties is not None:  # the same lists plus the tie messages (ties.py)
+            return self.ties.schedule(self._base_schedule())
+        return self._base_schedule()
+
+    def _base_schedule(self) -> Schedule:
         if self.system.schedule == "flush":
             return gpipe(self.layout, self.n_steps, self.m)
         return one_f_one_b(self.layout, self.n_steps, self.system.weights,
@@ -91,8 +104,8 @@ class StageExecutor(Executor):
         acts = self.schedule().actions[self.rank]
         self.report = self.start_epoch(epoch, self.stage, self.replica)
         self.base = self.store.version  # schedule versions count from the epoch's start
-        self.future_f = [self.base + v for v in _future_versions(acts)]
-        self.direct = _direct_forwards(acts)
+        self.future_f = [self.base + v for v in future_versions(acts)]
+        self.direct = direct_forwards(acts)
         self.inflight: dict[int, dict] = {}
         self.grads: list[Tensor] | None = None  # gathered at A/U, summed over microbatches
         self.pending: dict[int, dict] = {}  # snapshots holding not yet gathered gradients
@@ -118,6 +131,7 @@ class StageExecutor(Executor):
     def load_checkpoint(self, state: dict) -> None:
         self.module.load_state_dict(state["module"])
         self.optimizer.load_state_dict(state["optimizer"])
+        set_lr(self.optimizer, self.lrs)  # the run's rule decides, not the saved groups
         self.store.version = state["version"]
         self.store.snapshots = {
             v: {n: t.detach().to(self.device).clone().requires_grad_(True)
@@ -221,10 +235,21 @@ class StageExecutor(Executor):
                              for t in rec["x"] if t.is_floating_point()), act.peer, "B")
         return False
 
+    def _send_tie(self, act: Action, pos: int) -> bool:
+        self.ties.send(act, self._gather_grads(), self.comm)
+        return False
+
+    def _recv_tie(self, act: Action, pos: int) -> bool:
+        self.ties.recv(act, self.comm)
+        return True
+
     def _update(self, act: Action, pos: int) -> bool:
-        for p, g in zip(self.params, self._gather_grads(), strict=True):
+        grads = self._gather_grads()
+        if self.ties is not None:  # the tied copies' gradient G(j), clipped (ties.py)
+            self.ties.before_update(act.mb // self.m, grads)
+        for p, g in zip(self.params, grads, strict=True):
             p.grad = g
-        if self.scale_spec.grad_clip is not None:
+        if self.scale_spec.grad_clip is not None and self.ties is None:
             torch.nn.utils.clip_grad_norm_(self.params, self.scale_spec.grad_clip)
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
@@ -235,33 +260,7 @@ class StageExecutor(Executor):
         return False
 
 
-_WAITS = ("RF", "RB", "A")  # actions that wait on other ranks
-
-
-def _future_versions(acts) -> list[int]:  # noqa: ANN001
-    """For each position, the oldest version a later forward on this worker uses."""
-    out, oldest = [0] * len(acts), 1 << 60
-    for i in range(len(acts) - 1, -1, -1):
-        out[i] = oldest
-        if acts[i].kind == "F":
-            oldest = min(oldest, acts[i].version)
-    return out
-
-
-def _direct_forwards(acts) -> set[int]:  # noqa: ANN001
-    """Positions of forwards with no update before their backward: when such a forward
-    uses the current weights it can run on the module itself (no snapshot, no
-    functional_call), since those weights are still current at its backward."""
-    direct, open_f = set(), {}
-    for i, a in enumerate(acts):
-        if a.kind == "F":
-            open_f[a.mb] = i
-            direct.add(i)
-        elif a.kind == "B":
-            open_f.pop(a.mb, None)
-        elif a.kind == "U":
-            direct -= set(open_f.values())
-    return direct
+_WAITS = ("RF", "RB", "A", "RT")  # actions that wait on other ranks
 
 
 def _held_bytes(inflight: dict) -> int:
@@ -272,13 +271,3 @@ def _held_bytes(inflight: dict) -> int:
                 total += t.numel() * t.element_size()
     return total
 
-
-def check_ties(model: torch.nn.Module, bounds: tuple[tuple[int, int], ...]) -> None:
-    owner: dict[int, int] = {}
-    for s, (a, b) in enumerate(bounds):
-        for layer in model.layers[a:b]:
-            for p in layer.parameters():
-                if owner.setdefault(id(p), s) != s:
-                    raise WorkloadError("this split puts a tied parameter (e.g. AWD-LM's "
-                                        "embedding/decoder) on two stages; the runtime does "
-                                        "not synchronise tied copies: keep them in one stage")

@@ -13,14 +13,37 @@ update order; it is never stashed: PipeDream's rule w(t+1) = w(t) - update(grad 
 weights).
 
 Vertical sync needs versions older than the newest, so in that mode every update also
-snapshots the new version; versions no future forward can ask for are dropped.
+snapshots the new version; versions no future forward can ask for are dropped from the
+store (under ``stash`` every forward asks for the current version, so an update drops them
+all). A dropped snapshot lives on while an in-flight minibatch still holds it: through its
+record and autograd graph until its backward, then through its gradients until the next
+all-reduce or update reads them.
+
+**Stashed weight bytes** (the ``stash_weight_bytes_worker_<r>`` metric) are the bytes of
+every snapshot alive on the worker, in the store or held by in-flight minibatches, each
+storage counted once; the module's own parameters (the live weights) are not counted. A
+forward with no update before its own backward runs on the live weights and makes no
+snapshot (``direct_forwards``), so the count is the number of distinct versions in flight
+whose minibatches see an update before their backward, the current one included: under
+1F1B, S - s versions at stage s < S - 1 of S stages, none at the last stage, under GPipe,
+one minibatch in flight or pure data parallelism. ``WeightStore`` measures it on the
+tensors themselves (weak references to every snapshot it made); ``snapshots_held``
+predicts it from a worker's action list (the simulator's memory model), with the same
+rules.
 """
 
 from __future__ import annotations
 
-from torch import Tensor, nn
+import weakref
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
-__all__ = ["WeightStore"]
+from pipedream_impl.schedule import Action
+
+if TYPE_CHECKING:  # torch only for hints: the simulator imports this module's rules
+    from torch import Tensor, nn
+
+__all__ = ["WeightStore", "direct_forwards", "future_versions", "snapshots_held"]
 
 
 class WeightStore:
@@ -31,13 +54,16 @@ class WeightStore:
         self.step_size = step_size  # replicas: an update applies that many minibatches
         self.keep_history = keep_history
         self.snapshots: dict[int, dict[str, Tensor]] = {}
+        self.made: list[weakref.ref[Tensor]] = []  # every snapshot tensor made, while alive
         self.peak_bytes = 0
         if keep_history:
             self.snapshots[0] = self._snapshot()
 
     def _snapshot(self) -> dict[str, Tensor]:
-        return {n: p.detach().clone().requires_grad_(True)
+        snap = {n: p.detach().clone().requires_grad_(True)
                 for n, p in self.module.named_parameters()}
+        self.made.extend(weakref.ref(t) for t in snap.values())
+        return snap
 
     def params(self, version: int) -> dict[str, Tensor]:
         """Snapshot of ``version`` (the newest one not newer, for vertical sync)."""
@@ -45,12 +71,11 @@ class WeightStore:
             raise RuntimeError(f"version {version} asked for, newest is {self.version}")
         if version == self.version and version not in self.snapshots:
             self.snapshots[version] = self._snapshot()
-        usable = [v for v in self.snapshots if v <= version]
-        if not usable:
+        v = pick(self.snapshots, version)
+        if v is None:
             raise RuntimeError(f"version {version} was not kept")
-        snap = self.snapshots[max(usable)]
         self.peak_bytes = max(self.peak_bytes, self.stashed_bytes())
-        return snap
+        return self.snapshots[v]
 
     def take_grads(self, snap: dict[str, Tensor]) -> list[Tensor]:
         grads = []
@@ -62,14 +87,105 @@ class WeightStore:
 
     def after_update(self, oldest_needed: int) -> None:
         self.version += self.step_size
-        if self.keep_history:
-            self.snapshots[self.version] = self._snapshot()
-        # Keep the newest version a future forward can still ask for, and everything after.
-        usable = [u for u in self.snapshots if u <= oldest_needed]
-        keep_from = max(usable) if usable else 0
+        stored = set(self.snapshots) | ({self.version} if self.keep_history else set())
+        keep_from = keep_versions_from(stored, oldest_needed, self.version, self.keep_history)
         for v in [v for v in self.snapshots if v < keep_from]:
             del self.snapshots[v]
+        if self.keep_history:  # after the drop: the old version's memory first
+            self.snapshots[self.version] = self._snapshot()
+            self.peak_bytes = max(self.peak_bytes, self.stashed_bytes())
 
     def stashed_bytes(self) -> int:
-        return sum(t.numel() * t.element_size() for s in self.snapshots.values()
-                   for t in s.values())
+        """Bytes of every snapshot alive now (in the store or held by in-flight
+        minibatches), each storage once."""
+        self.made = [r for r in self.made if r() is not None]
+        live = [r() for r in self.made]
+        live += [t for s in self.snapshots.values() for t in s.values()]  # e.g. restored
+        storages = {}
+        for t in live:
+            if t is not None:
+                st = t.untyped_storage()
+                storages[st.data_ptr()] = st.nbytes()
+        return sum(storages.values())
+
+
+def pick(versions: dict[int, object] | set[int], version: int) -> int | None:
+    """The stored version a forward asking for ``version`` uses: the newest not newer."""
+    usable = [v for v in versions if v <= version]
+    return max(usable) if usable else None
+
+
+def keep_versions_from(versions: dict[int, object] | set[int], oldest_needed: int,
+                       current: int, keep_history: bool) -> int:
+    """After an update: the oldest stored version to keep. A later forward asks for
+    ``oldest_needed`` or newer; without history every forward asks for the version current
+    when it runs (made on demand), so nothing older than ``current`` can be asked for."""
+    if not keep_history and oldest_needed >= current:
+        return current
+    v = pick(versions, oldest_needed)
+    return 0 if v is None else v
+
+
+def future_versions(acts: Sequence[Action]) -> list[int]:
+    """For each position, the oldest version a later forward on this worker uses."""
+    out, oldest = [0] * len(acts), 1 << 60
+    for i in range(len(acts) - 1, -1, -1):
+        out[i] = oldest
+        if acts[i].kind == "F":
+            oldest = min(oldest, acts[i].version)
+    return out
+
+
+def direct_forwards(acts: Sequence[Action]) -> set[int]:
+    """Positions of forwards with no update before their backward: when such a forward
+    uses the current weights it can run on the module itself (no snapshot, no
+    functional_call), since those weights are still current at its backward."""
+    direct, open_f = set(), {}
+    for i, a in enumerate(acts):
+        if a.kind == "F":
+            open_f[a.mb] = i
+            direct.add(i)
+        elif a.kind == "B":
+            open_f.pop(a.mb, None)
+        elif a.kind == "U":
+            direct -= set(open_f.values())
+    return direct
+
+
+def snapshots_held(acts: Sequence[Action], weights: str, step_size: int) -> list[int]:
+    """How many snapshots a worker running ``acts`` (one epoch, from a drained pipeline)
+    holds after each action, by the executor's rules: a forward that is not direct uses
+    the store's snapshot (made on demand for the current version) and holds it until its
+    backward, its gradients hold it until the next all-reduce or update gathers them; the
+    store keeps what ``keep_versions_from`` says. ``weights="none"`` (naive pipelining)
+    makes no snapshot. Multiply by the stage's parameter bytes for stashed weight bytes."""
+    if weights == "none":
+        return [0] * len(acts)
+    history = weights == "vertical-sync"
+    future, direct = future_versions(acts), direct_forwards(acts)
+    current, store = 0, {0} if history else set()
+    held: dict[int, int] = {}  # in-flight minibatch -> the version of its snapshot
+    pending: set[int] = set()  # backward done, gradients not yet gathered
+    gathered, out = False, []
+    for i, a in enumerate(acts):
+        if a.kind == "F" and not (i in direct and a.version == current):
+            if a.version == current:
+                store.add(current)
+            v = pick(store, a.version)
+            if v is None:
+                raise ValueError(f"{a}: version {a.version} was not kept")
+            held[a.mb] = v
+        elif a.kind == "B" and a.mb in held:
+            pending.add(held.pop(a.mb))
+        elif a.kind in ("A", "U") and not gathered:
+            pending.clear()
+            gathered = True
+        if a.kind == "U":
+            current += step_size
+            gathered = False
+            if history:
+                store.add(current)
+            keep = keep_versions_from(store, future[i], current, history)
+            store = {v for v in store if v >= keep}
+        out.append(len(store | set(held.values()) | pending))
+    return out

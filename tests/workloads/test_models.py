@@ -51,34 +51,51 @@ def test_output_shapes(name: str, tiny_data: dict) -> None:
     assert out[0].shape == (*b.targets.shape, vocab_or_classes)
 
 
+def _origin(model, start: int, stage, params: list) -> list:  # noqa: ANN001
+    """The model's parameter behind each of ``params`` (a stage's): the same object, or
+    the one it was copied from where the stage copies a tied layer (AWD-LM: a stage
+    holding only one side of the tie owns its own copy, so its gradients are summed)."""
+    src = {}
+    for i, layer in enumerate(stage.layers):
+        for (_, q), (_, p) in zip(layer.named_parameters(remove_duplicate=False),
+                                  model.layers[start + i].named_parameters(
+                                      remove_duplicate=False), strict=True):
+            src[id(q)] = p
+    return [src[id(q)] for q in params]
+
+
 @pytest.mark.parametrize("name", NAMES)
 def test_every_split_point_composes_to_the_whole_model(name: str, tiny_data: dict) -> None:
     """Any contiguous cut gives two stages whose composition equals the model, in the
-    outputs and in every parameter gradient: what pipeline stages rely on."""
+    outputs and in every parameter gradient (a tied weight's two copies summed): what
+    pipeline stages rely on."""
     w = WORKLOADS[name]
     model = w.build("tiny", tiny_data[name].train.meta).eval()
     b = _batch(name, tiny_data)
     ref = w.loss(model(b.inputs), b.targets)
     ref_grads = torch.autograd.grad(ref, list(model.parameters()))
     for k in range(1, len(model)):
-        boundary = model.stage(0, k)(b.inputs)
+        head, tail = model.stage(0, k), model.stage(k, len(model))
+        boundary = head(b.inputs)
         # What crosses the wire: detached float tensors that require grad, int tensors as-is.
         sent = tuple(t.detach().requires_grad_(t.is_floating_point()) for t in boundary)
-        loss = w.loss(model.stage(k, len(model))(sent), b.targets)
+        loss = w.loss(tail(sent), b.targets)
         assert torch.allclose(loss, ref, rtol=1e-5, atol=1e-6), (name, k)
         float_sent = [t for t in sent if t.requires_grad]
-        tail_params = list(model.stage(k, len(model)).parameters())
+        tail_params = list(tail.parameters())
         grads = torch.autograd.grad(loss, float_sent + tail_params, allow_unused=True)
         upstream = [g if g is not None else torch.zeros_like(t)
                     for g, t in zip(grads[:len(float_sent)], float_sent, strict=True)]
         float_boundary = [t for t in boundary if t.is_floating_point()]
-        head_params = list(model.stage(0, k).parameters())
+        head_params = list(head.parameters())
         head_grads = torch.autograd.grad(float_boundary, head_params, upstream,
                                          allow_unused=True)
         combined = {}
-        for p, g in zip(head_params, head_grads, strict=True):
+        head_origin = _origin(model, 0, head, head_params)
+        tail_origin = _origin(model, k, tail, tail_params)
+        for p, g in zip(head_origin, head_grads, strict=True):
             combined[id(p)] = g if g is not None else torch.zeros_like(p)
-        for p, g in zip(tail_params, grads[len(float_sent):], strict=True):
+        for p, g in zip(tail_origin, grads[len(float_sent):], strict=True):
             g = g if g is not None else torch.zeros_like(p)
             combined[id(p)] = combined[id(p)] + g if id(p) in combined else g
         for p, g_ref in zip(model.parameters(), ref_grads, strict=True):

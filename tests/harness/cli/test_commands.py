@@ -38,8 +38,10 @@ def test_workloads_lists_all_six() -> None:
     (["run", "--workload", "vgg16", "--scale", "huge"], "unknown scale 'huge'"),
     (["run", "--workload", "vgg16", "--data", "/no/such/dir"], "does not exist"),
     (["run", "--workload", "vgg16", "--system", "nope"], "unknown system 'nope'"),
-    (["run", "--system", "pipedream", "--workload", "awd-lm", "--workers", "2", "--config",
-      "1-1", "--quiet"], "tied parameter"),
+    (["run", "--system", "torch-gpipe", "--workload", "awd-lm", "--workers", "2", "--quiet"],
+     "keeps no tied copies in sync"),
+    (["run", "--system", "pipedream", "--workload", "awd-lm", "--workers", "3", "--config",
+      "2-1", "--quiet"], "tied stages must be unreplicated"),
     (["schedule", "--config", "2-1", "--minibatches", "5"], "multiple of 2"),
 ])
 def test_wrong_input_is_one_line_and_exit_code_2(args: list[str], message: str) -> None:

@@ -117,3 +117,47 @@ def test_coarsen_keeps_the_narrowest_cuts_and_the_end() -> None:
     assert np.allclose(small.compute_s, [0.004, 0.008, 0.012])
     assert small.precedes.tolist() == [[False, True, True], [False, False, True],
                                        [False, False, False]]
+
+
+def _chain_layers(st, idx: list[int]) -> tuple[list, list, list]:  # noqa: ANN001
+    """The chain of states ``idx`` as a chain graph's layers (ms, parameters, outputs)."""
+    prev = [-1, *idx[:-1]]
+    def diff(x: np.ndarray, a: int, b: int) -> float:
+        return float(x[b] - (x[a] if a >= 0 else 0.0))
+    return ([diff(st.compute_s, a, b) * 1000 for a, b in zip(prev, idx, strict=True)],
+            [diff(st.parameter_bytes, a, b) for a, b in zip(prev, idx, strict=True)],
+            [float(st.output_bytes[b]) for b in idx])
+
+
+def test_two_level_search_on_branching_graphs_equals_the_best_chain_of_cuts() -> None:
+    """A plan's boundaries form a chain of states, so the optimum over the whole antichain
+    DAG is the best optimum over its chains; each chain is a chain graph, on which the DP
+    is brute-forced (test_optimizer.brute_force). Clusters of 2 and 3 outer units take the
+    two search paths (ranges ending at the last state only; every row)."""
+    from pipedream_impl.planner.cluster import Cluster, Level
+    from pipedream_impl.planner.optimizer import COST_MODELS, solve
+    from tests.pipedream_impl.planner.test_optimizer import brute_force
+    rng = random.Random(11)
+    clusters = [Cluster((Level(2, 12e9), Level(2, 1e9))),
+                Cluster((Level(2, 15e9), Level(3, 1e8)))]
+    for trial in range(6):
+        n = rng.randint(4, 6)
+        edges = [(f"n{i}", f"n{i + 1}") for i in range(1, n)]
+        edges += [(f"n{a}", f"n{b}") for a in range(1, n) for b in range(a + 2, n + 1)
+                  if rng.random() < 0.4]
+        times = {f"n{i}": rng.uniform(0.1, 5) for i in range(1, n + 1)}
+        acts = {f"n{i}": rng.uniform(1e6, 5e7) for i in range(1, n + 1)}
+        st = build_states(_graph(edges, times, acts))
+        last = len(st) - 1
+        chains = [list(c) + [last] for r in range(len(st))
+                  for c in itertools.combinations(range(last), r)
+                  if all(st.precedes[a, b] for a, b in itertools.pairwise([*c, last]))]
+        for cluster, model, straight in itertools.product(clusters, COST_MODELS,
+                                                          (False, True)):
+            if straight and len(st) < cluster.workers:
+                continue
+            shape = [(lv.workers, lv.bandwidth) for lv in cluster.levels]
+            want = min(brute_force(*_chain_layers(st, c), shape, model, straight)
+                       for c in chains if not straight or len(c) >= cluster.workers)
+            got = solve(st, cluster, model, straight).time
+            assert np.isclose(got, want, rtol=1e-12), (trial, model, straight)

@@ -1,0 +1,114 @@
+"""harness/sim/costs.py ``memory_per_worker``: stashed weight versions and in-flight
+activations against the 1F1B closed form, counts read by hand off the schedule, and the
+runtime's measured ``stash_weight_bytes`` for the same layout."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from harness import systems
+from harness.sim.costs import StageCost, memory_per_worker
+from harness.sim.simulator import SimLayout, SimOptions, build_schedule, simulate_system
+from pipedream_impl.planner.cluster import Cluster, Level
+from pipedream_impl.profiling.graph import Node
+from pipedream_impl.profiling.profile import Profile
+from pipedream_impl.runtime.contract import RunSettings, SystemSettings, WorkerSpec
+from pipedream_impl.runtime.local import local_executors, run_local
+from pipedream_impl.schedule import Layout, gpipe, one_f_one_b
+from workloads.registry import get
+
+P, A = 4e6, 1e6  # parameter and activation bytes of every stage
+
+
+def _stages(n: int) -> list[StageCost]:
+    return [StageCost((f"n{i}",), 0.01, 0.02, P, A, A) for i in range(n)]
+
+
+def _stashed(sched, n_stages: int) -> list[float]:  # noqa: ANN001
+    return [m["stashed_weights"] for m in memory_per_worker(sched, _stages(n_stages), 1.0,
+                                                             0).values()]
+
+
+@pytest.mark.parametrize("workers", [2, 4, 8])
+def test_pure_data_parallelism_stashes_nothing(workers: int) -> None:
+    """One replicated stage: each forward's backward comes before the update, so the
+    runtime runs it on the live weights. (Before the fix the model advanced its current
+    version by 1 per update while versions advance by the replicas, and saw a stash.)"""
+    prof = Profile((Node("n0", "Layer0", 10.0, 20.0, (A,), P),), (), batch_size=8)
+    r = simulate_system(prof, Cluster((Level(workers, 1e9),)), "dp",
+                        SimLayout([("n0",)], (workers,)), SimOptions(minibatches=32))
+    assert [m["stashed_weights"] for m in r.peak_memory.values()] == [0.0] * workers
+    assert [m["activations"] for m in r.peak_memory.values()] == [A] * workers
+
+
+@pytest.mark.parametrize("n_stages", [2, 3, 4])
+def test_1f1b_straight_pipeline_closed_form(n_stages: int) -> None:
+    """Stage s of S: S - s minibatches in flight with S - s distinct versions (the current
+    one included), each a snapshot except at the last stage (its forward runs on the live
+    weights: no update before its backward)."""
+    sched = one_f_one_b(Layout((1,) * n_stages), 4 * n_stages, "stash")
+    mem = memory_per_worker(sched, _stages(n_stages), 0.5, 2)
+    for s in range(n_stages):
+        held = n_stages - s if s < n_stages - 1 else 0
+        assert mem[s]["stashed_weights"] == held * P
+        assert mem[s]["activations"] == (n_stages - s) * A * 0.5
+        assert mem[s]["weights"] == 3 * P  # live weights + 2 optimizer slots
+        assert mem[s]["total"] == 3 * P + held * P + (n_stages - s) * A * 0.5
+
+
+def test_replicated_stage_counted_by_hand() -> None:
+    """2-1 (see tests/pipedream_impl/runtime/test_weight_stash.py for the action list):
+    each stage-0 replica holds v0 (for minibatch 2, 3) and v2 (for 4, 5) at once, both
+    snapshots; the last stage runs on its live weights."""
+    sched = one_f_one_b(Layout((2, 1)), 8, "stash")
+    assert _stashed(sched, 2) == [2 * P, 2 * P, 0]
+
+
+def test_gpipe_and_model_parallelism_stash_nothing() -> None:
+    flush = gpipe(Layout((1, 1, 1)), 4, 3)
+    assert _stashed(flush, 3) == [0, 0, 0]
+    mem = memory_per_worker(flush, _stages(3), 1 / 3, 0)
+    assert [m["activations"] for m in mem.values()] == [3 * A / 3] * 3  # 3 microbatches
+    mp = one_f_one_b(Layout((1, 1, 1)), 6, "stash", in_flight=1)
+    assert _stashed(mp, 3) == [0, 0, 0]
+
+
+WL = get("vgg16")
+STEPS = 8
+
+
+@pytest.mark.parametrize("system", ["pipedream", "gpipe", "model-parallel"])
+def test_simulated_bytes_equal_the_runtimes_measured_peak(system: str) -> None:
+    """A tiny 2-stage run in one process with the runtime's own handlers: the simulator's
+    stashed bytes for the same layout, with the stage's real parameter bytes, equal the
+    runtime's ``stash_weight_bytes``; with the stage's real input + output bytes per unit
+    as its activation bytes, its in-flight activations equal the runtime's
+    ``stash_activation_bytes`` (what the runtime stores per in-flight unit)."""
+    torch.set_num_threads(1)
+    sys_ = systems.get(system)
+    bounds, batch = ((0, 17), (17, 40)), 4
+    m = 2 if sys_.schedule == "flush" else 1
+    spec = WorkerSpec(0, RunSettings("vgg16", "tiny", 0, batch, max_steps=STEPS,
+                                     timeout_s=60.0),
+                      SystemSettings((1, 1), bounds, schedule=sys_.schedule,
+                                     in_flight=sys_.in_flight, microbatches=m))
+    executors = local_executors(spec)
+    reports = run_local(executors, 0)
+    splits = WL.default_data("tiny", 0)
+    x = WL.make_batch(splits.train, torch.arange(batch // m)).inputs
+    stages = []
+    for ex in executors:
+        with torch.no_grad():
+            out = ex.module(x)
+        io = sum(t.numel() * t.element_size() for t in (*x, *out))
+        pbytes = sum(p.numel() * p.element_size() for p in ex.module.parameters())
+        stages.append(StageCost((), 0.0, 0.0, pbytes, io, 0.0))
+        x = out
+    mem = memory_per_worker(build_schedule(sys_.sim, (1, 1), STEPS, m), stages, 1.0, 0)
+    assert [mem[r]["stashed_weights"] for r in range(2)] == \
+        [rep.stash_weight_bytes for rep in reports]
+    assert [mem[r]["activations"] for r in range(2)] == \
+        [rep.stash_activation_bytes for rep in reports]
+    if system == "pipedream":
+        assert reports[0].stash_weight_bytes == 2 * stages[0].parameter_bytes > 0

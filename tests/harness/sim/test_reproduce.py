@@ -1,0 +1,164 @@
+"""harness/sim/calibration.py and reproduce.py: the calibrated all-reduce against its closed
+form written out by hand, the fit's residuals recomputed, the rows and the JSON schema."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from harness.sim.calibration import FlatRing, bsp_speedup, link_kind
+from harness.sim.costs import Topology
+from pipedream_impl.planner.cluster import Cluster, Level, parse_cluster
+from pipedream_impl.profiling.graph import Node
+from pipedream_impl.profiling.profile import Profile, load_profile
+
+PROFILES = Path(__file__).resolve().parents[4] / "shared" / "pipedream-profiles"
+MEASURED = Path(__file__).resolve().parents[3] / "results" / "profiles"  # S2VT, CPU-scaled
+needs_profiles = pytest.mark.skipif(not (PROFILES / "vgg16" / "graph.txt").exists(),
+                                    reason="needs ../shared/pipedream-profiles")
+MB = 1e6
+MODEL = FlatRing(pcie=0.02, nvlink=0.002, network=0.5)
+
+
+def test_the_flat_ring_runs_at_the_slowest_crossed_link() -> None:
+    a = parse_cluster("A:2x4")  # 4 x PCIe (15.75 GB/s) per server, 10 Gbps between
+    topo = Topology(a, list(range(8)))
+    inside = MODEL.seconds(topo, (0, 1, 2, 3), 100 * MB)
+    assert inside == pytest.approx(2 * 3 / 4 * 100 * MB / (0.02 * 15.75e9))
+    across = MODEL.seconds(topo, tuple(range(8)), 100 * MB)  # min(0.315, 0.625) GB/s
+    assert across == pytest.approx(2 * 7 / 8 * 100 * MB / (0.02 * 15.75e9))
+    two = MODEL.seconds(topo, (0, 4), 100 * MB)  # one per server: the network only
+    assert two == pytest.approx(100 * MB / (0.5 * 1.25e9))
+    assert MODEL.seconds(topo, (3,), 100 * MB) == 0.0
+    b = parse_cluster("B:1x8")
+    assert MODEL.seconds(Topology(b, list(range(8))), tuple(range(8)), 100 * MB) == \
+        pytest.approx(2 * 7 / 8 * 100 * MB / (0.002 * 150e9))
+    assert [link_kind(bw) for bw in (15.75e9, 150e9, 1.25e9, 5e9)] == \
+        ["pcie", "nvlink", "network", "network"]
+
+
+def test_simulated_bsp_speedup_is_the_closed_form() -> None:
+    # one layer of 40 + 80 ms and 200 MB of weights on 4 workers of one A server
+    prof = Profile((Node("in", "Input", 9.0, 0.0, (1 * MB,), 0.0),
+                    Node("n0", "Linear", 40.0, 80.0, (1 * MB,), 200 * MB)),
+                   (("in", "n0"),), batch_size=32)
+    cl = parse_cluster("A:1x4")
+    ar = 2 * 3 / 4 * 200 * MB / (0.02 * 15.75e9)  # 0.952 s, 0.08 s hidden by the backward
+    expected = 4 * 0.120 / (0.120 + ar - 0.080)  # the input's 9 ms is not compute
+    assert bsp_speedup(prof, cl, 1.0, MODEL) == pytest.approx(expected, rel=1e-9)
+    # ideal: a ring at 15.75 GB/s (0.019 s) is hidden entirely
+    assert bsp_speedup(prof, cl, 1.0, None) == pytest.approx(4.0)
+
+
+@needs_profiles
+def test_fit_residuals_recomputed_from_the_profiles_by_hand() -> None:
+    from harness.reporting.progress import quiet
+    from harness.sim.calibration import fit
+    from harness.sim.paper import BSP_SPEEDUPS
+    from harness.sim.profile_source import ProfileSource
+
+    f = fit(ProfileSource(str(PROFILES), quiet(), str(MEASURED)).get)
+    m = f.model
+    assert 0 < m.pcie <= 1 and 0 < m.nvlink <= 1 and 0 < m.network <= 1
+    layers = [n for n in load_profile(PROFILES / "vgg16" / "graph.txt").layers
+              if n.desc != "Input"]
+    t1 = sum(n.forward_ms + n.backward_ms for n in layers) / 1e3
+    back = sum(n.backward_ms for n in layers) / 1e3
+    w = sum(n.parameter_bytes for n in layers)
+    hand = {  # (workers, effective bytes/s of the ring)
+        "A:1x4": (4, m.pcie * 15.75e9),
+        "A:2x4": (8, min(m.pcie * 15.75e9, m.network * 1.25e9)),
+        "A:4x4": (16, min(m.pcie * 15.75e9, m.network * 1.25e9)),
+        "B:1x8": (8, m.nvlink * 150e9),
+    }
+    for point in f.points:
+        if point.model != "VGG-16":
+            continue
+        n, rate = hand[point.cluster]
+        s = n * t1 / (t1 + max(0.0, 2 * (n - 1) / n * w / rate - back))
+        assert point.simulated == pytest.approx(s, rel=1e-6), point
+        assert point.residual == pytest.approx(math.log(s / point.paper))
+    assert [(p.model, p.cluster, p.paper) for p in f.points] == list(BSP_SPEEDUPS)
+    # least squares: nudging any efficiency by 2% (within its bound) lowers no sum of
+    # squared log residuals, each speedup simulated afresh
+    from dataclasses import replace
+
+    src = ProfileSource(str(PROFILES), quiet(), str(MEASURED))
+    cases = [(src.get(mm)[0], parse_cluster(c), src.get(mm)[2], s) for mm, c, s in BSP_SPEEDUPS]
+
+    def sse(model: FlatRing) -> float:
+        return sum(math.log(bsp_speedup(p, cl, fa, model) / s) ** 2 for p, cl, fa, s in cases)
+
+    base = sse(m)
+    for kind in ("pcie", "nvlink", "network"):
+        for k in (0.98, 1.02):
+            v = getattr(m, kind) * k
+            if v <= 1:
+                assert sse(replace(m, **{kind: v})) >= base - 1e-9, (kind, k)
+    assert f.rms < 0.3
+    assert "rms log residual" in f.markdown() and "A:4x4" in f.markdown()
+
+
+@needs_profiles
+def test_rows_quote_the_paper_and_data_parallel_configs_are_one() -> None:
+    from harness.reporting.progress import quiet
+    from harness.sim import reproduce as rp
+    from harness.sim.calibration import fit
+    from harness.sim.paper import PaperRow
+    from harness.sim.profile_source import ProfileSource
+    from pipedream_impl.planner.plan import plan_profile
+
+    src = ProfileSource(str(PROFILES), quiet(), str(MEASURED))
+    f = fit(src.get)
+    row = PaperRow("VGG-16", "A:1x4", "2-1-1", 2.13, "", "", "vgg16", 0.90)
+    dp_row = PaperRow("VGG-16", "A:1x4", "4", 1.00, "", "", "vgg16", 0.0)
+    out = rp.table_rows((row, dp_row), src, 64, f, quiet())
+    assert (out[0]["paper_config"], out[0]["paper_speedup"], out[0]["paper_comm_reduction"]) \
+        == ("2-1-1", 2.13, 90.0)
+    prof = load_profile(PROFILES / "vgg16" / "graph.txt")
+    assert out[0]["planned_config"] == plan_profile(prof, parse_cluster("A:1x4")).config
+    assert (out[1]["simulated_speedup_ideal"], out[1]["simulated_speedup_calibrated"],
+            out[1]["simulated_comm_reduction"], out[1]["misses"]) == (1.0, 1.0, 0.0, "")
+
+
+@needs_profiles
+@pytest.mark.cli
+def test_reproduce_json_rows_have_the_schema(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    out = tmp_path / "t.json"
+    r = subprocess.run([sys.executable, "-m", "harness.cli", "reproduce", "table1",
+                        "--profiles", str(PROFILES), "--quiet", "--minibatches", "32",
+                        "-o", str(tmp_path / "t.md"), "--json", str(out)],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    rows = json.loads(out.read_text())
+    keys = {"model", "cluster", "profile", "paper_config", "paper_speedup",
+            "paper_comm_reduction", "simulated_speedup_ideal", "simulated_speedup_calibrated",
+            "simulated_comm_reduction", "planned_config", "planned_simulated_speedup_ideal",
+            "planned_simulated_speedup_calibrated", "planned_simulated_comm_reduction",
+            "misses"}
+    assert len(rows) == 7 and all(keys <= set(row) for row in rows)
+    assert rows[0]["paper_comm_reduction"] == 90.0  # percent, not a fraction
+    for row in rows:  # a row says why exactly when it misses a goal
+        off = abs(row["simulated_speedup_calibrated"] / row["paper_speedup"] - 1) > 0.25 or \
+            abs(row["simulated_comm_reduction"] - row["paper_comm_reduction"]) > 5
+        assert bool(row["misses"]) == off, row
+    md = (tmp_path / "t.md").read_text()
+    assert "calibrated" in md and "rms log residual" in md and (tmp_path / "t.png").exists()
+    bad = subprocess.run([sys.executable, "-m", "harness.cli", "reproduce", "table1",
+                          "--profiles", str(PROFILES), "--json", str(tmp_path / "no/x.json")],
+                         capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and "--json" in bad.stderr
+
+
+def test_a_cluster_outside_the_papers_is_refused() -> None:
+    from core.errors import UserInputError
+
+    odd = Cluster((Level(4, 7e9),))
+    with pytest.raises(UserInputError, match="preset cluster"):
+        MODEL.seconds(Topology(odd, [0, 1, 2, 3]), (0, 1), MB)
