@@ -107,6 +107,8 @@ def sync_bytes(mode: str, n: int, k: int, nbytes: float) -> tuple[float, float]:
         return float(ring_factor(n) * nbytes), 0.0
     if mode == "ps":
         return nbytes, n * nbytes / k
+    if mode != "byteps":
+        raise ValueError(f"unknown synchronisation mode {mode!r}")
     cpu, gpu = byteps_split(n, k, nbytes)
     return nbytes - gpu + (n - 1) * gpu, n * cpu
 
@@ -120,6 +122,8 @@ def sync_factor(mode: str, n: int, k: int) -> float:
         return ps_colocated_time(n, 1.0, 1.0)
     if mode == "ps":
         return ps_time(n, k, 1.0, 1.0)
+    if mode != "byteps":
+        raise ValueError(f"unknown synchronisation mode {mode!r}")
     return byteps_time(n, k, 1.0, 1.0)
 
 

@@ -383,6 +383,7 @@ def validate(sched: Schedule) -> None:
         _check_versions(sched, rank, acts)
         _check_messages(sched, rank, acts)
         _check_updates(sched, rank, acts)
+    _check_tie_pairs(sched)
     if sched.weights == "vertical-sync":
         v0 = {a.mb: a.version for r in range(layout.replicas[0]) for a in sched.actions[r]
               if a.kind == "F"}
@@ -458,6 +459,22 @@ def _check_messages(sched: Schedule, rank: int, acts: tuple[Action, ...]) -> Non
                 raise ScheduleError(f"rank {rank} (stage {s}): {compute}{mb} needs exactly "
                                     f"one {kind}{mb} {where} it, found "
                                     f"{count.get((kind, mb), 0)}")
+
+
+def _check_tie_pairs(sched: Schedule) -> None:
+    """Tie messages (ST/RT, ``pipedream_impl.runtime.ties``) are not tied to a unit's
+    compute, so they are paired across ranks: each sent once and received once."""
+    count: dict[tuple[int, int, int], int] = {}
+    for rank, acts in enumerate(sched.actions):
+        for a in acts:
+            if a.kind in ("ST", "RT"):
+                key = (rank, a.peer, a.mb) if a.kind == "ST" else (a.peer, rank, a.mb)
+                count[key] = count.get(key, 0) + (1 if a.kind == "ST" else -1)
+    for (src, dst, mb), n in sorted(count.items()):
+        if n:
+            raise ScheduleError(f"tie message {mb} from rank {src} to rank {dst}: "
+                                + ("sent but never received" if n > 0
+                                   else "received but never sent"))
 
 
 def _check_updates(sched: Schedule, rank: int, acts: tuple[Action, ...]) -> None:

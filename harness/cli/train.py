@@ -60,9 +60,10 @@ def run(
                                                      "minibatch (default 4 x stages)")] = None,
     recompute: Annotated[bool, typer.Option(help="gpipe: re-materialise activations")]
     = False,
-    stage_lr: Annotated[str, typer.Option(
-        help="replicated stages' learning rate: replicas (PipeDream's rule: lr x replicas "
-             "of the stage / replicas of stage 0) or same (one lr everywhere)")] = "replicas",
+    stage_lr: Annotated[str | None, typer.Option(
+        help="replicated stages' learning rate: replicas (default; PipeDream's rule: lr x "
+             "replicas of the stage / replicas of stage 0) or same (one lr everywhere)")]
+    = None,
     stall_timeout: Annotated[float | None, typer.Option(
         help="end the run when a worker makes no progress for this many seconds "
              "(default: the workload's, per scale: tiny 20, small 60, full 300)")] = None,
@@ -89,7 +90,8 @@ def run(
     if resume is not None:
         given = [flag for flag, value in (("--workload", workload), ("--plan", plan),
                                           ("--config", config), ("--data", data),
-                                          ("--inject-fault", inject_fault))
+                                          ("--inject-fault", inject_fault),
+                                          ("--stage-lr", stage_lr))
                  if value is not None]
         if given:
             raise UserInputError(f"--resume continues the checkpoint's run with its own "
@@ -107,7 +109,7 @@ def run(
                         experiment=experiment, warmup_steps=warmup_steps, workers=workers,
                         plan=plan, config=config, weights=weights, in_flight=in_flight,
                         timeout_s=timeout, microbatches=microbatches, recompute=recompute,
-                        stage_lr=stage_lr,
+                        stage_lr=stage_lr or "replicas",
                         fault=Fault.parse(inject_fault) if inject_fault else None,
                         stall_timeout_s=stall_timeout, checkpoint_dir=checkpoint_dir,
                         checkpoint_every_epochs=checkpoint_every_epochs)

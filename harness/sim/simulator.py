@@ -107,7 +107,7 @@ class SimOptions:
     def __post_init__(self) -> None:
         require_int("--minibatches", self.minibatches)
         require_int("--microbatches", self.microbatches)
-        require_number("--compute-factor", self.compute_factor, example="0.5 (twice as fast)")
+        require_number("--compute-factor", self.compute_factor, example="2.0 (twice as fast)")
         require_number("--latency", self.latency_s, strict=False, example="5e-6")
         require_int("optimizer_slots", self.optimizer_slots, low=0)
         Sync(self.allreduce, self.cpu_machines)  # a bad mode or k: one line, up front

@@ -235,7 +235,11 @@ class Comm:
         among the hosts' leaders, broadcast inside each host (one host: one all-reduce)."""
         if len(ranks) < 2:
             return
-        h = self._hierarchies.get(ranks) or self.allreduce_groups(ranks)
+        h = self._hierarchies.get(ranks)
+        if h is None:  # groups are made collectively, by every rank: never lazily here
+            raise RuntimeError(f"no all-reduce groups for ranks {ranks}: call "
+                               "Comm.allreduce_groups for every replica group on every rank "
+                               "at start, in the same order")
         flat = torch.cat([t.reshape(-1) for t in tensors])
         where = f"all-reduce among ranks {ranks}"
         mine = h.host_of(self.rank)

@@ -72,6 +72,7 @@ their own optimizers and keep no copies in sync: the harness refuses a tied spli
 
 from __future__ import annotations
 
+from bisect import bisect_left, bisect_right
 from dataclasses import dataclass, field
 
 import torch
@@ -80,7 +81,8 @@ from torch import Tensor, nn
 from core.errors import ScheduleError, WorkloadError
 from pipedream_impl.schedule import Action, Layout, Schedule, interleave, simulate
 
-__all__ = ["Tie", "TiePlan", "TieSync", "check_ties", "find_ties", "with_ties"]
+__all__ = ["Tie", "TiePlan", "TieSync", "check_link_order", "check_ties", "find_ties",
+           "with_ties"]
 
 
 @dataclass(frozen=True)
@@ -133,13 +135,19 @@ class TiePlan:
     applied on both copies; ``joint``: every u(i) = i (flush schedules: joint clipping)."""
     applied_at: tuple[int, ...]
 
+    def __post_init__(self) -> None:
+        by_update: dict[int, list[int]] = {}
+        for i, u in enumerate(self.applied_at):
+            by_update.setdefault(u, []).append(i)
+        object.__setattr__(self, "_by_update", by_update)  # read at every update
+
     @property
     def joint(self) -> bool:
         return all(u == i for i, u in enumerate(self.applied_at))
 
     def from_a(self, j: int) -> list[int]:
         """Stage a's gradients applied at update j, in increasing order."""
-        return [i for i, u in enumerate(self.applied_at) if u == j]
+        return list(self._by_update.get(j, ()))
 
 
 def _updates(acts: tuple[Action, ...]) -> list[int]:
@@ -202,14 +210,16 @@ def with_ties(sched: Schedule, stages: tuple[int, int]) -> tuple[Schedule, TiePl
     compute = [p for p, x in enumerate(base.actions[rb]) if x.kind in ("F", "B")]
     applied_at, before = [], {}  # before[position in b's list] = receives placed there
     for i in range(n):
-        after = [q for q, c in enumerate(seen) if c >= sent_a[i]]
-        first = after[0] if after else None  # b's first action that happened after a sent i
-        nxt = next((q for q in compute if q > ub[i]), None)
+        # b's first action that happened after a sent i (``seen`` never decreases)
+        q = bisect_left(seen, sent_a[i])
+        first = q if q < len(seen) else None
+        c = bisect_right(compute, ub[i])
+        nxt = compute[c] if c < len(compute) else None  # b's next compute after update i
         if nxt is None or (first is not None and first <= nxt):
             u, where = i, ub[i]  # waiting cannot delay b's compute: Megatron's sum
         else:
-            later = [j for j in range(n) if first is not None and ub[j] > first]
-            u, where = (later[0], first) if later else (n - 1, ub[n - 1])  # else the drain
+            j = bisect_right(ub, first) if first is not None else n
+            u, where = (j, first) if j < n else (n - 1, ub[n - 1])  # else the drain
         if u < i:
             raise ScheduleError(f"tie plan: stage a's gradient {i} would be applied at "
                                 f"update {u}, before it exists")
@@ -222,7 +232,28 @@ def with_ties(sched: Schedule, stages: tuple[int, int]) -> tuple[Schedule, TiePl
     acts[rb] = tuple(out)
     tied = Schedule(layout, sched.minibatches, sched.weights, tuple(acts), sched.microbatches)
     simulate(tied)  # no deadlock, every message received in order
+    check_link_order(tied)
     return tied, TiePlan(tuple(applied_at))
+
+
+def check_link_order(sched: Schedule) -> None:
+    """Every directed link's receives are posted in the order its sends were made, across
+    message kinds. Tie messages share a link with activations or gradients when the tied
+    stages are adjacent; NCCL's point-to-point ignores tags, so a receive posted out of
+    the sender's order would pair with the wrong message there (gloo matches tags, so a
+    CPU run could not notice)."""
+    sends: dict[tuple[int, int], list[tuple[str, int]]] = {}
+    receives: dict[tuple[int, int], list[tuple[str, int]]] = {}
+    for rank, acts in enumerate(sched.actions):
+        for a in acts:
+            if a.kind[0] == "S" and len(a.kind) == 2:
+                sends.setdefault((rank, a.peer), []).append((a.kind[1], a.mb))
+            elif a.kind[0] == "R" and len(a.kind) == 2:
+                receives.setdefault((a.peer, rank), []).append((a.kind[1], a.mb))
+    for link in sorted(set(sends) | set(receives)):
+        if sends.get(link, []) != receives.get(link, []):
+            raise ScheduleError(f"link {link[0]} -> {link[1]}: receives are not posted in "
+                                "the order of the sends (NCCL pairs them by order)")
 
 
 def _sq_norm(grads: list[Tensor]) -> Tensor:

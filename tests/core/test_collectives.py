@@ -51,7 +51,6 @@ def test_each_rank_sends_what_the_formula_says(n: int) -> None:
     assert all(np.allclose(o, total) for o in out)  # the simulation is an all-reduce
     nbytes = data[0].nbytes
     assert sent == [ring_allreduce_bytes(nbytes, n)] * n
-    assert ring_factor(n) * nbytes == ring_allreduce_bytes(nbytes, n)
 
 
 def test_one_rank_sends_nothing_and_arrays_work_elementwise() -> None:

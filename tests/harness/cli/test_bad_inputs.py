@@ -364,6 +364,7 @@ def test_entry_point_profile_writes_nothing(tmp_path: Path) -> None:
 @pytest.mark.parametrize(("argv", "expected"), [
     (["run", "--resume", "{tmp}", "--workload", "vgg16"], "drop --workload"),
     (["run", "--resume", "{tmp}", "--inject-fault", "kill:1:F3"], "drop --inject-fault"),
+    (["run", "--resume", "{tmp}", "--stage-lr", "same"], "drop --stage-lr"),
     (["run", "--resume", "{tmp}/none"], "no such directory"),
     (["run", "--resume", "{tmp}"], "no checkpoint there"),
     (["run", "-w", "vgg16", "--system", "ddp", "--workers", "2", "--inject-fault",

@@ -6,6 +6,7 @@ from __future__ import annotations
 import itertools
 import math
 import random
+import zlib
 from functools import cache
 
 import pytest
@@ -26,13 +27,18 @@ def compositions(n: int, parts: int) -> list[tuple[int, ...]]:
     return [c for c in itertools.product(range(1, n + 1), repeat=parts) if sum(c) == n]
 
 
-def brute_force(times_ms, params, acts, levels, model, straight=False) -> float:
+def brute_force(times_ms, params, acts, levels, model, straight=False,  # noqa: ANN001
+                level_ar=None) -> float:
     """Enumerate every partition of the chain and replica assignment, level by level,
-    with the cost model written out directly from its definition."""
+    with the cost model written out directly from its definition. ``level_ar(level, r,
+    bytes, bandwidth)``: another weight synchronisation (e.g. a parameter server among
+    machines, tests/pipedream_impl/planner/test_sync.py) instead of the model's ring."""
     n = len(times_ms)
     out = list(acts)
 
-    def ar(r: int, p: float, bw: float) -> float:
+    def ar(level: int, r: int, p: float, bw: float) -> float:
+        if level_ar is not None:
+            return level_ar(level, r, p, bw)
         if model == "pipedream-2019":
             return 4 * (r - 1) * p / (bw * r)
         return 2 * (r - 1) / r * p / bw
@@ -41,8 +47,8 @@ def brute_force(times_ms, params, acts, levels, model, straight=False) -> float:
     def data_parallel(level: int, a: int, b: int) -> tuple[float, float]:
         """(time, P_eff) of layers a..b data parallel on all workers of a level unit."""
         c, pe = sum(times_ms[a:b + 1]) / 1000, sum(params[a:b + 1])
-        for w, bw in levels[:level + 1]:
-            c, pe = (c + ar(w, pe, bw)) / w, pe / w
+        for lv, (w, bw) in enumerate(levels[:level + 1]):
+            c, pe = (c + ar(lv, w, pe, bw)) / w, pe / w
         return c, pe
 
     @cache
@@ -64,13 +70,13 @@ def brute_force(times_ms, params, acts, levels, model, straight=False) -> float:
                         c, pe = (sum(times_ms[s:e + 1]) / 1000, p) if level == 0 \
                             else best(level - 1, s, e, inner)
                         if model == "pipedream-2019":
-                            stage = (c + ar(r, p, bw) / (inner if t == 0 else 1)) / r
+                            stage = (c + ar(level, r, p, bw) / (inner if t == 0 else 1)) / r
                         else:  # bytes a unit moves per minibatch: P_eff of its inner plan,
                             # or of the range data parallel on all of a unit's workers
-                            options = [((c + ar(r, pe, bw)) / r, pe)]
+                            options = [((c + ar(level, r, pe, bw)) / r, pe)]
                             if level > 0 and not straight:
                                 dc, dpe = data_parallel(level - 1, s, e)
-                                options.append(((dc + ar(r, dpe, bw)) / r, dpe))
+                                options.append(((dc + ar(level, r, dpe, bw)) / r, dpe))
                             stage, pe = min(options)
                         peff += pe / r
                         worst = max(worst, stage)
@@ -94,7 +100,7 @@ def random_chain(rng: random.Random, n: int):
 @pytest.mark.parametrize("shape", [((4, 10e9),), ((3, 5e9),), ((2, 12e9), (2, 1.25e9)),
                                    ((2, 15e9), (3, 2e9))])
 def test_dp_equals_brute_force_on_random_chains(model: str, shape: tuple) -> None:
-    rng = random.Random(hash((model, shape)) % 1000)
+    rng = random.Random(zlib.crc32(repr((model, shape)).encode()))
     cluster = Cluster(tuple(Level(w, b) for w, b in shape))
     for _ in range(12):
         t, p, a = random_chain(rng, rng.randint(2, 5))

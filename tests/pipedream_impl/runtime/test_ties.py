@@ -264,3 +264,20 @@ def test_two_workers_train_awd_lm_by_the_rule(splits, system: str) -> None:
         tied = model.layers[0].encoder.weight.numel() * 4
         assert trainer.metrics.links[(0, 1)] == STEPS * (act + tied)
         assert trainer.metrics.links[(1, 0)] == STEPS * (act + tied)
+
+
+def test_link_order_check_refuses_receives_out_of_the_senders_order() -> None:
+    """NCCL pairs point-to-point messages by order, not tag: a tie gradient received
+    before an activation that was sent first would be read as the activation."""
+    from core.errors import ScheduleError
+    from pipedream_impl.runtime.ties import check_link_order
+    from pipedream_impl.schedule import Layout, Schedule, parse_action
+
+    def sched(rank1: str) -> Schedule:
+        r0 = tuple(parse_action(x) for x in "F0v0 SF0>1 ST0>1".split())
+        r1 = tuple(parse_action(x) for x in rank1.split())
+        return Schedule(Layout((1, 1)), 1, "stash", (r0, r1))
+
+    check_link_order(sched("RF0<0 RT0<0 F0v0"))  # the sender's order: fine
+    with pytest.raises(ScheduleError, match="link 0 -> 1"):
+        check_link_order(sched("RT0<0 RF0<0 F0v0"))
