@@ -47,8 +47,8 @@ def checks(rates: dict[str, float]) -> list[tuple[str, bool | None, str]]:
     """The issue's two throughput targets on one group's median rates: (what, passed, how)."""
     kinds = {s: registry_of_systems.get(s) for s in rates}
     ours = next((s for s, k in kinds.items() if k.microbatched and k.reports_idle), None)
-    peer = next((s for s, k in kinds.items() if k.microbatched and k.float_boundaries_only
-                 and k.schedule == "flush"), None)  # the engines' own GPipe
+    peer = next((s for s, k in kinds.items() if k.microbatched and not k.reports_idle
+                 and k.schedule == "flush"), None)  # an engine's own GPipe (a peer)
     planned = next((s for s, k in kinds.items() if k.replicated_stages), None)
     out = []
     if ours and peer:
