@@ -1,22 +1,22 @@
-"""Peer pipeline engines on our stage boundaries: ``torch-gpipe`` / ``torch-1f1b``
-(``torch.distributed.pipelining`` ScheduleGPipe / Schedule1F1B) and ``deepspeed-pipe``
-(DeepSpeed ``PipelineModule`` + ``PipelineEngine``: 1F1B with a flush).
+"""Peer pipeline engines on our stage boundaries: the shared pieces (``EngineStage``, the
+``PeerExecutor`` loop) and ``deepspeed-pipe`` (DeepSpeed ``PipelineModule`` +
+``PipelineEngine``: 1F1B with a flush); torch.distributed.pipelining's schedules are in
+``baselines.torch_peers``.
 
 They run inside the shared launcher and worker processes (so data, seed, optimizer,
 learning rate, minibatches and microbatches are the same as for our ``gpipe``); each rank
-holds the same stage (layers [a, b)) our runtime would give it, wrapped for the engine.
-Both engines average the microbatch gradients of a minibatch and take one step, so they
-compute the same update as our ``gpipe``.
+holds the stage(s) (layers [a, b)) our runtime's balancing gives it, wrapped for the
+engine. Every engine averages the microbatch gradients of a minibatch and takes one step,
+so it computes the same update as our ``gpipe``.
 
 Measured here: step time (``busy_s`` is the whole step: these engines do not expose their
 idle time, so no bubble fraction is reported), losses per microbatch on the last stage,
 and bytes: every tensor a stage's forward returns (sent to the next stage) and every
 floating input gradient (sent back), counted at the stage's boundary by a wrapper.
 
-Limits, said up front rather than failing inside an engine: both engines carry only
-floating-point tensors between stages (activations and their gradients), so a split that
-passes integer tensors (GNMT's token ids, S2VT's caption ids at some boundaries) is
-rejected by ``check_peer_boundaries`` with a clear message.
+Integer tensors (GNMT's source ids, S2VT's caption ids) cross a split as int64, exactly as
+our runtime sends them: DeepSpeed sends every tensor of the tuple with its dtype and a
+gradient back only for floating ones; for torch, see ``baselines.torch_peers``.
 """
 
 from __future__ import annotations
@@ -24,16 +24,12 @@ from __future__ import annotations
 import os
 import time
 
-import torch
 from torch import nn
 
-from core.errors import WorkloadError
-from pipedream_impl.runtime.contract import EpochReport, Executor, WorkerPieces, cpu_copy
-from workloads.base import Dataset, Workload
+from pipedream_impl.runtime.contract import EpochReport, Executor, WorkerPieces
 from workloads.recipe import microbatch
 
-__all__ = ["DeepSpeedPipeExecutor", "EngineStage", "TorchPipeExecutor",
-           "check_peer_boundaries"]
+__all__ = ["DeepSpeedPipeExecutor", "EngineStage", "PeerExecutor"]
 
 
 def _tup(x) -> tuple:  # noqa: ANN001
@@ -56,7 +52,7 @@ class EngineStage(nn.Module):
         inputs = tuple(args) if self.star else _tup(args[0])
         back = 0 if self.first else sum(t.numel() * t.element_size() for t in inputs
                                         if t.is_floating_point() and t.requires_grad)
-        out = self.inner(inputs)
+        out = tuple(t.contiguous() for t in self.inner(inputs))  # engines send contiguous
         fwd = 0 if self.last else sum(t.numel() * t.element_size() for t in out)
         self.calls.append((fwd, back))
         return out[0] if len(out) == 1 else out
@@ -66,25 +62,6 @@ class EngineStage(nn.Module):
         first run a forward of its own to infer shapes; nothing is sent for it)."""
         real = self.calls[len(self.calls) - microbatches:] if microbatches else []
         return sum(f for f, _ in real), sum(b for _, b in real)
-
-
-def check_peer_boundaries(system: str, workload: Workload, scale: str,
-                          bounds: tuple[tuple[int, int], ...], data: Dataset) -> None:
-    """Reject splits whose inter-stage tuples hold non-floating tensors (see module doc).
-    ``data``: the run's training split (two of its samples go through the stages)."""
-    model = workload.build(scale, {**data.meta, "init_seed": 0})
-    x = workload.make_batch(data, torch.arange(min(2, len(data)))).inputs
-    with torch.no_grad():
-        for s, (a, b) in enumerate(bounds[:-1]):
-            x = model.stage(a, b)(x)
-            bad = [str(t.dtype) for t in x if not t.is_floating_point()]
-            if bad:
-                raise WorkloadError(
-                    f"{system} cannot run {workload.name} on this split: stage {s} sends "
-                    f"{', '.join(bad)} tensors to stage {s + 1}, and the engine carries only "
-                    f"floating-point activations between stages. Use --system pipedream or "
-                    f"gpipe (our runtime sends any tuple), or a split inside the encoder/"
-                    f"decoder where only floating tensors cross.")
 
 
 class PeerExecutor(Executor):
@@ -130,52 +107,16 @@ class PeerExecutor(Executor):
             if self.last:
                 report.losses.extend(losses)
                 self.mark_warm(report, k)
-        r = self.rank
         self.done += self.n_steps * self.m
-        fwd, back = self.module.sent(self.done)
-        report.payload = {}
-        if not self.last:
-            report.payload[(r, r + 1)] = fwd
-        if not self.first:
-            report.payload[(r, r - 1)] = back
+        report.payload = self._links()
         return self.close_report(report, self.module.inner)
 
-
-class TorchPipeExecutor(PeerExecutor):
-    """torch.distributed.pipelining: PipelineStage + ScheduleGPipe or Schedule1F1B."""
-
-    def _build(self, full: nn.Module) -> None:
-        from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
-
-        self.pipe_stage = PipelineStage(self.module, self.stage, self.n_stages, self.device)
-        cls = ScheduleGPipe if self.system.schedule == "flush" else Schedule1F1B
-        # scale_grads: gradients averaged over microbatches = the minibatch's mean loss
-        self.schedule = cls(self.pipe_stage, self.m, loss_fn=self.loss_fn, scale_grads=True)
-        self.optimizer = self.optimizer_for(self.module.parameters())
-
-    def checkpoint_state(self) -> dict:
-        return {"module": cpu_copy(self.module.inner.state_dict()),
-                "optimizer": cpu_copy(self.optimizer.state_dict())}
-
-    def load_checkpoint(self, state: dict) -> None:
-        self.module.inner.load_state_dict(state["module"])
-        self.optimizer.load_state_dict(state["optimizer"])
-
-    def _step(self, k: int) -> list[float]:
-        self.optimizer.zero_grad(set_to_none=True)
-        kwargs: dict = {"return_outputs": False}
-        mbs = self._micro(k) if (self.first or self.last) else None
-        if self.first:
-            kwargs["arg_mbs"] = [tuple(b.inputs) for b in mbs]
-        losses: list = []
-        if self.last:
-            kwargs["target_mbs"] = [b.targets for b in mbs]
-            kwargs["losses"] = losses
-        self.schedule.step(**kwargs)
-        if self.scale_spec.grad_clip is not None:
-            torch.nn.utils.clip_grad_norm_(self.module.parameters(), self.scale_spec.grad_clip)
-        self.optimizer.step()
-        return [float(x.detach()) for x in losses]
+    def _links(self) -> dict[tuple[int, int], int]:
+        """Bytes per (sender, receiver) rank so far: forward to the next stage's rank,
+        gradients back to the previous one's."""
+        r, (fwd, back) = self.rank, self.module.sent(self.done)
+        return {**({} if self.last else {(r, r + 1): fwd}),
+                **({} if self.first else {(r, r - 1): back})}
 
 
 class DeepSpeedPipeExecutor(PeerExecutor):

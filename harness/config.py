@@ -71,6 +71,9 @@ class RunConfig:
                                  f"(got {self.stage_lr!r})")
         if self.weights not in WEIGHT_MODES:
             raise UserInputError(f"--weights must be one of {', '.join(WEIGHT_MODES)}")
+        if self.recompute and system.schedule == "2bw":  # a recomputed forward: live weights
+            raise UserInputError(f"--recompute: {system.name}'s backward needs its forward's "
+                                 "weight version, not the live one; drop --recompute")
         if self.plan is not None and self.config is not None:
             raise UserInputError("give --plan or --config, not both")
         if self.plan is not None and not Path(self.plan).exists():
@@ -154,6 +157,10 @@ class RunConfig:
         if system.kind == "data-parallel" and (self.plan or self.config):
             raise UserInputError(f"{self.system} replicates the whole model: drop "
                                  "--plan/--config")
+        if system.stages_per_rank > 1 and self.plan:
+            raise UserInputError(f"{self.system} splits the model into {system.stages_per_rank}"
+                                 " stages per worker itself; drop --plan (a plan has one "
+                                 "stage per worker)")
         layers = _layer_count(self.workload, self.scale)
         ranges: tuple[tuple[int, int], ...] = ()
         if self.config is not None:
@@ -185,6 +192,11 @@ class RunConfig:
             raise UserInputError(f"{what} asks for {len(replicas)} pipeline stages but "
                                  f"{model} has only {layers} layers (a stage needs at least "
                                  f"one); use at most {layers} stages")
+        per = system.stages_per_rank
+        if len(replicas) * per > layers:
+            raise UserInputError(f"{self.system} splits {model} into {per} stages per worker, "
+                                 f"{len(replicas) * per} stages, but it has only {layers} "
+                                 f"layers; use at most {layers // per} workers")
 
     @property
     def definition(self) -> systems.System:

@@ -3,8 +3,8 @@
 A ``System`` says what a system is (its kind of layout), which executor every worker runs
 and which launcher starts the workers (``module:Class`` strings, imported only when a run
 starts, so listing systems imports neither torch nor the engines), what it supports
-(replicated stages, microbatches, weight modes, only floating tensors between stages), how
-the simulator schedules it, and the static params its runs log. The CLI's choices and help
+(replicated stages, microbatches, weight modes, stages per worker), how the simulator
+schedules it, and the static params its runs log. The CLI's choices and help
 texts, ``RunConfig``'s checks, ``compare-run``'s and ``bench``'s system lists, the
 simulator's ``--system`` and the validation's run-vs-simulated pairs are all read from
 ``SYSTEMS``; adding a system is one entry here plus its executor.
@@ -34,14 +34,16 @@ class System:
     executor: str | None = None  # module:Class every worker runs (None: single process)
     launcher: str | None = SPAWN_LAUNCHER  # module:Class that starts and drives the workers
     replicated_stages: bool = False  # pipeline stages may have replicas (PipeDream's plans)
-    microbatched: bool = False  # a flush pipeline: minibatches split into microbatches
+    microbatched: bool = False  # minibatches split into microbatches (flush pipelines, 2BW)
     weight_modes: bool = False  # --weights / --in-flight apply
     reports_idle: bool = False  # its executor times idle per action: bubble fraction
-    float_boundaries_only: bool = False  # the engine carries only float tensors between stages
-    schedule: str | None = None  # the runtime schedule its executor runs: "1f1b" or "flush"
+    schedule: str | None = None  # its executor's schedule (successors.SCHEDULES; a peer's:
+    # "flush" for GPipe, else 1F1B)
     in_flight: int | None = None  # minibatches in flight, forced (1: model parallelism)
     aliases: tuple[str, ...] = ()  # other names the simulator accepts (the paper's mp/dp)
     checkpoints: bool = True  # --checkpoint-dir / --resume supported
+    stages_per_rank: int = 1  # model stages per worker (torch's interleaved and V schedules:
+    # the model is split into workers x this many stages)
     params: dict[str, str] = field(default_factory=dict)  # logged with every run
 
     @property
@@ -49,10 +51,16 @@ class System:
         return self.kind != "one-process"
 
     @property
+    def flushes(self) -> bool:
+        """A microbatched pipeline that drains before each update (2BW does not)."""
+        return self.microbatched and self.schedule != "2bw"
+
+    @property
     def sim(self) -> str | None:
-        """How the simulator schedules it: our executor's schedule ("1f1b", "flush", or
-        "in-flight-1" for one minibatch in flight), "data-parallel" for a replicated whole
-        model; None where the simulator has no model of the engine (the peers)."""
+        """How the simulator schedules it: our executor's schedule ("1f1b", "flush",
+        "1f1b-flush", "2bw", or "in-flight-1" for one minibatch in flight), "data-parallel"
+        for a replicated whole model; None where the simulator has no model of the engine
+        (the peers)."""
         if self.kind == "data-parallel":
             return "data-parallel"
         if self.executor != STAGE_EXECUTOR:
@@ -83,6 +91,12 @@ SYSTEMS: tuple[System, ...] = (
            weight_modes=True, reports_idle=True, schedule="1f1b"),
     System("gpipe", "pipeline", "GPipe: microbatches, flush, one synchronous update",
            STAGE_EXECUTOR, microbatched=True, reports_idle=True, schedule="flush"),
+    System("pipedream-flush", "pipeline", "PipeDream-Flush: 1F1B within each minibatch, a "
+           "flush, one synchronous update (DeepSpeed's and Megatron's schedule)",
+           STAGE_EXECUTOR, microbatched=True, reports_idle=True, schedule="1f1b-flush"),
+    System("pipedream-2bw", "pipeline", "PipeDream-2BW: 1F1B without flush, two weight "
+           "versions, each minibatch's update applied one step late", STAGE_EXECUTOR,
+           microbatched=True, reports_idle=True, schedule="2bw"),
     System("model-parallel", "pipeline", "one minibatch in flight across the stages",
            STAGE_EXECUTOR, weight_modes=True, reports_idle=True, schedule="1f1b",
            in_flight=1, aliases=("mp",)),
@@ -97,17 +111,39 @@ SYSTEMS: tuple[System, ...] = (
            aliases=("dp",),
            params={"gradient_sync": "DDP all-reduce (average), default buckets"}),
     System("torch-gpipe", "pipeline", "torch.distributed.pipelining ScheduleGPipe",
-           "baselines.peers:TorchPipeExecutor", microbatched=True,
-           float_boundaries_only=True, schedule="flush",
+           "baselines.torch_peers:TorchPipeExecutor", microbatched=True, schedule="flush",
            params={"peer_schedule": "GPipe (torch.distributed.pipelining.ScheduleGPipe)"}),
     System("torch-1f1b", "pipeline", "torch.distributed.pipelining Schedule1F1B",
-           "baselines.peers:TorchPipeExecutor", microbatched=True,
-           float_boundaries_only=True, schedule="1f1b",
+           "baselines.torch_peers:TorchPipeExecutor", microbatched=True, schedule="1f1b",
            params={"peer_schedule": "1F1B with flush "
                    "(torch.distributed.pipelining.Schedule1F1B)"}),
+    System("torch-interleaved-1f1b", "pipeline", "torch.distributed.pipelining "
+           "ScheduleInterleaved1F1B (2 stages per worker, looped)",
+           "baselines.torch_peers:TorchPipeExecutor", microbatched=True,
+           schedule="interleaved-1f1b", stages_per_rank=2,
+           params={"peer_schedule": "interleaved 1F1B with flush "
+                   "(torch.distributed.pipelining.ScheduleInterleaved1F1B)"}),
+    System("torch-zb", "pipeline", "torch.distributed.pipelining "
+           "ScheduleInterleavedZeroBubble (2 stages per worker, looped)",
+           "baselines.torch_peers:TorchPipeExecutor", microbatched=True, schedule="zb",
+           stages_per_rank=2,
+           params={"peer_schedule": "zero bubble ZB1P, interleaved "
+                   "(torch.distributed.pipelining.ScheduleInterleavedZeroBubble)"}),
+    System("torch-zbv", "pipeline", "torch.distributed.pipelining ScheduleZBVZeroBubble "
+           "(2 stages per worker, V-shaped)",
+           "baselines.torch_peers:TorchPipeExecutor", microbatched=True, schedule="zbv",
+           stages_per_rank=2,
+           params={"peer_schedule": "zero bubble ZB-V "
+                   "(torch.distributed.pipelining.ScheduleZBVZeroBubble)"}),
+    System("torch-dualpipev", "pipeline", "torch.distributed.pipelining ScheduleDualPipeV "
+           "(2 stages per worker, V-shaped)",
+           "baselines.torch_peers:TorchPipeExecutor", microbatched=True,
+           schedule="dualpipev", stages_per_rank=2,
+           params={"peer_schedule": "DualPipeV (torch.distributed.pipelining."
+                   "ScheduleDualPipeV)"}),
     System("deepspeed-pipe", "pipeline", "DeepSpeed PipelineEngine (1F1B with a flush)",
-           "baselines.peers:DeepSpeedPipeExecutor", microbatched=True,
-           float_boundaries_only=True, schedule="1f1b", checkpoints=False,
+           "baselines.peers:DeepSpeedPipeExecutor", microbatched=True, schedule="1f1b",
+           checkpoints=False,
            params={"peer_schedule": "1F1B with flush (DeepSpeed PipelineEngine)"}),
 )
 _BY_NAME = {s.name: s for s in SYSTEMS}
@@ -115,7 +151,7 @@ SIMULATED = tuple(s for s in SYSTEMS if s.sim is not None)
 # choices that name systems, kept here so each system name lives in this file only:
 # the simulator's validation runs one system per simulated schedule (DDP for data
 # parallelism: it runs in our launcher's processes); the paper's tables simulate these
-VALIDATED = ("pipedream", "gpipe", "model-parallel", "ddp")
+VALIDATED = ("pipedream", "gpipe", "pipedream-flush", "pipedream-2bw", "model-parallel", "ddp")
 PAPER = {"planned": "pipedream", "flush": "gpipe", "data-parallel": "ddp"}
 
 

@@ -31,7 +31,9 @@ the pipeline at a time). Weight modes decide the version each F and B uses:
 - ``stash``: F uses the newest version; B of k uses the version F of k used;
 - ``vertical-sync``: every stage uses, for minibatch k, the newest own version not newer
   than the one stage 0 used for k;
-- ``none``: F and B each use whatever is newest when they run.
+- ``none``: F and B each use whatever is newest when they run;
+- ``2bw`` (``successors.two_bw``, microbatched): F and B of every unit of minibatch k use
+  version max(0, k - 1) (PipeDream-2BW's one-step delay).
 
 ``validate`` checks what the runtime relies on, for generated and hand-written schedules
 alike, and raises ``ScheduleError`` on: versions that contradict the mode, a backward before
@@ -397,6 +399,8 @@ def validate(sched: Schedule) -> None:
 
 def _check_versions(sched: Schedule, rank: int, acts: tuple[Action, ...]) -> None:
     s, _ = sched.layout.stage_of(rank)
+    if sched.weights == "2bw" and sched.layout.replicas[s] != 1:
+        raise ScheduleError(f"rank {rank}: 2BW versions are defined on unreplicated stages")
     seen_f: dict[int, int] = {}
     applied = 0
     for a in acts:
@@ -407,6 +411,9 @@ def _check_versions(sched: Schedule, rank: int, acts: tuple[Action, ...]) -> Non
                 raise ScheduleError(f"rank {rank}: {a} uses a version not yet made")
             if sched.weights == "stash" and a.version != applied:
                 raise ScheduleError(f"rank {rank}: {a} is not the newest version {applied}")
+            if sched.weights == "2bw" and a.version != max(0, a.mb // sched.microbatches - 1):
+                raise ScheduleError(f"rank {rank}: {a} is not version max(0, k - 1) of its "
+                                    f"minibatch k = {a.mb // sched.microbatches} (2BW's delay)")
             seen_f[a.mb] = a.version
         elif a.kind == "B":
             if a.mb not in seen_f:
@@ -479,14 +486,17 @@ def _check_tie_pairs(sched: Schedule) -> None:
 
 def _check_updates(sched: Schedule, rank: int, acts: tuple[Action, ...]) -> None:
     """One update per minibatch the rank works on, each after backward work done since the
-    previous one; a replicated stage all-reduces (rounds 0, 1, ...) before each update."""
+    previous one (microbatched: exactly its minibatch's backwards, and named after its
+    last unit); a replicated stage all-reduces (rounds 0, 1, ...) before each update."""
     s, _ = sched.layout.stage_of(rank)
     replicated = sched.layout.replicas[s] > 1
     backwards = rounds = updates = 0
     reduced = False
+    since: set[int] = set()  # units whose backward ran since the previous update
     for a in acts:
         if a.kind == "B":
             backwards += 1
+            since.add(a.mb)
         elif a.kind == "A":
             if not replicated:
                 raise ScheduleError(f"rank {rank}: {a} on stage {s}, which has one replica")
@@ -502,7 +512,13 @@ def _check_updates(sched: Schedule, rank: int, acts: tuple[Action, ...]) -> None
             if replicated and not reduced:
                 raise ScheduleError(f"rank {rank}: {a} before its all-reduce: the replicas "
                                     f"of stage {s} would drift apart")
-            backwards, reduced, updates = 0, False, updates + 1
+            m = sched.microbatches
+            last = a.mb // m * m + m - 1  # microbatched: U names its minibatch's last unit
+            if m > 1 and (a.mb != last or since != set(range(last - m + 1, last + 1))):
+                raise ScheduleError(f"rank {rank}: {a} must follow exactly the backwards of "
+                                    f"units {last - m + 1}..{last}, its minibatch's (one "
+                                    "update per minibatch, after its last backward)")
+            backwards, reduced, updates, since = 0, False, updates + 1, set()
     expected = len({a.mb // sched.microbatches for a in acts if a.kind == "B"})
     if updates != expected or backwards:
         raise ScheduleError(f"rank {rank} (stage {s}): {updates} updates for {expected} "

@@ -23,12 +23,13 @@ def simulate(
     = system_registry.PAPER["planned"],
     config: Annotated[str | None, typer.Option(help="replicas per stage, e.g. 15-1")] = None,
     plan_path: Annotated[str | None, typer.Option("--plan", help="plan JSON")] = None,
-    stages: Annotated[int | None, typer.Option(help="gpipe/mp: pipeline depth (default: "
-                                               "all workers)")] = None,
+    stages: Annotated[int | None, typer.Option(help="straight pipelines (gpipe, mp, ...): "
+                                               "depth (default: all workers)")] = None,
     bandwidth: Annotated[str | None, typer.Option(help="bytes/s per level, innermost "
                                                   "first")] = None,
     minibatches: Annotated[int, typer.Option(help="minibatches to simulate")] = 256,
-    microbatches: Annotated[int | None, typer.Option(help="gpipe (default 4 x stages)")]
+    microbatches: Annotated[int | None, typer.Option(help="microbatched pipelines (default 4 x "
+                                                     "stages)")]
     = None,
     compute_factor: Annotated[float, typer.Option(help="device speed relative to the "
                                                   "profiled one")] = 1.0,
@@ -73,7 +74,8 @@ def simulate(
         console.print(f"  worker {rank}: utilisation {r.utilisation[rank]:.0%}, memory "
                       f"{fmt_bytes(mem['total'])} (weights+optimizer "
                       f"{fmt_bytes(mem['weights'])}, stashed {fmt_bytes(mem['stashed_weights'])}"
-                      f", activations {fmt_bytes(mem['activations'])})")
+                      f", activations {fmt_bytes(mem['activations'])}; "
+                      f"{mem['weight_versions']} weight version(s))")
     if gantt_path:
         gantt(r, gantt_path)
         console.print(f"wrote {gantt_path}")

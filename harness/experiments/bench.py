@@ -46,15 +46,16 @@ def adhoc_suite(workload: str, systems: tuple[str, ...], workers: int, scale: st
 def checks(rates: dict[str, float]) -> list[tuple[str, bool | None, str]]:
     """The issue's two throughput targets on one group's median rates: (what, passed, how)."""
     kinds = {s: registry_of_systems.get(s) for s in rates}
-    ours = next((s for s, k in kinds.items() if k.microbatched and k.reports_idle), None)
-    peer = next((s for s, k in kinds.items() if k.microbatched and k.float_boundaries_only
-                 and k.schedule == "flush"), None)  # the engines' own GPipe
+    ours = next((s for s, k in kinds.items() if k.schedule == "flush" and k.reports_idle),
+                None)  # our own GPipe
+    peer = next((s for s, k in kinds.items() if k.microbatched and not k.reports_idle
+                 and k.schedule == "flush"), None)  # an engine's own GPipe (a peer)
     planned = next((s for s, k in kinds.items() if k.replicated_stages), None)
     out = []
     if ours and peer:
         x = rates[ours] / rates[peer]
         out.append((f"{ours} >= 0.95x {peer}", x >= 0.95, f"{x:.2f}x"))
-    flush = {s: v for s, v in rates.items() if kinds[s].microbatched}
+    flush = {s: v for s, v in rates.items() if kinds[s].flushes}
     if planned and flush:
         best = max(flush, key=flush.get)
         x = rates[planned] / flush[best]

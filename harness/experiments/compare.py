@@ -4,14 +4,16 @@ Every system gets the same workload, data, seed, global batch, optimizer and lea
 rate (``RunConfig`` defaults, shared by all). The stage split is computed once from one
 local profile: PipeDream runs the planner's plan for the worker count, and the
 unreplicated pipelines (gpipe, model-parallel, torch-gpipe, torch-1f1b, deepspeed-pipe)
-all run the planner's straight pipeline, so they share their stage boundaries exactly.
+all run the planner's straight pipeline, so they share their stage boundaries exactly;
+the peers that hold several stages per worker (torch-interleaved-1f1b, torch-zb, torch-zbv,
+torch-dualpipev) split the model into that many stages, balanced on the local profile.
 ``single`` runs one worker with the whole thread budget (workers x threads per worker).
 
 Each system is its own MLflow run, nested under a parent run for the comparison, which
 also holds the table (``comparison.md``) and the plans. A system that cannot run this
-workload (``UserInputError``: e.g. a peer engine that carries only floating-point tensors)
-becomes a row that says why; a system that fails is a row that says so, and the command
-exits non-zero after the table.
+workload (``UserInputError``: e.g. a split with a tied parameter on two stages for an
+engine that keeps no tied copies in sync) becomes a row that says why; a system that fails
+is a row that says so, and the command exits non-zero after the table.
 """
 
 from __future__ import annotations
@@ -175,7 +177,10 @@ def system_config(base: RunConfig, system: str, plan: str | None, **changes) -> 
     if kind == "one-process":
         return dataclasses.replace(base, system=system, workers=1,
                                    threads=per_worker * base.workers, **changes)
-    uses_plan = base.workers > 1 and kind != "data-parallel"
+    # several stages per worker (torch's interleaved and V schedules): the runtime's
+    # balancing splits the model into that many, not the plan's one per worker
+    uses_plan = base.workers > 1 and kind != "data-parallel" \
+        and registry_of_systems.get(system).stages_per_rank == 1
     return dataclasses.replace(base, system=system, plan=plan if uses_plan else None,
                                threads=per_worker, **changes)
 

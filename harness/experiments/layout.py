@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import torch
 
-from baselines.peers import check_peer_boundaries
 from core.errors import WorkloadError
 from harness import systems
 from harness.config import RunConfig
@@ -21,7 +20,7 @@ from pipedream_impl.profiling.profiler import profile_workload
 from pipedream_impl.runtime import STAGE_EXECUTOR
 from pipedream_impl.runtime.ties import check_ties, find_ties
 from pipedream_impl.schedule import Layout
-from workloads.base import Dataset, Workload
+from workloads.base import Workload
 
 __all__ = ["LOCAL_BANDWIDTH", "pipeline_layout"]
 
@@ -29,10 +28,10 @@ LOCAL_BANDWIDTH = 1e9  # bytes/s assumed between local worker processes when pla
 
 
 def pipeline_layout(cfg: RunConfig, workload: Workload, batch_size: int,
-                    device: torch.device, data: Dataset) \
+                    device: torch.device) \
         -> tuple[tuple[int, ...], tuple[tuple[int, int], ...], str]:
-    """(replicas per stage, layer range per stage, how it was chosen). ``data``: the run's
-    training split (the peer engines' boundary check runs two of its samples).
+    """(replicas per stage, layer range per stage, how it was chosen); a system that holds
+    several stages per worker gets workers x that many unreplicated stages.
     ``RunConfig`` has already checked --plan/--config against --workers and the system
     (no layout for data parallelism, no replicas for straight pipelines)."""
     system = cfg.definition
@@ -51,9 +50,11 @@ def pipeline_layout(cfg: RunConfig, workload: Workload, batch_size: int,
             config = "-".join(["1"] * cfg.workers)  # straight: these systems don't replicate
         if config is not None:
             replicas = Layout.from_config(config).replicas
+            per = system.stages_per_rank  # torch's interleaved/V schedules: v stages a rank
             bounds = balanced_bounds([n.forward_ms + n.backward_ms for n in prof.layers],
-                                     replicas)
-            how = f"config {config}, layers balanced on a local profile"
+                                     (1,) * (len(replicas) * per) if per > 1 else replicas)
+            how = f"config {config}, layers balanced on a local profile" + (
+                f" into {len(bounds)} stages ({per} per worker)" if per > 1 else "")
         else:
             plan = plan_profile(prof, Cluster((Level(cfg.workers, LOCAL_BANDWIDTH),)))
             replicas = tuple(s.replicas for s in plan.stages)
@@ -72,6 +73,4 @@ def pipeline_layout(cfg: RunConfig, workload: Workload, batch_size: int,
                             f"keeps no tied copies in sync: use {ours}, or keep the tied "
                             "layers on one stage")
     check_ties(model, bounds, replicas)  # what our runtime's tie rule cannot cover
-    if system.float_boundaries_only:
-        check_peer_boundaries(cfg.system, workload, cfg.scale, bounds, data)
     return replicas, bounds, how

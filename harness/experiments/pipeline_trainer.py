@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
+from baselines.torch_peers import TORCH_EXECUTOR, check_engine_microbatches, loss_rank
 from core.errors import UserInputError
 from core.imports import load
 from harness.config import RunConfig
@@ -96,6 +97,11 @@ class PipelineTrainer:
         if self.batch_size % self.microbatches:
             raise UserInputError(f"--microbatches {self.microbatches} does not divide the "
                                  f"batch size {self.batch_size}")
+        self.torch_peer = self.settings.executor == TORCH_EXECUTOR
+        refused = check_engine_microbatches(self.settings.schedule, len(replicas), len(bounds),
+                                            self.microbatches) if self.torch_peer else None
+        if refused:
+            raise UserInputError(f"--microbatches {self.microbatches}: {refused}")
         self.model = workload.build(cfg.scale, {**splits.train.meta, "init_seed": cfg.seed})
         self.metrics = PipelineMetrics()
         run = RunSettings(workload.name, cfg.scale, cfg.seed, self.batch_size, cfg.lr,
@@ -114,8 +120,9 @@ class PipelineTrainer:
         t0 = time.time()
         reports = self.launcher.epoch(epoch)
         end = max(r.end_at for r in reports)
-        n_last = self.replicas[-1]
-        last = reports[-n_last:]
+        n_last = self.replicas[-1]  # the last stage's replicas: the last ranks (a torch
+        # peer's last stage may sit elsewhere: rank 0 in a V)
+        last = [reports[loss_rank(self.settings)]] if self.torch_peer else reports[-n_last:]
         losses = [x for r in last for x in r.losses]  # one per microbatch
         steps = sum(len(r.losses) for r in last) // self.microbatches
         if steps == 0:

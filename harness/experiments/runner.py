@@ -191,8 +191,7 @@ def _trainer(cfg: RunConfig, workload: Workload, splits: DataSplits, device: tor
         replicas, bounds = resumed["layout"]
         how = "the checkpoint's layout"
     else:
-        replicas, bounds, how = pipeline_layout(cfg, workload, batch_size, device,
-                                                splits.train)
+        replicas, bounds, how = pipeline_layout(cfg, workload, batch_size, device)
     progress.note(f"pipeline {'-'.join(map(str, replicas))} on {cfg.workers} workers, "
                   f"layers {list(bounds)}: {how}")
     trainer = PipelineTrainer(cfg, workload, splits, replicas, bounds, device, progress)

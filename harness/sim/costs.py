@@ -51,7 +51,7 @@ from core.collectives import Sync, ring_factor
 from pipedream_impl.planner.antichain import input_nodes
 from pipedream_impl.planner.cluster import Cluster
 from pipedream_impl.profiling.profile import Profile
-from pipedream_impl.runtime.weight_stash import snapshots_held
+from pipedream_impl.runtime.weight_stash import snapshots_held, versions_held
 from pipedream_impl.schedule import Action, Layout, Schedule
 
 __all__ = ["AllReduceModel", "ClusterCosts", "MachineModel", "StageCost", "Topology",
@@ -275,7 +275,8 @@ def memory_per_worker(sched: Schedule, stages: list[StageCost], unit_share: floa
     ``weight_stash.snapshots_held``, the rules the runtime's ``stash_weight_bytes`` metric
     measures, versions advancing by the stage's replicas per update), ``activations``
     (in-flight units x the stage's activation bytes); ``total`` is the sum of the three
-    peaks."""
+    peaks; ``weight_versions`` (a count, not bytes) the most distinct versions held at once,
+    the live one included (``weight_stash.versions_held``: 2 under PipeDream-2BW)."""
     out = {}
     for rank, acts in enumerate(sched.actions):
         stage = sched.layout.stage_of(rank)[0]
@@ -293,4 +294,6 @@ def memory_per_worker(sched: Schedule, stages: list[StageCost], unit_share: floa
                      "stashed_weights": st.parameter_bytes * max(held, default=0),
                      "activations": st.activation_bytes * unit_share * peak_units}
         out[rank]["total"] = sum(out[rank].values())
+        out[rank]["weight_versions"] = max(versions_held(acts, sched.weights,
+                                                         sched.layout.replicas[stage]))
     return out

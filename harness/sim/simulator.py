@@ -5,11 +5,12 @@ and backward time, output bytes and parameter bytes at the profile's batch size)
 cluster given as levels (workers per level and bandwidth per level, innermost first), it
 executes the *same* schedules the runtime executes (``pipedream_impl.schedule``: 1F1B /
 1F1B-RR with NOAM, GPipe, one minibatch in flight, data parallelism as one replicated
-stage) with the schedule module's event engine and the cost model of
-``harness.sim.costs`` (compute from the profile, FIFO links per level, rings inside
-machines and, among machines, a ring, a parameter server (colocated or on k CPU machines)
-or BytePS, data parallelism's all-reduce overlapped with the backward or not; measured
-machine facts where a validation gives them).
+stage; ``pipedream_impl.successors``: PipeDream-Flush and PipeDream-2BW) with the schedule
+module's event engine and the cost model of ``harness.sim.costs`` (compute from the
+profile, FIFO links per level, rings inside machines and, among machines, a ring, a
+parameter server (colocated or on k CPU machines) or BytePS, data parallelism's all-reduce
+overlapped with the backward or not; measured machine facts where a validation gives
+them).
 
 Outputs (``SimResult``): time per minibatch and throughput in steady state (between the
 first and last quarter of the minibatches; ``total_s`` is the whole run, fill and drain
@@ -41,6 +42,7 @@ from pipedream_impl.planner.cluster import Cluster
 from pipedream_impl.planner.plan import Plan, min_max_split
 from pipedream_impl.profiling.profile import Profile, infer_batch_size
 from pipedream_impl.schedule import Action, Layout, Schedule, gpipe, one_f_one_b, simulate
+from pipedream_impl.successors import one_f_one_b_flush, two_bw
 
 __all__ = ["NEAR_TIE", "SimLayout", "SimOptions", "SimResult", "build_schedule", "config_groups",
            "gantt", "layout_for", "plan_groups", "simulate_system"]
@@ -69,6 +71,10 @@ def build_schedule(kind: str, replicas: tuple[int, ...], minibatches: int,
     layout = Layout(replicas)
     if kind == "flush":
         return gpipe(layout, minibatches, microbatches)
+    if kind == "1f1b-flush":
+        return one_f_one_b_flush(layout, minibatches, microbatches)
+    if kind == "2bw":
+        return two_bw(layout, minibatches, microbatches)
     if kind == "in-flight-1":
         return one_f_one_b(layout, minibatches, "stash", in_flight=1)
     n = minibatches - minibatches % math.lcm(*replicas)
@@ -121,12 +127,13 @@ def simulate_system(profile: Profile, cluster: Cluster, system: str, layout: Sim
     replicas = layout.replicas
     minibatches, microbatches, allreduce, machine = (o.minibatches, o.microbatches,
                                                      o.allreduce, o.machine)
-    kind = systems.simulated(system).sim  # registry names and aliases
+    sys_ = systems.simulated(system)  # registry names and aliases
+    kind = sys_.sim
     if sum(replicas) > cluster.workers:
         raise UserInputError(f"config {'-'.join(map(str, replicas))} needs {sum(replicas)} "
                              f"workers; the cluster has {cluster.workers}")
     b = profile.batch_size or infer_batch_size(profile) or 1
-    m = (microbatches or 4 * len(replicas)) if kind == "flush" else 1
+    m = (microbatches or 4 * len(replicas)) if sys_.microbatched else 1
     sched = build_schedule(kind, replicas, minibatches, m)
     stages = stage_costs(profile, layout.groups)
     placement = layout.placement or list(range(sum(replicas)))

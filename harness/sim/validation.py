@@ -184,7 +184,7 @@ def _one(setup: _Setup, prof: Profile, system: str, w: int, progress: Progress) 
     bounds = tuple(tuple(s.layers) for s in straight.stages)
     plan_path = setup.tmp / f"{name}-{w}.json"
     plan_path.write_text(straight.to_json())
-    m = 4 * w if kind == "flush" else 1
+    m = 4 * w if sys_.microbatched else 1
     spare = setup.cores > w  # a core left over for communication
     if kind == "data-parallel":  # global minibatch b: each replica trains b / w of it
         groups, replicas, placement = [tuple(prof.graph().nodes)], (w,), None
@@ -212,7 +212,7 @@ def _one(setup: _Setup, prof: Profile, system: str, w: int, progress: Progress) 
                     target=1e9 if wl.higher_is_better else -1e9,
                     threads=1, workers=w, max_steps_per_epoch=k, experiment=setup.experiment,
                     plan=str(plan_path) if (w > 1 and kind != "data-parallel") else None,
-                    microbatches=m if kind == "flush" else None)
+                    microbatches=m if sys_.microbatched else None)
     progress.note(f"validation: {name} {cfg.system} on {w} worker(s)")
     summary = run(cfg, progress)
     sim = simulate_system(prof, cluster, system, SimLayout(groups, replicas, placement),

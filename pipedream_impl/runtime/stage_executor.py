@@ -39,6 +39,7 @@ from pipedream_impl.runtime.stage_lr import set_lr, stage_lr_scale
 from pipedream_impl.runtime.ties import TieSync, check_ties
 from pipedream_impl.runtime.weight_stash import WeightStore, direct_forwards, future_versions
 from pipedream_impl.schedule import Action, Schedule, gpipe, one_f_one_b
+from pipedream_impl.successors import one_f_one_b_flush, two_bw
 from workloads.base import Batch
 from workloads.recipe import microbatch
 
@@ -86,8 +87,13 @@ class StageExecutor(Executor):
         return self._base_schedule()
 
     def _base_schedule(self) -> Schedule:
-        if self.system.schedule == "flush":
+        kind = self.system.schedule  # one of successors.SCHEDULES
+        if kind == "flush":
             return gpipe(self.layout, self.n_steps, self.m)
+        if kind == "1f1b-flush":
+            return one_f_one_b_flush(self.layout, self.n_steps, self.m)
+        if kind == "2bw":
+            return two_bw(self.layout, self.n_steps, self.m)
         return one_f_one_b(self.layout, self.n_steps, self.system.weights,
                            self.system.in_flight)
 
@@ -251,6 +257,7 @@ class StageExecutor(Executor):
             p.grad = g
         if self.scale_spec.grad_clip is not None and self.ties is None:
             torch.nn.utils.clip_grad_norm_(self.params, self.scale_spec.grad_clip)
+        self.store.before_update(self.future_f[pos])  # 2BW: the version it replaces
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.grads = None

@@ -26,7 +26,10 @@ forward with no update before its own backward runs on the live weights and make
 snapshot (``direct_forwards``), so the count is the number of distinct versions in flight
 whose minibatches see an update before their backward, the current one included: under
 1F1B, S - s versions at stage s < S - 1 of S stages, none at the last stage, under GPipe,
-one minibatch in flight or pure data parallelism. ``WeightStore`` measures it on the
+PipeDream-Flush, one minibatch in flight or pure data parallelism; under PipeDream-2BW two
+on every stage but the last (W(k - 1) and a copy of the current W(k)) and one on the last
+(W(k - 1): it runs minibatch k after making W(k), so ``before_update`` snapshots the
+version an update replaces when a later forward asks for it). ``WeightStore`` measures it on the
 tensors themselves (weak references to every snapshot it made); ``snapshots_held``
 predicts it from a worker's action list (the simulator's memory model), with the same
 rules.
@@ -43,7 +46,8 @@ from pipedream_impl.schedule import Action
 if TYPE_CHECKING:  # torch only for hints: the simulator imports this module's rules
     from torch import Tensor, nn
 
-__all__ = ["WeightStore", "direct_forwards", "future_versions", "snapshots_held"]
+__all__ = ["WeightStore", "direct_forwards", "future_versions", "snapshots_held",
+           "versions_held"]
 
 
 class WeightStore:
@@ -84,6 +88,20 @@ class WeightStore:
             grads.append(t.grad if t.grad is not None else t.new_zeros(t.shape))
             t.grad = None
         return grads
+
+    def before_update(self, oldest_needed: int) -> None:
+        """Before the optimizer changes the weights in place: a later forward that asks
+        for the current version (PipeDream-2BW's last stage runs minibatch k on version
+        k - 1 after making version k) needs a snapshot of it now. Versions no later
+        forward asks for go first, so the peak holds what ``after_update`` keeps."""
+        if self.keep_history or oldest_needed > self.version or self.version in self.snapshots:
+            return
+        stored = set(self.snapshots) | {self.version}
+        keep_from = keep_versions_from(stored, oldest_needed, self.version, False)
+        for v in [v for v in self.snapshots if v < keep_from]:
+            del self.snapshots[v]
+        self.snapshots[self.version] = self._snapshot()
+        self.peak_bytes = max(self.peak_bytes, self.stashed_bytes())
 
     def after_update(self, oldest_needed: int) -> None:
         self.version += self.step_size
@@ -156,11 +174,25 @@ def snapshots_held(acts: Sequence[Action], weights: str, step_size: int) -> list
     """How many snapshots a worker running ``acts`` (one epoch, from a drained pipeline)
     holds after each action, by the executor's rules: a forward that is not direct uses
     the store's snapshot (made on demand for the current version) and holds it until its
-    backward, its gradients hold it until the next all-reduce or update gathers them; the
-    store keeps what ``keep_versions_from`` says. ``weights="none"`` (naive pipelining)
-    makes no snapshot. Multiply by the stage's parameter bytes for stashed weight bytes."""
-    if weights == "none":
-        return [0] * len(acts)
+    backward, its gradients hold it until the next all-reduce or update gathers them; an
+    update snapshots the version it replaces when a later forward asks for it
+    (``WeightStore.before_update``); the store keeps what ``keep_versions_from`` says.
+    ``weights="none"`` (naive pipelining) makes no snapshot. Multiply by the stage's
+    parameter bytes for stashed weight bytes."""
+    return [len(snaps) for _, snaps in _alive(acts, weights, step_size)]
+
+
+def versions_held(acts: Sequence[Action], weights: str, step_size: int) -> list[int]:
+    """How many distinct weight versions the worker holds after each action: the live
+    weights' version and those of its snapshots (a snapshot of the current version is a
+    second copy of the same version). PipeDream-2BW: 2, a flush: 1."""
+    return [len(snaps | {current}) for current, snaps in _alive(acts, weights, step_size)]
+
+
+def _alive(acts: Sequence[Action], weights: str, step_size: int) \
+        -> list[tuple[int, set[int]]]:
+    """After each action: (the live weights' version, the versions of the snapshots
+    alive), by the rules ``snapshots_held`` states."""
     history = weights == "vertical-sync"
     future, direct = future_versions(acts), direct_forwards(acts)
     current, store = 0, {0} if history else set()
@@ -168,7 +200,9 @@ def snapshots_held(acts: Sequence[Action], weights: str, step_size: int) -> list
     pending: set[int] = set()  # backward done, gradients not yet gathered
     gathered, out = False, []
     for i, a in enumerate(acts):
-        if a.kind == "F" and not (i in direct and a.version == current):
+        if weights == "none":
+            pass
+        elif a.kind == "F" and not (i in direct and a.version == current):
             if a.version == current:
                 store.add(current)
             v = pick(store, a.version)
@@ -181,11 +215,15 @@ def snapshots_held(acts: Sequence[Action], weights: str, step_size: int) -> list
             pending.clear()
             gathered = True
         if a.kind == "U":
+            if weights != "none" and not history and future[i] <= current \
+                    and current not in store:
+                keep = keep_versions_from(store | {current}, future[i], current, False)
+                store = {v for v in store if v >= keep} | {current}  # ``before_update``
             current += step_size
             gathered = False
             if history:
                 store.add(current)
             keep = keep_versions_from(store, future[i], current, history)
             store = {v for v in store if v >= keep}
-        out.append(len(store | set(held.values()) | pending))
+        out.append((current, store | set(held.values()) | pending))
     return out

@@ -237,8 +237,10 @@ def test_compare_run_is_a_parent_run_with_one_child_per_system(mlflow_uri: str,
 
 
 def test_compare_run_says_why_a_peer_cannot_run_a_workload(mlflow_uri: str) -> None:
-    r = _run(["compare-run", "--workload", "gnmt8", "--workers", "2", "--epochs", "1",
+    # AWD-LM ties its embedding (first layer) to its decoder (last): every 2-stage split
+    # puts the tie on two stages, and torch's engine keeps no tied copies in sync
+    r = _run(["compare-run", "--workload", "awd-lm", "--workers", "2", "--epochs", "1",
               "--max-steps", "2", "--systems", "torch-gpipe", "--experiment", "cmp2",
               "--quiet", "-o", "/dev/stdout"], env_uri=mlflow_uri)
     assert r.returncode == 0, r.stderr
-    assert "n/a: torch-gpipe cannot run gnmt8" in r.stdout
+    assert "n/a: this split puts a tied parameter" in r.stdout

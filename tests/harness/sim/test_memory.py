@@ -74,11 +74,36 @@ def test_gpipe_and_model_parallelism_stash_nothing() -> None:
     assert _stashed(mp, 3) == [0, 0, 0]
 
 
+@pytest.mark.parametrize("p", [2, 3, 4])
+def test_flush_and_2bw_versions_and_activations_closed_form(p: int) -> None:
+    """PipeDream-Flush: one weight version (each forward's backward comes before the
+    update, so it runs on the live weights: no snapshot), at most min(p - s, M)
+    microbatches in flight on stage s (GPipe: all M). PipeDream-2BW: two versions on
+    every stage, W(k - 1) and W(k): snapshots of both on stages before the last (the
+    current one copied, as 1F1B's stash does), of W(k - 1) alone on the last; p - s
+    microbatches in flight."""
+    from pipedream_impl.successors import one_f_one_b_flush, two_bw
+
+    for m in sorted({max(1, p - 1), p, 2 * p}):
+        flush = memory_per_worker(one_f_one_b_flush(Layout((1,) * p), 3, m), _stages(p),
+                                  1 / m, 0)
+        delayed = memory_per_worker(two_bw(Layout((1,) * p), 3, m), _stages(p), 1 / m, 0)
+        for s in range(p):
+            assert flush[s]["weight_versions"] == 1 and flush[s]["stashed_weights"] == 0
+            assert flush[s]["activations"] == pytest.approx(min(p - s, m) * A / m)
+            assert delayed[s]["weight_versions"] == 2
+            assert delayed[s]["stashed_weights"] == (2 if s < p - 1 else 1) * P
+            assert delayed[s]["activations"] == pytest.approx((p - s) * A / m)
+        gp = memory_per_worker(gpipe(Layout((1,) * p), 3, m), _stages(p), 1 / m, 0)
+        assert [x["activations"] for x in gp.values()] == [pytest.approx(A)] * p
+
+
 WL = get("vgg16")
 STEPS = 8
 
 
-@pytest.mark.parametrize("system", ["pipedream", "gpipe", "model-parallel"])
+@pytest.mark.parametrize("system", ["pipedream", "gpipe", "model-parallel", "pipedream-flush",
+                                    "pipedream-2bw"])
 def test_simulated_bytes_equal_the_runtimes_measured_peak(system: str) -> None:
     """A tiny 2-stage run in one process with the runtime's own handlers: the simulator's
     stashed bytes for the same layout, with the stage's real parameter bytes, equal the
@@ -88,7 +113,7 @@ def test_simulated_bytes_equal_the_runtimes_measured_peak(system: str) -> None:
     torch.set_num_threads(1)
     sys_ = systems.get(system)
     bounds, batch = ((0, 17), (17, 40)), 4
-    m = 2 if sys_.schedule == "flush" else 1
+    m = 2 if sys_.microbatched else 1
     spec = WorkerSpec(0, RunSettings("vgg16", "tiny", 0, batch, max_steps=STEPS,
                                      timeout_s=60.0),
                       SystemSettings((1, 1), bounds, schedule=sys_.schedule,

@@ -1,0 +1,199 @@
+"""The torch.distributed.pipelining peers on our stage boundaries, one executor for all:
+``ScheduleGPipe`` and ``Schedule1F1B`` (one stage per rank), ``ScheduleInterleaved1F1B``
+and ``ScheduleInterleavedZeroBubble`` (v stages per rank, looped: rank r holds stages r,
+r + W, r + 2W, ...) and ``ScheduleZBVZeroBubble`` / ``ScheduleDualPipeV`` (two stages per
+rank, V-shaped: rank r holds stages r and 2W - 1 - r, so rank 0 holds the first and the
+last stage and computes the loss).
+
+The model is split into W x v stages by the runtime's own balancing (harness layout); the
+executor learns v as ``len(bounds) // workers``. Every schedule averages the microbatch
+gradients of a minibatch (``scale_grads``) and takes one optimizer step, so each computes
+the same update as single-process training on whole minibatches.
+
+Stage metadata is given to torch up front (static mode: ``PipelineStage(input_args=...,
+output_args=...)``, example tensors from one microbatch run through the preceding layers
+once at start-up), not inferred at the first step: torch's dynamic inference runs a stage
+on uninitialised tensors built from the metadata, which is harmless for activations but
+turns token ids (GNMT's source ids, S2VT's captions) into out-of-range indices. With static
+metadata int64 tensors cross the split as they are, bytes and values exactly as our
+runtime sends them; torch sends a gradient back only for floating inputs.
+
+Bytes: each stage counts what its forward returns (sent to the next stage) and the
+floating inputs' gradients (sent back) at its boundary (``peers.EngineStage``); a boundary
+between two stages of the same rank (the V's turn) is a local hand-off, not on any link.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from baselines.peers import EngineStage, PeerExecutor
+from pipedream_impl.runtime.contract import EpochReport, SystemSettings, WorkerPieces, cpu_copy
+
+__all__ = ["ENGINE_SCHEDULES", "TORCH_EXECUTOR", "V_SHAPED", "TorchPipeExecutor",
+           "boundary_examples", "check_engine_microbatches", "loss_rank", "stage_ranks"]
+
+# the registry's ``schedule`` of each torch peer -> the torch.distributed.pipelining class
+ENGINE_SCHEDULES = {"flush": "ScheduleGPipe", "1f1b": "Schedule1F1B",
+                    "interleaved-1f1b": "ScheduleInterleaved1F1B",
+                    "zb": "ScheduleInterleavedZeroBubble", "zbv": "ScheduleZBVZeroBubble",
+                    "dualpipev": "ScheduleDualPipeV"}
+V_SHAPED = frozenset({"zbv", "dualpipev"})  # two stages per rank, placed in a V
+TORCH_EXECUTOR = f"{__name__}:TorchPipeExecutor"  # the registry's executor for these peers
+
+
+def stage_ranks(workers: int, stages: int, v_shape: bool) -> tuple[int, ...]:
+    """The rank holding each of ``stages`` stages on ``workers`` ranks: looped (stage s on
+    rank s mod W) or V-shaped (down the ranks, then back up: rank r holds r and 2W-1-r)."""
+    if stages % workers:
+        raise ValueError(f"{stages} stages do not divide among {workers} ranks")
+    if not v_shape:
+        return tuple(s % workers for s in range(stages))
+    return tuple(s % workers if (s // workers) % 2 == 0 else workers - 1 - s % workers
+                 for s in range(stages))
+
+
+def loss_rank(system: SystemSettings) -> int:
+    """The rank that holds the last stage and computes the loss (rank 0 for a V)."""
+    workers = len(system.replicas)
+    return stage_ranks(workers, len(system.bounds), system.schedule in V_SHAPED)[-1]
+
+
+def check_engine_microbatches(schedule: str, workers: int, stages: int,
+                              microbatches: int) -> str | None:
+    """What the torch schedule would refuse about this many microbatches (None: fine),
+    said before any worker starts."""
+    if schedule == "1f1b" and microbatches < stages:
+        return f"Schedule1F1B needs at least as many microbatches as stages ({stages})"
+    if schedule == "dualpipev" and microbatches < stages:
+        return f"ScheduleDualPipeV needs at least as many microbatches as stages ({stages})"
+    if schedule in ("interleaved-1f1b", "zb"):
+        rounds = max(1, microbatches // workers)
+        if microbatches % rounds:
+            return (f"{ENGINE_SCHEDULES[schedule]} needs the microbatches to be a multiple "
+                    f"of max(1, microbatches // workers) = {rounds}")
+    return None
+
+
+def boundary_examples(full: nn.Module, bounds: tuple[tuple[int, int], ...], inputs: tuple,
+                      device: torch.device) -> list[tuple]:
+    """Each stage boundary's tensors for one microbatch (index s: stage s's inputs, the
+    last: the model's outputs), as training sees them: dtypes kept (token ids stay int64),
+    a received floating tensor requires grad, an output requires grad where autograd says
+    so. ``inputs`` (a microbatch) runs through the model once in eval mode (no dropout, no
+    batch-norm statistics touched)."""
+    was = full.training
+    full.eval()
+    out = [tuple(t.to(device).contiguous() for t in inputs)]
+    with torch.enable_grad():
+        for s, (a, b) in enumerate(bounds):
+            if s > 0:
+                out[-1] = tuple(t.detach().requires_grad_(t.is_floating_point())
+                                for t in out[-1])
+            y = full.stage(a, b).to(device)(out[-1])
+            out.append(tuple(t.contiguous() for t in y))
+    full.train(was)
+    return [tuple(t.detach().requires_grad_(t.requires_grad) for t in ts) for ts in out]
+
+
+def _whole_backward(stage: nn.Module):  # noqa: ANN202
+    """None (torch splits each backward into an input pass I and a weight pass W, as the
+    zero-bubble schedules want), or for a stage with fused recurrent layers an empty W:
+    torch 2.14's W pass runs one autograd call per parameter group without keeping the
+    graph, and an LSTM's weights share one fused node, so the second group finds it freed.
+    Such a stage computes its whole backward at I (gradients exact; the I/W split, and so
+    the zero-bubble filling, is lost on that stage only)."""
+    if any(isinstance(m, nn.RNNBase) for m in stage.modules()):
+        return lambda: (lambda: None)
+    return None
+
+
+class TorchPipeExecutor(PeerExecutor):
+    """torch.distributed.pipelining: one PipelineStage per stage this rank holds, and the
+    schedule the registry names."""
+
+    def __init__(self, pieces: WorkerPieces) -> None:  # noqa: D107 - see the class doc
+        self.workers = len(pieces.layout.replicas)
+        self.n_model_stages = len(pieces.spec.system.bounds)
+        self.kind = pieces.spec.system.schedule
+        ranks = stage_ranks(self.workers, self.n_model_stages, self.kind in V_SHAPED)
+        self.stage_rank = ranks
+        self.local = [s for s, r in enumerate(ranks) if r == pieces.spec.rank]
+        super().__init__(pieces)
+
+    def _build(self, full: nn.Module) -> None:
+        import torch.distributed.pipelining as pp
+
+        last = self.n_model_stages - 1
+        self.first = 0 in self.local  # this rank feeds the inputs
+        self.last = last in self.local  # this rank computes the loss
+        self.modules = [self.module] if len(self.local) == 1 else [
+            EngineStage(full.stage(*self.system.bounds[s]).to(self.device).train(), True,
+                        s == 0, s == last) for s in self.local]
+        size = self.run.batch_size // self.m
+        sample = self.wl.make_batch(self.splits.train, torch.arange(size)).inputs
+        examples = boundary_examples(full, self.system.bounds, sample, self.device)
+        stages = [pp.PipelineStage(mod, s, self.n_model_stages, self.device,
+                                   input_args=examples[s], output_args=examples[s + 1],
+                                   dw_builder=_whole_backward(mod))
+                  for s, mod in zip(self.local, self.modules, strict=True)]
+        cls = getattr(pp, ENGINE_SCHEDULES[self.kind])
+        # scale_grads: gradients averaged over microbatches = the minibatch's mean loss
+        self.schedule = cls(stages[0] if len(stages) == 1 and self.kind in ("flush", "1f1b")
+                            else stages, self.m, loss_fn=self.loss_fn, scale_grads=True)
+        self.params = [p for mod in self.modules for p in mod.parameters()]
+        self.optimizer = self.optimizer_for(self.params)
+
+    def checkpoint_state(self) -> dict:
+        return {"modules": [cpu_copy(m.inner.state_dict()) for m in self.modules],
+                "optimizer": cpu_copy(self.optimizer.state_dict())}
+
+    def load_checkpoint(self, state: dict) -> None:
+        for mod, st in zip(self.modules, state["modules"], strict=True):
+            mod.inner.load_state_dict(st)
+        self.optimizer.load_state_dict(state["optimizer"])
+
+    def _step(self, k: int) -> list[float]:
+        self.optimizer.zero_grad(set_to_none=True)
+        kwargs: dict = {"return_outputs": False}
+        mbs = self._micro(k) if (self.first or self.last) else None
+        if self.first:
+            kwargs["arg_mbs"] = [tuple(b.inputs) for b in mbs]
+        losses: list = []
+        if self.last:
+            kwargs["target_mbs"] = [b.targets for b in mbs]
+            kwargs["losses"] = losses
+        self.schedule.step(**kwargs)
+        if self.scale_spec.grad_clip is not None:
+            torch.nn.utils.clip_grad_norm_(self.params, self.scale_spec.grad_clip)
+        self.optimizer.step()
+        return [float(x.detach()) for x in losses]
+
+    def _links(self) -> dict[tuple[int, int], int]:
+        """Bytes per (sender, receiver) rank so far: each held stage's boundary tensors,
+        forward to the next stage's rank and gradients back to the previous one's."""
+        links: dict[tuple[int, int], int] = {}
+        for s, mod in zip(self.local, self.modules, strict=True):
+            fwd, back = mod.sent(self.done)
+            for other, b in ((s + 1, fwd), (s - 1, back)):
+                if 0 <= other < self.n_model_stages and self.stage_rank[other] != self.rank:
+                    key = (self.rank, self.stage_rank[other])
+                    links[key] = links.get(key, 0) + b
+        return links
+
+    def close_report(self, report: EpochReport, module: nn.Module) -> EpochReport:
+        """The report's weights: every held stage's layers, keyed from the first one's
+        start (the trainer loads them at ``bounds[report.stage][0]``; with one stage per
+        rank the stage's own state)."""
+        report = super().close_report(report, module)
+        if len(self.modules) > 1:
+            base = self.system.bounds[report.stage][0]
+            state = {}
+            for s, mod in zip(self.local, self.modules, strict=True):
+                shift = self.system.bounds[s][0] - base
+                for key, value in mod.inner.state_dict().items():
+                    _, idx, rest = key.split(".", 2)
+                    state[f"layers.{shift + int(idx)}.{rest}"] = value
+            report.state = cpu_copy(state)
+        return report
