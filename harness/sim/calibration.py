@@ -176,7 +176,7 @@ def fit(get: Callable[[str], tuple[Profile, str, float]]) -> Fit:
     import itertools
 
     import numpy as np
-    from scipy.optimize import least_squares, minimize  # scikit-learn's dependency
+    from scipy.optimize import least_squares, minimize
 
     cases = []
     for m, c, speed in BSP_SPEEDUPS:
