@@ -19,7 +19,7 @@ test: install
 	$(VENV)/bin/ruff check .
 	$(PY) -m pytest
 
-# the unit tier (no worker processes, no CLI subprocesses): under 2 minutes here
+# the unit tier (no worker processes, no CLI subprocesses): about 2 minutes here
 test-fast: install
 	$(VENV)/bin/ruff check .
 	$(PY) -m pytest -m "not multiprocess and not cli and not browser"
