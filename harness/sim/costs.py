@@ -140,9 +140,10 @@ class Topology:
                 return i
         return len(self.group_sizes) - 1
 
-    def ring_levels(self, ranks: tuple[int, ...]) -> list[tuple[int, int]]:
-        """(level, k) of a hierarchical ring all-reduce over ``ranks``: at each level, a
-        ring among the k groups of the level below (k = 1: nothing to do there)."""
+    def ring_groups(self, ranks: tuple[int, ...]) -> list[tuple[int, list[int]]]:
+        """(level, sizes) of a hierarchical ring all-reduce over ``ranks``: at each level
+        where some ring has 2 or more members, the size of every ring (one per group of
+        that level: the groups of the level below it holds)."""
         out = []
         below = [self.placement[r] for r in ranks]  # level -1 groups: the workers
         for lv, size in enumerate(self.group_sizes):
@@ -150,10 +151,15 @@ class Topology:
             groups: dict[int, set[int]] = defaultdict(set)
             for w in below:
                 groups[w // size].add(w // inner)
-            k = max(len(g) for g in groups.values())
-            if k > 1:
-                out.append((lv, k))
+            sizes = [len(g) for g in groups.values()]
+            if max(sizes) > 1:
+                out.append((lv, sizes))
         return out
+
+    def ring_levels(self, ranks: tuple[int, ...]) -> list[tuple[int, int]]:
+        """(level, k) of a hierarchical ring all-reduce over ``ranks``: at each level, a
+        ring among the k groups of the level below (k = 1: nothing to do there)."""
+        return [(lv, max(sizes)) for lv, sizes in self.ring_groups(ranks)]
 
 
 def sync_levels(topology: Topology, ranks: tuple[int, ...], sync: Sync, nbytes: float,
@@ -163,17 +169,9 @@ def sync_levels(topology: Topology, ranks: tuple[int, ...], sync: Sync, nbytes: 
     ``sync`` among the machines at the outermost level (see the module docstring)."""
     cluster = topology.cluster
     top = len(cluster.levels) - 1
-    workers = [topology.placement[r] for r in ranks]
     out = []
-    for lv, size in enumerate(topology.group_sizes):
-        inner = size // cluster.levels[lv].workers  # workers per level-(lv-1) group
-        groups: dict[int, set[int]] = defaultdict(set)
-        for w in workers:
-            groups[w // size].add(w // inner)
-        sizes = [len(g) for g in groups.values()]
+    for lv, sizes in topology.ring_groups(ranks):
         k = max(sizes)
-        if k < 2:
-            continue
         bw = cluster.levels[lv].bandwidth
         if lv < top or sync.mode == "ring":
             secs = ring_factor(k) * nbytes / bw + 2 * (k - 1) * latency_s
