@@ -23,6 +23,7 @@ activations of in-flight minibatches, read off the schedule.
 from __future__ import annotations
 
 import math
+import operator
 from dataclasses import dataclass, field
 
 from core.collectives import Sync
@@ -264,23 +265,14 @@ def config_groups(profile: Profile, replicas: tuple[int, ...], cluster: Cluster,
     bounds = min_max_split(n, k, slowest)
     limit = max(slowest(i, a, b) for i, (a, b) in enumerate(bounds)) * (1 + near_tie)
     # fewest bytes among splits whose every stage is within the limit
-    best = [[inf] * (n + 1) for _ in range(k + 1)]
-    cut = [[0] * (n + 1) for _ in range(k + 1)]
-    best[0][0] = 0.0
-    for i in range(1, k + 1):
-        for b in range(i, n - (k - i) + 1):
-            for a in range(i - 1, b):
-                if best[i - 1][a] == inf or slowest(i - 1, a, b) > limit:
-                    continue
-                v = best[i - 1][a] + (2 * live[a] if i > 1 else 0.0) \
-                    + moved[i - 1] * (par[b] - par[a])
-                if v < best[i][b]:
-                    best[i][b], cut[i][b] = v, a
-    out, b = [], n
-    for i in range(k, 0, -1):
-        out.append(tuple(ids[cut[i][b]:b]))
-        b = cut[i][b]
-    return list(reversed(out))
+
+    def moved_bytes(i: int, a: int, b: int) -> float:
+        if slowest(i, a, b) > limit:
+            return inf
+        return (2 * live[a] if i > 0 else 0.0) + moved[i] * (par[b] - par[a])
+
+    bounds = min_max_split(n, k, moved_bytes, combine=operator.add)
+    return [tuple(ids[a:b]) for a, b in bounds]
 
 
 def _check_plan_nodes(profile: Profile, groups: list[tuple[str, ...]]) -> None:

@@ -342,11 +342,14 @@ def plan_profile(profile: Profile, cluster: Cluster, model: str = "pipebench",
     return build_plan(sol, b, profile.source or profile.workload)
 
 
-def min_max_split(n: int, stages: int, cost: Callable[[int, int, int], float]) \
+def min_max_split(n: int, stages: int, cost: Callable[[int, int, int], float],
+                  combine: Callable[[float, float], float] = max) \
         -> tuple[tuple[int, int], ...]:
     """Split items ``0..n-1`` into ``stages`` contiguous non-empty ranges that minimise the
     largest ``cost(i, a, b)`` (stage ``i`` holding ``[a, b)``): an exact DP over cut
-    positions, O(S n^2). Ties go to the earliest cut."""
+    positions, O(S n^2). ``combine``: how stage costs add up (``max``: the bottleneck;
+    ``operator.add``: a total, e.g. bytes; an infinite cost rules a range out). Ties go to
+    the earliest cut."""
     inf = float("inf")
     best = [[inf] * (n + 1) for _ in range(stages + 1)]
     cut = [[0] * (n + 1) for _ in range(stages + 1)]
@@ -356,7 +359,7 @@ def min_max_split(n: int, stages: int, cost: Callable[[int, int, int], float]) \
             for a in range(i - 1, b):
                 if best[i - 1][a] == inf:
                     continue
-                v = max(best[i - 1][a], cost(i - 1, a, b))
+                v = combine(best[i - 1][a], cost(i - 1, a, b))
                 if v < best[i][b]:
                     best[i][b], cut[i][b] = v, a
     bounds, b = [], n
