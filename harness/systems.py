@@ -59,13 +59,18 @@ class System:
     def sim(self) -> str | None:
         """How the simulator schedules it: our executor's schedule ("1f1b", "flush",
         "1f1b-flush", "2bw", or "in-flight-1" for one minibatch in flight), "data-parallel"
-        for a replicated whole model; None where the simulator has no model of the engine
-        (the peers)."""
+        for a replicated whole model; a peer engine's schedule where it is one of ours
+        (GPipe's "flush"; a peer's 1F1B flushes each step: "1f1b-flush") or, for several
+        stages per worker, its own name ("interleaved-1f1b", "zb", "zbv", "dualpipev":
+        ``harness.sim.multistage`` runs torch's action lists); None where the simulator has
+        no model of the engine."""
         if self.kind == "data-parallel":
             return "data-parallel"
-        if self.executor != STAGE_EXECUTOR:
-            return None
-        return "in-flight-1" if self.in_flight == 1 else self.schedule
+        if self.executor == STAGE_EXECUTOR:
+            return "in-flight-1" if self.in_flight == 1 else self.schedule
+        if self.kind == "pipeline" and self.microbatched:
+            return {"1f1b": "1f1b-flush"}.get(self.schedule or "", self.schedule)
+        return None
 
     @property
     def actions(self) -> tuple[str, ...]:

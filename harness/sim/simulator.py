@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from core.collectives import Sync
 from core.errors import UserInputError, require_int, require_number
 from harness import systems
+from harness.sim import multistage
 from harness.sim.costs import (
     AllReduceModel,
     ClusterCosts,
@@ -135,6 +136,8 @@ def simulate_system(profile: Profile, cluster: Cluster, system: str, layout: Sim
                              f"workers; the cluster has {cluster.workers}")
     b = profile.batch_size or infer_batch_size(profile) or 1
     m = (microbatches or 4 * len(replicas)) if sys_.microbatched else 1
+    if sys_.stages_per_rank > 1:
+        return _simulate_multistage(profile, cluster, sys_, layout, o, b, m)
     sched = build_schedule(kind, replicas, minibatches, m)
     stages = stage_costs(profile, layout.groups)
     placement = layout.placement or list(range(sum(replicas)))
@@ -169,6 +172,35 @@ def simulate_system(profile: Profile, cluster: Cluster, system: str, layout: Sim
                      dict(costs.bytes_per_level), moved / (n * b),
                      memory_per_worker(sched, stages, share, o.optimizer_slots), timeline,
                      sched.layout)
+
+
+MULTISTAGE_STEPS = 6  # minibatches run for several-stages-per-worker schedules: every
+# step flushes, so the steady state (between the first and the last step's end) shows at 2
+
+
+def _simulate_multistage(profile: Profile, cluster: Cluster, sys_: systems.System,
+                         layout: SimLayout, o: SimOptions, b: int, m: int) -> SimResult:
+    """A schedule with several stages per worker (``harness.sim.multistage``)."""
+    from baselines.torch_peers import V_SHAPED, stage_ranks
+
+    p = len(layout.replicas)
+    n = max(1, min(o.minibatches, MULTISTAGE_STEPS))
+    order = multistage.engine_order(sys_.schedule, p, m, sys_.stages_per_rank, n)
+    ranks = stage_ranks(p, len(layout.groups), sys_.schedule in V_SHAPED)
+    run = multistage.simulate_order(order, ranks, profile, layout.groups, cluster,
+                                    layout.placement or list(range(p)),
+                                    1.0 if o.unit_profiled else 1.0 / m, o.compute_factor,
+                                    o.latency_s, o.optimizer_slots)
+    ends = run.step_ends
+    total = ends[-1]
+    steady = (ends[-1] - ends[0]) / (n - 1) if n > 1 else total
+    util = {r: sum(e - s for s, e, op in row if op.kind != "U") / total if total else 0.0
+            for r, row in enumerate(run.timeline)}
+    moved = sum(run.bytes_per_level.values())
+    return SimResult(sys_.name, f"{p} workers x {sys_.stages_per_rank} stages", n, b, total,
+                     steady, b / steady if steady else float("inf"), util,
+                     run.bytes_per_level, moved / (n * b), run.peak_memory,
+                     multistage.as_actions(run.timeline), Layout(layout.replicas))
 
 
 def plan_groups(plan: Plan) -> tuple[list[tuple[str, ...]], tuple[int, ...], list[int]]:
@@ -302,6 +334,8 @@ def layout_for(profile: Profile, cluster: Cluster, system: str, config: str | No
         nodes = tuple(profile.graph().nodes)
         return SimLayout([nodes], (cluster.workers,), None,
                          "data parallel: whole model per worker")
+    if sim.stages_per_rank > 1:
+        return _multistage_layout(profile, cluster, sim, config, plan, stages)
     if plan is not None:
         groups, replicas, placement = plan_groups(plan)
         _check_plan_nodes(profile, groups)
@@ -330,3 +364,29 @@ def layout_for(profile: Profile, cluster: Cluster, system: str, config: str | No
         raise UserInputError(f"{system} runs unreplicated stages; got "
                              f"{'-'.join(map(str, replicas))}")
     return SimLayout(groups, replicas, placement, how)
+
+
+def _multistage_layout(profile: Profile, cluster: Cluster, sim: systems.System,
+                       config: str | None, plan: Plan | None,
+                       stages: int | None) -> SimLayout:
+    """p workers (``stages``, a config's stage count, or every worker) holding
+    p x v stages, split with ``config_groups`` as one straight pipeline of p x v stages
+    on the cluster's innermost bandwidth."""
+    from pipedream_impl.planner.cluster import Level
+
+    if plan is not None:
+        raise UserInputError(f"{sim.name} runs {sim.stages_per_rank} stages per worker; a "
+                             "plan has one: give --stages N (workers) or --config 1-1-...")
+    if config is not None:
+        replicas = Layout.from_config(config).replicas
+        if any(r != 1 for r in replicas):
+            raise UserInputError(f"{sim.name} runs unreplicated stages; got {config}")
+        stages = len(replicas)
+    require_int("--stages", stages, high=cluster.workers,
+                why=f"the cluster has {cluster.workers} workers")
+    p = stages or cluster.workers
+    k = p * sim.stages_per_rank
+    flat = Cluster((Level(k, cluster.levels[0].bandwidth),))
+    groups = config_groups(profile, (1,) * k, flat)
+    return SimLayout(groups, (1,) * p, None, f"{p} workers x {sim.stages_per_rank} stages, "
+                     "split on the profile")
