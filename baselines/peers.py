@@ -9,10 +9,12 @@ holds the stage(s) (layers [a, b)) our runtime's balancing gives it, wrapped for
 engine. Every engine averages the microbatch gradients of a minibatch and takes one step,
 so it computes the same update as our ``gpipe``.
 
-Measured here: step time (``busy_s`` is the whole step: these engines do not expose their
-idle time, so no bubble fraction is reported), losses per microbatch on the last stage,
-and bytes: every tensor a stage's forward returns (sent to the next stage) and every
-floating input gradient (sent back), counted at the stage's boundary by a wrapper.
+Measured here: step time (DeepSpeed: ``busy_s`` is the whole step, the engine does not
+expose its idle time, so no bubble fraction is reported; torch's schedules: each compute
+action and the optimizer step are timed, the rest of the step is idle), losses per
+microbatch on the last stage, and bytes: every tensor a stage's forward returns (sent to
+the next stage) and every floating input gradient (sent back), counted at the stage's
+boundary by a wrapper.
 
 Integer tensors (GNMT's source ids, S2VT's caption ids) cross a split as int64, exactly as
 our runtime sends them: DeepSpeed sends every tensor of the tuple with its dtype and a
@@ -102,7 +104,7 @@ class PeerExecutor(Executor):
             t0 = time.perf_counter()
             losses = self._step(k)
             self.synchronize()
-            self.record(report, "step", t0, time.perf_counter())
+            self._book(report, t0, time.perf_counter())
             self.progress.leave(f"F{k}")
             if self.last:
                 report.losses.extend(losses)
@@ -110,6 +112,11 @@ class PeerExecutor(Executor):
         self.done += self.n_steps * self.m
         report.payload = self._links()
         return self.close_report(report, self.module.inner)
+
+    def _book(self, report: EpochReport, t0: float, t1: float) -> None:
+        """Book step ``k``'s span: here all of it busy, as ``step`` (an engine that times
+        its own actions books them and its idle time instead)."""
+        self.record(report, "step", t0, t1)
 
     def _links(self) -> dict[tuple[int, int], int]:
         """Bytes per (sender, receiver) rank so far: forward to the next stage's rank,

@@ -18,12 +18,19 @@ turns token ids (GNMT's source ids, S2VT's captions) into out-of-range indices. 
 metadata int64 tensors cross the split as they are, bytes and values exactly as our
 runtime sends them; torch sends a gradient back only for floating inputs.
 
+Idle time: each compute action torch's schedule runs (F, B, I, W: the stage's
+``forward_one_chunk``, ``backward_one_chunk``, ``backward_weight_one_chunk``) and the
+optimizer step (U) are timed; the rest of each step (waiting on a neighbour) is idle, so
+these peers report a bubble fraction like our runtime's systems.
+
 Bytes: each stage counts what its forward returns (sent to the next stage) and the
 floating inputs' gradients (sent back) at its boundary (``peers.EngineStage``); a boundary
 between two stages of the same rank (the V's turn) is a local hand-off, not on any link.
 """
 
 from __future__ import annotations
+
+import time
 
 import torch
 from torch import nn
@@ -144,6 +151,41 @@ class TorchPipeExecutor(PeerExecutor):
                             else stages, self.m, loss_fn=self.loss_fn, scale_grads=True)
         self.params = [p for mod in self.modules for p in mod.parameters()]
         self.optimizer = self.optimizer_for(self.params)
+        self._spans: list[tuple[str, float, float]] = []  # this step's timed actions
+        for st in stages:
+            self._time(st, "forward_one_chunk", lambda kw: "F")
+            self._time(st, "backward_one_chunk",
+                       lambda kw: "B" if kw.get("full_backward", True) else "I")
+            self._time(st, "backward_weight_one_chunk", lambda kw: "W")
+
+    def _time(self, stage, method: str, kind) -> None:  # noqa: ANN001
+        """Wrap ``stage.method`` (what torch's schedules call for each compute action) to
+        keep (kind, start, end) of every call: F, B (whole backward), I (input gradient)
+        or W (weight gradient)."""
+        inner = getattr(stage, method)
+
+        def timed(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+            t0 = time.perf_counter()
+            try:
+                return inner(*args, **kwargs)
+            finally:
+                self.synchronize()
+                self._spans.append((kind(kwargs), t0, time.perf_counter()))
+
+        setattr(stage, method, timed)
+
+    def _book(self, report: EpochReport, t0: float, t1: float) -> None:
+        """The step's compute actions and optimizer step (U) busy, each by its kind; every
+        gap between them (waiting for a neighbour's message) idle, as ``wait``."""
+        at = t0
+        for kind, a, b in sorted(self._spans, key=lambda x: x[1]):
+            if a > at:
+                self.record(report, "wait", at, a, busy=False)
+            self.record(report, kind, a, b)
+            at = max(at, b)
+        if t1 > at:
+            self.record(report, "wait", at, t1, busy=False)
+        self._spans = []
 
     def checkpoint_state(self) -> dict:
         return {"modules": [cpu_copy(m.inner.state_dict()) for m in self.modules],
@@ -165,9 +207,12 @@ class TorchPipeExecutor(PeerExecutor):
             kwargs["target_mbs"] = [b.targets for b in mbs]
             kwargs["losses"] = losses
         self.schedule.step(**kwargs)
+        t0 = time.perf_counter()
         if self.scale_spec.grad_clip is not None:
             torch.nn.utils.clip_grad_norm_(self.params, self.scale_spec.grad_clip)
         self.optimizer.step()
+        self.synchronize()
+        self._spans.append(("U", t0, time.perf_counter()))
         return [float(x.detach()) for x in losses]
 
     def _links(self) -> dict[tuple[int, int], int]:

@@ -22,7 +22,8 @@ from core.errors import UserInputError
 from pipedream_impl.runtime import SPAWN_LAUNCHER, STAGE_EXECUTOR
 from pipedream_impl.schedule import ACTION_NAMES
 
-__all__ = ["PAPER", "SIMULATED", "SYSTEMS", "VALIDATED", "System", "get", "names", "simulated"]
+__all__ = ["COMPARED", "PAPER", "SIMULATED", "SYSTEMS", "VALIDATED", "System", "get", "names",
+           "simulated"]
 
 
 
@@ -89,6 +90,7 @@ class System:
         return self.kind == "pipeline" and not self.replicated_stages
 
 
+_TORCH = "baselines.torch_peers:TorchPipeExecutor"  # torch.distributed.pipelining's schedules
 SYSTEMS: tuple[System, ...] = (
     System("single", "one-process", "one process, the whole model (the reference)", launcher=None),
     System("pipedream", "pipeline", "PipeDream: 1F1B(-RR) with weight stashing, planned "
@@ -116,33 +118,33 @@ SYSTEMS: tuple[System, ...] = (
            aliases=("dp",),
            params={"gradient_sync": "DDP all-reduce (average), default buckets"}),
     System("torch-gpipe", "pipeline", "torch.distributed.pipelining ScheduleGPipe",
-           "baselines.torch_peers:TorchPipeExecutor", microbatched=True, schedule="flush",
+           _TORCH, microbatched=True, reports_idle=True, schedule="flush",
            params={"peer_schedule": "GPipe (torch.distributed.pipelining.ScheduleGPipe)"}),
     System("torch-1f1b", "pipeline", "torch.distributed.pipelining Schedule1F1B",
-           "baselines.torch_peers:TorchPipeExecutor", microbatched=True, schedule="1f1b",
+           _TORCH, microbatched=True, reports_idle=True, schedule="1f1b",
            params={"peer_schedule": "1F1B with flush "
                    "(torch.distributed.pipelining.Schedule1F1B)"}),
     System("torch-interleaved-1f1b", "pipeline", "torch.distributed.pipelining "
            "ScheduleInterleaved1F1B (2 stages per worker, looped)",
-           "baselines.torch_peers:TorchPipeExecutor", microbatched=True,
+           _TORCH, microbatched=True, reports_idle=True,
            schedule="interleaved-1f1b", stages_per_rank=2,
            params={"peer_schedule": "interleaved 1F1B with flush "
                    "(torch.distributed.pipelining.ScheduleInterleaved1F1B)"}),
     System("torch-zb", "pipeline", "torch.distributed.pipelining "
            "ScheduleInterleavedZeroBubble (2 stages per worker, looped)",
-           "baselines.torch_peers:TorchPipeExecutor", microbatched=True, schedule="zb",
+           _TORCH, microbatched=True, reports_idle=True, schedule="zb",
            stages_per_rank=2,
            params={"peer_schedule": "zero bubble ZB1P, interleaved "
                    "(torch.distributed.pipelining.ScheduleInterleavedZeroBubble)"}),
     System("torch-zbv", "pipeline", "torch.distributed.pipelining ScheduleZBVZeroBubble "
            "(2 stages per worker, V-shaped)",
-           "baselines.torch_peers:TorchPipeExecutor", microbatched=True, schedule="zbv",
+           _TORCH, microbatched=True, reports_idle=True, schedule="zbv",
            stages_per_rank=2,
            params={"peer_schedule": "zero bubble ZB-V "
                    "(torch.distributed.pipelining.ScheduleZBVZeroBubble)"}),
     System("torch-dualpipev", "pipeline", "torch.distributed.pipelining ScheduleDualPipeV "
            "(2 stages per worker, V-shaped)",
-           "baselines.torch_peers:TorchPipeExecutor", microbatched=True,
+           _TORCH, microbatched=True, reports_idle=True,
            schedule="dualpipev", stages_per_rank=2,
            params={"peer_schedule": "DualPipeV (torch.distributed.pipelining."
                    "ScheduleDualPipeV)"}),
@@ -158,6 +160,9 @@ SIMULATED = tuple(s for s in SYSTEMS if s.sim is not None)
 # parallelism: it runs in our launcher's processes); the paper's tables simulate these
 VALIDATED = ("pipedream", "gpipe", "pipedream-flush", "pipedream-2bw", "model-parallel", "ddp")
 PAPER = {"planned": "pipedream", "flush": "gpipe", "data-parallel": "ddp"}
+# ``reproduce schedules``: one system per simulated schedule (the validated ones, then
+# torch's several-stages-per-worker peers)
+COMPARED = VALIDATED + tuple(s.name for s in SIMULATED if s.stages_per_rank > 1)
 
 
 def names(systems: tuple[System, ...] = SYSTEMS) -> tuple[str, ...]:

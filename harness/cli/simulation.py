@@ -83,8 +83,8 @@ def simulate(
 
 @app.command()
 def reproduce(
-    table: Annotated[str, typer.Argument(help="table1, other-tasks, gpipe, byteps, today "
-                                         "or validation")],
+    table: Annotated[str, typer.Argument(help="table1, other-tasks, gpipe, byteps, today, "
+                                         "schedules or validation")],
     profiles: Annotated[str | None, typer.Option(help="folder of PipeDream graph.txt "
                                                  "profiles, e.g. ../shared/pipedream-profiles")]
     = None,
@@ -105,11 +105,16 @@ def reproduce(
     quiet: Annotated[bool, typer.Option(help="no progress output")] = False,
     json_path: Annotated[str | None, typer.Option("--json", help="also write the rows as "
                                                   "JSON")] = None,
+    gpu_profiles: Annotated[str | None, typer.Option(
+        help="schedules: full-scale GPU profiles for the current cluster (default "
+        "results/profiles/h100)")] = None,
 ) -> None:
     """The PipeDream paper's tables beside our plans and simulations (table1, other-tasks,
     gpipe), data parallelism under all-reduce, parameter servers and BytePS (byteps), the
     planner on full-scale GPU profiles and a current cluster (today; --profiles default
-    results/profiles/h100), or the simulator against runs on this machine (validation)."""
+    results/profiles/h100), every pipeline schedule side by side on the paper's clusters
+    and a current one (schedules; --profiles: the paper's, --gpu-profiles: ours), or the
+    simulator against runs on this machine (validation)."""
     from pathlib import Path
 
     from harness.paths import RESULTS
@@ -117,9 +122,10 @@ def reproduce(
     from harness.sim import paper
     from harness.sim import reproduce as rp
 
-    if table not in ("validation", "table1", "other-tasks", "gpipe", "byteps", "today"):
+    if table not in ("validation", "table1", "other-tasks", "gpipe", "byteps", "today",
+                     "schedules"):
         raise UserInputError(f"unknown table {table!r}; choose table1, other-tasks, gpipe, "
-                             "byteps, today or validation")
+                             "byteps, today, schedules or validation")
     require_int("--minibatches", minibatches)
     require_output(output)
     require_output(json_path, "--json")
@@ -167,6 +173,17 @@ def reproduce(
         text = byteps.byteps_markdown(brows, command)
         if json_path:
             byteps.write_json(brows, json_path)
+    elif table == "schedules":
+        from harness.sim import schedule_table as st
+
+        srows = st.rows(profiles, gpu_profiles or str(RESULTS / "profiles" / "h100"),
+                        minibatches, progress)
+        png = str(Path(output).with_suffix(".png")) if output else None
+        if png:
+            st.plot(srows, png)
+        text = st.markdown(srows, command, Path(png).name if png else None)
+        if json_path:
+            st.write_json(srows, json_path)
     else:  # today: measured full-scale GPU profiles on a current cluster
         from harness.sim import today
 

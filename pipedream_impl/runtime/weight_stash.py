@@ -46,7 +46,7 @@ from pipedream_impl.schedule import Action
 if TYPE_CHECKING:  # torch only for hints: the simulator imports this module's rules
     from torch import Tensor, nn
 
-__all__ = ["WeightStore", "direct_forwards", "future_versions", "snapshots_held",
+__all__ = ["WeightStore", "direct_forwards", "future_versions", "snapshots_held", "staleness",
            "versions_held"]
 
 
@@ -227,3 +227,22 @@ def _alive(acts: Sequence[Action], weights: str, step_size: int) \
             store = {v for v in store if v >= keep}
         out.append((current, store | set(held.values()) | pending))
     return out
+
+
+def staleness(acts: Sequence[Action], step_size: int) -> int:
+    """The most versions (minibatches applied, ``step_size`` per update) by which the
+    weights a worker's gradient is applied to are newer than the weights its forward used:
+    0 under a flush, 1 under PipeDream-2BW (its one-step delay), p - 1 - s on stage s of a
+    straight 1F1B pipeline with weight stashing (its p - s minibatches in flight)."""
+    applied, worst = 0, 0
+    used: dict[int, int] = {}
+    pending: list[int] = []
+    for a in acts:
+        if a.kind == "F":
+            used[a.mb] = a.version
+        elif a.kind == "B":
+            pending.append(a.mb)
+        elif a.kind == "U":
+            worst = max([worst, *(applied - used[mb] for mb in pending)])
+            pending, applied = [], applied + step_size
+    return worst

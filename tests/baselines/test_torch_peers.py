@@ -119,6 +119,15 @@ def test_multi_stage_schedule_equals_single_process_and_counts_boundary_bytes(
                 want[link] = want.get(link, 0) + size
     samples = STEPS * wl.spec("tiny").batch_size
     assert pipe.metrics.links == {k: v * samples for k, v in want.items()}
+    # every compute action torch ran is timed under its kind (the zero-bubble schedules
+    # split the backward into I and W; DualPipeV also runs whole backwards overlapped with
+    # forwards), the optimizer step as U, and each rank waited at least once per step
+    kinds = {"torch-interleaved-1f1b": {"F", "B", "U"}, "torch-zb": {"F", "I", "W", "U"},
+             "torch-zbv": {"F", "I", "W", "U"}, "torch-dualpipev": {"F", "B", "I", "W", "U"}}
+    for r in (0, 1):
+        assert set(pipe.metrics.action_s[r]) == kinds[system] | {"wait"}
+        assert pipe.metrics.idle[r] == pytest.approx(pipe.metrics.action_s[r]["wait"])
+        assert pipe.metrics.idle[r] > 0
 
 
 def _microbatch_mean_reference(workload: str, splits, steps: int, micro: int):

@@ -158,3 +158,32 @@ def test_replicated_run_reports_the_hand_count() -> None:
     pbytes = [sum(p.numel() * p.element_size() for p in model.stage(a, b).parameters())
               for a, b in bounds]
     assert t.metrics.stash_weights == {0: 2 * pbytes[0], 1: 2 * pbytes[0], 2: 0}
+
+
+@pytest.mark.parametrize("p", [2, 3, 4])
+def test_staleness_follows_each_schedules_closed_form(p: int) -> None:
+    """Stage s of a straight 1F1B pipeline keeps p - s minibatches in flight: each
+    gradient lands p - 1 - s updates after its forward's version; PipeDream-2BW's delay is
+    one minibatch everywhere; a flush none."""
+    from pipedream_impl.runtime.weight_stash import staleness
+    from pipedream_impl.schedule import Layout, gpipe, one_f_one_b
+    from pipedream_impl.successors import one_f_one_b_flush, two_bw
+
+    lay = Layout((1,) * p)
+    pd = one_f_one_b(lay, 4 * p)
+    assert [staleness(a, 1) for a in pd.actions] == [p - 1 - s for s in range(p)]
+    assert [staleness(a, 1) for a in two_bw(lay, 6, p).actions] == [1] * p
+    for sched in (gpipe(lay, 4, p), one_f_one_b_flush(lay, 4, p),
+                  one_f_one_b(lay, 4 * p, in_flight=1)):
+        assert [staleness(a, 1) for a in sched.actions] == [0] * p
+
+
+def test_staleness_counts_minibatches_on_replicated_stages() -> None:
+    """2-1: stage 0's two replicas take turns (NOAM ceil(3/2) = 2 in flight each) and
+    every update applies two minibatches: a gradient lands one round, two minibatches,
+    after its forward's version; stage 1 (one in flight) is never stale."""
+    from pipedream_impl.runtime.weight_stash import staleness
+    from pipedream_impl.schedule import Layout, one_f_one_b
+
+    sched = one_f_one_b(Layout((2, 1)), 12)
+    assert [staleness(a, r) for a, r in zip(sched.actions, (2, 2, 1), strict=True)] == [2, 2, 0]
