@@ -92,7 +92,8 @@ def reproduce(
         help="folder of the S2VT, AWD-LM and ResNet-50 profiles measured on this CPU: read "
         "from here, or measured and saved here (default: the repository's results/profiles)")]
     = None,
-    minibatches: Annotated[int, typer.Option(help="minibatches per simulation")] = 256,
+    minibatches: Annotated[int | None, typer.Option(
+        help="minibatches per simulation (default 256; schedules: 32)")] = None,
     output: Annotated[str | None, typer.Option("--output", "-o", help="markdown file")]
     = None,
     workloads: Annotated[str, typer.Option(help="validation: workloads (tiny scale)")]
@@ -126,6 +127,8 @@ def reproduce(
                      "schedules"):
         raise UserInputError(f"unknown table {table!r}; choose table1, other-tasks, gpipe, "
                              "byteps, today, schedules or validation")
+    if minibatches is None:
+        minibatches = 32 if table == "schedules" else 256
     require_int("--minibatches", minibatches)
     require_output(output)
     require_output(json_path, "--json")
@@ -176,7 +179,8 @@ def reproduce(
     elif table == "schedules":
         from harness.sim import schedule_table as st
 
-        srows = st.rows(profiles, gpu_profiles or str(RESULTS / "profiles" / "h100"),
+        srows = st.rows(profiles, cpu_profiles, gpu_profiles or str(RESULTS / "profiles" /
+                                                                    "h100"),
                         minibatches, progress)
         png = str(Path(output).with_suffix(".png")) if output else None
         if png:

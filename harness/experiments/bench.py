@@ -23,7 +23,7 @@ from core.markdown import markdown_table
 from harness import systems as registry_of_systems
 from harness.experiments.suite import Cell, Suite
 from harness.reporting.results import cell_row, overhead_table
-from pipedream_impl.runtime import SPAWN_LAUNCHER
+from pipedream_impl.runtime import SPAWN_LAUNCHER, STAGE_EXECUTOR
 
 __all__ = ["COLUMNS", "adhoc_suite", "checks", "markdown"]
 
@@ -46,10 +46,10 @@ def adhoc_suite(workload: str, systems: tuple[str, ...], workers: int, scale: st
 def checks(rates: dict[str, float]) -> list[tuple[str, bool | None, str]]:
     """The issue's two throughput targets on one group's median rates: (what, passed, how)."""
     kinds = {s: registry_of_systems.get(s) for s in rates}
-    ours = next((s for s, k in kinds.items() if k.schedule == "flush" and k.reports_idle),
-                None)  # our own GPipe
-    peer = next((s for s, k in kinds.items() if k.microbatched and not k.reports_idle
-                 and k.schedule == "flush"), None)  # an engine's own GPipe (a peer)
+    ours = next((s for s, k in kinds.items() if k.schedule == "flush"
+                 and k.executor == STAGE_EXECUTOR), None)  # our own GPipe
+    peer = next((s for s, k in kinds.items() if k.microbatched and k.schedule == "flush"
+                 and k.executor != STAGE_EXECUTOR), None)  # an engine's own GPipe (a peer)
     planned = next((s for s, k in kinds.items() if k.replicated_stages), None)
     out = []
     if ours and peer:

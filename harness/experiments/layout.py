@@ -1,10 +1,10 @@
 """Turn --plan / --config / --workers into stage replicas and layer ranges for the runtime.
-
 The rule, for the runtime: a plan file if given, else a config (layers balanced on a quick
-local profile), else the planner on a local profile; straight pipelines default to one
-stage per worker, data parallelism to one stage replicated on every worker. A split that
-puts a tied parameter on two stages runs on our runtime (``pipedream_impl.runtime.ties``
-keeps the copies equal) and is refused for the other engines.
+local profile: forward + backward + the optimizer step, each measured per layer here),
+else the planner on a local profile; straight pipelines default to one stage per worker,
+data parallelism to one stage replicated on every worker. A split that puts a tied
+parameter on two stages runs on our runtime (``pipedream_impl.runtime.ties`` keeps the
+copies equal) and is refused for the other engines.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from harness import systems
 from harness.config import RunConfig
 from pipedream_impl.planner.cluster import Cluster, Level
 from pipedream_impl.planner.plan import balanced_bounds, load_plan, plan_profile
-from pipedream_impl.profiling.profiler import profile_workload
+from pipedream_impl.profiling.profiler import profile_workload, update_ms
 from pipedream_impl.runtime import STAGE_EXECUTOR
 from pipedream_impl.runtime.ties import check_ties, find_ties
 from pipedream_impl.schedule import Layout
@@ -25,6 +25,17 @@ from workloads.base import Workload
 __all__ = ["LOCAL_BANDWIDTH", "pipeline_layout"]
 
 LOCAL_BANDWIDTH = 1e9  # bytes/s assumed between local worker processes when planning
+
+
+def _updates(workload: Workload, cfg: RunConfig, device: torch.device) -> list[float]:
+    """Each layer's optimizer step (ms), measured here: once per minibatch on every stage,
+    so it is balanced with the forward and backward (the profile has no update time)."""
+    from workloads.recipe import make_optimizer
+
+    splits = workload.default_data(cfg.scale, cfg.seed)
+    model = workload.build(cfg.scale, {**splits.train.meta, "init_seed": cfg.seed})
+    spec = workload.spec(cfg.scale)
+    return update_ms(model, lambda ps: make_optimizer(spec, ps, cfg.lr), device)
 
 
 def pipeline_layout(cfg: RunConfig, workload: Workload, batch_size: int,
@@ -51,7 +62,9 @@ def pipeline_layout(cfg: RunConfig, workload: Workload, batch_size: int,
         if config is not None:
             replicas = Layout.from_config(config).replicas
             per = system.stages_per_rank  # torch's interleaved/V schedules: v stages a rank
-            bounds = balanced_bounds([n.forward_ms + n.backward_ms for n in prof.layers],
+            bounds = balanced_bounds([n.forward_ms + n.backward_ms + u for n, u in
+                                      zip(prof.layers, _updates(workload, cfg, device),
+                                          strict=True)],
                                      (1,) * (len(replicas) * per) if per > 1 else replicas)
             how = f"config {config}, layers balanced on a local profile" + (
                 f" into {len(bounds)} stages ({per} per worker)" if per > 1 else "")

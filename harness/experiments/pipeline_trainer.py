@@ -22,6 +22,7 @@ from core.imports import load
 from harness.config import RunConfig
 from harness.experiments.training import EpochStats
 from harness.reporting.progress import Progress
+from pipedream_impl.runtime import STAGE_EXECUTOR
 from pipedream_impl.runtime.contract import (
     EpochReport,
     RunSettings,
@@ -65,7 +66,7 @@ def system_settings(cfg: RunConfig, replicas: tuple[int, ...],
     if system.microbatched:
         micro = cfg.microbatches or 4 * len(replicas)
         params.update(microbatches=micro, microbatch_size=batch_size // max(1, micro))
-        if system.reports_idle:  # our flush pipeline
+        if system.executor == STAGE_EXECUTOR:  # our microbatched pipelines
             params["recompute"] = cfg.recompute
     elif system.kind == "data-parallel":
         micro = cfg.workers  # each rank's slice of a global minibatch counts as one of W

@@ -17,7 +17,10 @@ Layouts: PipeDream gets the planner's configuration for the whole cluster; every
 schedule a pipeline over every worker (the planner's straight split; two stages per
 worker for torch's peers); data parallelism every worker. Microbatched schedules use
 4 x depth microbatches of the same minibatch (the profile's batch) and scale compute
-linearly with the microbatch's share; all-reduces are the ideal ring (no calibration).
+linearly with the microbatch's share. All-reduces (data parallelism, PipeDream's
+replicated stages) on the paper's clusters are the calibrated model ``reproduce table1``
+uses (one flat ring at a fitted efficiency per link kind, fitted on the paper's BSP
+speedups only), on preset H the ideal ring; both overlapped with the backward.
 Everything is simulated; nothing here ran on a cluster.
 """
 
@@ -30,6 +33,7 @@ from core.errors import UserInputError
 from core.markdown import markdown_table
 from harness import systems
 from harness.reporting.units import fmt_bytes
+from harness.sim.costs import AllReduceModel
 from harness.sim.simulator import SimOptions, build_schedule, layout_for, simulate_system
 from pipedream_impl.planner.cluster import Cluster, parse_cluster
 from pipedream_impl.profiling.profile import Profile, load_profile
@@ -60,13 +64,15 @@ def staleness_of(system: str, replicas: tuple[int, ...], microbatches: int) -> i
                for r, acts in enumerate(sched.actions))
 
 
-def cell(prof: Profile, cl: Cluster, system: str, minibatches: int, factor: float) -> dict:
+def cell(prof: Profile, cl: Cluster, system: str, minibatches: int, factor: float,
+         allreduce_model: AllReduceModel | None = None) -> dict:
     """One system's numbers on one profile and cluster (``{"system", "error"}`` where the
     system cannot run there, e.g. more stages than layers)."""
     try:
         layout = layout_for(prof, cl, system)
         r = simulate_system(prof, cl, system, layout,
-                            SimOptions(minibatches=minibatches, compute_factor=factor))
+                            SimOptions(minibatches=minibatches, compute_factor=factor,
+                                       allreduce_model=allreduce_model))
     except UserInputError as e:
         return {"system": system, "error": str(e)}
     m = 4 * len(layout.replicas)
@@ -81,32 +87,39 @@ def cell(prof: Profile, cl: Cluster, system: str, minibatches: int, factor: floa
             "staleness": staleness_of(system, layout.replicas, m)}
 
 
-def rows(profiles: str | None, today_profiles: str | None, minibatches: int,
-         progress) -> list[dict]:  # noqa: ANN001
-    """One row per (workload, cluster): every compared system's cell."""
+def rows(profiles: str | None, cpu_profiles: str | None, today_profiles: str | None,
+         minibatches: int, progress) -> list[dict]:  # noqa: ANN001
+    """One row per (workload, cluster): every compared system's cell. On the paper's
+    clusters every all-reduce is the calibrated one (fitted on the paper's BSP speedups,
+    ``harness.sim.calibration``, as ``reproduce table1`` uses); on preset H the ideal ring."""
+    from harness.sim.calibration import fit_on
     from harness.sim.profile_source import ProfileSource
     from harness.sim.today import find_profiles
 
-    source = ProfileSource(profiles, progress)
+    source = ProfileSource(profiles, progress, cpu_profiles)
     source.check([label for label, _ in WORKLOADS])
     today = find_profiles(today_profiles)
+    fit = fit_on(source, progress)
     out = []
     plan = []
     for label, _ in WORKLOADS:
         prof, _, factor = source.get(label)
-        plan += [(label, spec, prof, factor, "V100 (paper authors')") for spec in PAPER_CLUSTERS]
-    plan += [(label, spec, load_profile(today[wl]), 1.0, "H100 (ours)")
+        plan += [(label, spec, prof, factor, "V100 (paper authors')", fit.model)
+                 for spec in PAPER_CLUSTERS]
+    plan += [(label, spec, load_profile(today[wl]), 1.0, "H100 (ours)", None)
              for label, wl in WORKLOADS if wl in today for spec in TODAY_CLUSTERS]
-    for label, spec, prof, factor, where in plan:
+    for label, spec, prof, factor, where, model in plan:
         progress.note(f"{label} on {spec}")
-        cells = [cell(prof, parse_cluster(spec), s, minibatches, factor)
+        cells = [cell(prof, parse_cluster(spec), s, minibatches, factor, model)
                  for s in systems.COMPARED]
         ok = [c for c in cells if "error" not in c]
         best = max((c["throughput_samples_s"] for c in ok), default=0.0)
         for c in ok:
             c["of_best"] = c["throughput_samples_s"] / best if best else 0.0
         out.append({"workload": label, "cluster": spec, "profile": where,
-                    "batch": prof.batch_size, "cells": cells})
+                    "batch": prof.batch_size,
+                    "allreduce": "ideal ring" if model is None else "calibrated",
+                    "cells": cells})
     return out
 
 
@@ -118,7 +131,8 @@ def _summary(row: dict) -> str:
     a, b = ok[0], ok[1]
     dp = next((c for c in ok if systems.get(c["system"]).kind == "data-parallel"), None)
     light = min(ok, key=lambda c: c["peak_memory_bytes"])
-    text = (f"**{row['workload']} on {row['cluster']}**: {a['system']} wins, "
+    text = (f"**{row['workload']} on {row['cluster']}** ({row['allreduce']} all-reduce): "
+            f"{a['system']} wins, "
             f"{a['throughput_samples_s'] / b['throughput_samples_s'] - 1:+.0%} over "
             f"{b['system']} (bubble {a['bubble']:.0%} vs {b['bubble']:.0%}")
     if dp is not None and dp is not a:
@@ -188,22 +202,55 @@ def write_json(table: list[dict], path: str) -> None:
 
 
 EXPLANATION = """
-## Reading the table
+## Why the ranking comes out as it does
 
-- **Bubble** is what separates the flushing schedules on a compute-bound row: GPipe and
-  PipeDream-Flush lose (p - 1) / (m + p - 1) of the time, interleaving divides the loss by
-  the stages per worker, the zero-bubble schedules fill it with weight-gradient work, and
-  PipeDream and 2BW never flush (one fill per run). Where the cut activations cross a slow
-  link (PCIe or the network between servers), transfers dominate instead, and the
-  schedules that cut the model into more pieces (two per worker) move more bytes.
-- **Data parallelism** hides its all-reduce behind the backward here (ideal ring, DDP's
-  overlap); it wins wherever weights are small for their compute (ResNet-50) or links fast.
-- **Memory**: flush schedules hold one weight version; 2BW two; PipeDream one per minibatch
-  in flight on early stages. Activations in flight: GPipe keeps all m microbatches,
-  1F1B-style schedules at most the pipeline's depth, interleaving about one more round.
-- **Staleness**: 0 for every flushing schedule and data parallelism, 1 for 2BW, up to
-  depth - 1 for PipeDream's first stage (weight stashing keeps each minibatch's forward
-  and backward on one version; its update lands that many minibatches late).
+- **PipeDream wins where its planner's replicated stages are cheap to synchronise and the
+  alternative is communication-bound** (VGG-16 on A:1x4 and A:4x4): it replicates the
+  convolutional front, where weights are small and activations large, and runs the fully
+  connected back on one worker; no flush, so the steady state has almost no bubble. On
+  GNMT-16 A:1x4 its plan is a straight 1-1-1-1 and it ties with 2BW (neither flushes).
+  It pays in memory (a stashed version per minibatch in flight: the largest peak in
+  almost every row) and in staleness (in minibatches: a replicated input stage applies r
+  at a time, up to 15 on GNMT-16 A:4x4).
+- **PipeDream loses where the planner's plan meets a slower all-reduce than it planned
+  for**: the planner sees nominal bandwidth, the paper rows simulate the calibrated
+  all-reduce (NVLink at a fitted 0.2 GB/s effective, `reproduce table1`), so on B:1x8 its
+  6-2 (VGG-16) or 3-5 (GNMT-16) spends most of each period synchronising; with the ideal
+  ring (preset H) it comes second to DP. Its 1F1B-RR also waits at a blocking all-reduce
+  barrier each round (see `reproduce today`).
+- **Among the straight pipelines, 2BW leads** wherever compute dominates (B:1x8, GNMT-16
+  on A:4x4): no flush, so no (p - 1) / (m + p - 1) bubble per minibatch; its remaining
+  bubble is the stages' imbalance (the slowest stage sets the pace). PipeDream-Flush and
+  GPipe pay the flush. With equal stages and free links their bubbles are equal (tests);
+  here GPipe is ahead in about half the rows, which we attribute to unequal stages and transfers
+  (all forwards first lets a fast stage run ahead; 1F1B ties each backward to the next
+  forward) without having isolated it; GPipe holds all m microbatches' activations for
+  it (its memory column), PipeDream-Flush at most p.
+- **Two stages per worker (torch's interleaved 1F1B, ZB1P, ZB-V, DualPipeV) helps only
+  where the model splits evenly into 2p pieces and links are fast**: their bubble is
+  smaller in theory ((p - 1)/(vm), zero for ZB-V; see tests) but each extra cut crosses a
+  link (bytes per sample up to about 1.7x the straight split's, e.g. GNMT-16 on A:1x4) and
+  VGG-16's and ResNet-50's uneven layers give a worse slowest stage at 2p stages. ZB-V and
+  DualPipeV keep the V's turn on one worker (one cut fewer on a link than the looped
+  placements) and fill the bubble with weight gradients, so they lead this group and beat
+  the flush schedules on ResNet-50 (A:1x4, B:1x8). Rows with fewer layers than 2p stages
+  (GNMT-16 and ResNet-50 on H:2x8, our 19- and 23-layer profiles) cannot run them.
+- **Data parallelism wins on C:4x1 and on every current-cluster row**: on C (one GPU per
+  server on 10 Gbps) the calibrated network efficiency is 1.0 and DP's ring overlaps with
+  the backward, while every pipeline's cut crosses the same slow network; on preset H
+  (NVLink 4, 400 Gbps, ideal ring) the all-reduce hides behind the backward entirely.
+  Where the calibrated all-reduce is slow (A and B rows) DP's exposed communication is
+  its bubble column (up to 94% for GNMT-16, whose LSTM weights are large).
+- **Deep straight pipelines (16 stages on A:4x4 and H:2x8) all lose**: the profiles'
+  layers are too unequal for 16 or 32 balanced stages, and cuts cross the slow
+  inter-server link.
+- **Memory**: flush schedules hold one weight version; 2BW two; PipeDream one per
+  minibatch in flight on early stages. Activations in flight: GPipe keeps all m
+  microbatches, 1F1B-style schedules at most the pipeline's depth, interleaving about one
+  more round, ZB-V as 1F1B. PipeDream-Flush is the lightest in most rows.
+- **Staleness**: 0 for every flushing schedule and data parallelism, 1 for 2BW, more for
+  PipeDream (counted in minibatches; a replicated stage applies r at a time).
 - Microbatch compute scales linearly here; on a real GPU small microbatches run below
-  peak, which penalises the microbatched schedules (not modelled).
+  peak, which penalises the microbatched schedules (not modelled). GNMT-16's V100
+  profile is of a small batch, hence its low samples/s: compare within a row.
 """

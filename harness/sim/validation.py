@@ -72,6 +72,11 @@ class ValidationRow:
     measured: float
     simulated: float
     actions: str = ""  # the measured action costs the simulation used
+    # idle share of the workers' time (mean over workers): the runs' bubble_fraction
+    # metrics (blocked receives and all-reduce waits); simulated: the time no F, B, U or A
+    # runs. None for systems that do not report idle time
+    measured_bubble: float | None = None
+    simulated_bubble: float | None = None
 
     @property
     def error(self) -> float:
@@ -227,8 +232,15 @@ def _one(setup: _Setup, prof: Profile, system: str, w: int, progress: Progress) 
                                    f" ({1e3 * transfers[(st, kind)][1]:.2f})"
                                    for kind in ("F", "B") if (st, kind) in transfers])
                        for st in sorted(actions))
+    bubbles = [v for key, v in summary.final_metrics.items()
+               if key.startswith("bubble_fraction_worker_")]
+    sim_bubble = statistics.mean(
+        1 - sum(e - s for s, e, a in row if a.kind in ("F", "B", "U", "A")) / sim.total_s
+        for row in sim.timeline)
     return ValidationRow(name, cfg.system, w, "-".join(map(str, replicas)),
-                         summary.throughput, simulated, costs)
+                         summary.throughput, simulated, costs,
+                         statistics.mean(bubbles) if bubbles else None,
+                         sim_bubble if bubbles else None)
 
 
 def markdown(rows: list[ValidationRow], machine: dict[str, float], command: str) -> str:
@@ -254,9 +266,17 @@ def markdown(rows: list[ValidationRow], machine: dict[str, float], command: str)
                          f"{machine[f'allreduce_s_per_byte.{w}'] * 1e9:.2f} ns per byte.")
     lines += [""] + markdown_table(
         ("workload", "system", "workers", "config", "measured samples/s",
-         "simulated samples/s", "error", "action costs per stage (ms per unit)"),
+         "simulated samples/s", "error", "bubble measured / simulated",
+         "action costs per stage (ms per unit)"),
         [(r.workload, r.system, r.workers, r.config, f"{r.measured:.0f}",
-          f"{r.simulated:.0f}", f"{100 * r.error:+.0f}%", r.actions) for r in rows])
+          f"{r.simulated:.0f}", f"{100 * r.error:+.0f}%",
+          "-" if r.measured_bubble is None else
+          f"{r.measured_bubble:.0%} / {r.simulated_bubble:.0%}", r.actions) for r in rows])
+    with_bubble = [r for r in rows if r.measured_bubble is not None]
+    if with_bubble:
+        close = sum(abs(r.measured_bubble - r.simulated_bubble) <= 0.05 for r in with_bubble)
+        lines.append(f"\nBubble: {close} of {len(with_bubble)} runs within 5 points of the "
+                     "simulated bubble.")
     for w in sorted({r.workers for r in rows}):
         errs = [abs(r.error) for r in rows if r.workers == w]
         within = sum(e <= 0.10 for e in errs)

@@ -27,7 +27,7 @@ from pipedream_impl.profiling.profile import Profile
 from workloads.base import Batch, LayerModel, Workload
 
 __all__ = ["layer_parameter_bytes", "profile_layers", "profile_workload", "tensor_bytes",
-           "whole_step_ms"]
+           "update_ms", "whole_step_ms"]
 
 
 def tensor_bytes(tensors: tuple[Tensor, ...]) -> list[float]:
@@ -126,3 +126,37 @@ def whole_step_ms(model: LayerModel, batch: Batch, loss_fn: Callable, device: to
             total += t1 - t0
         model.zero_grad(set_to_none=True)
     return 1000 * total / steps
+
+
+def update_ms(model: LayerModel, optimizer: Callable[[list], torch.optim.Optimizer],
+              device: torch.device, warmup: int = 2, steps: int = 5) -> list[float]:
+    """Milliseconds of one optimizer step (``optimizer(params)``, the workload's) over each
+    layer's parameters alone, 0 for a layer without any: the per-minibatch update a stage
+    makes, which the forward/backward profile leaves out (a stage holding the large fully
+    connected layers updates several times longer than one holding the convolutions).
+    Gradients are set to ones; the model's weights are left as they were."""
+    model = model.to(device)
+    now = _timer(device)
+    out = []
+    for layer in model.layers:
+        params = [p for p in layer.parameters() if p.requires_grad]
+        if not params:
+            out.append(0.0)
+            continue
+        saved = [p.detach().clone() for p in params]
+        for p in params:
+            p.grad = torch.ones_like(p)
+        opt = optimizer(params)
+        total = 0.0
+        for rep in range(warmup + steps):
+            t0 = now()
+            opt.step()
+            t1 = now()
+            if rep >= warmup:
+                total += t1 - t0
+        with torch.no_grad():
+            for p, w in zip(params, saved, strict=True):
+                p.copy_(w)
+                p.grad = None
+        out.append(1000 * total / steps)
+    return out

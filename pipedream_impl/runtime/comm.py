@@ -160,6 +160,8 @@ class Comm:
         self.timeout = datetime.timedelta(seconds=timeout_s)
         self.stats = LinkStats()
         self._pending: list[dist.Work] = []
+        # (src, tag) -> receives posted ahead for the next message (``recv(prefetch=)``)
+        self._posted: dict[tuple[int, int], list[tuple[dist.Work, Tensor]]] = {}
         self._groups: dict[tuple[int, ...], dist.ProcessGroup] = {}
         self._hierarchies: dict[tuple[int, ...], Hierarchy] = {}
         self.hosts: list[str] | None = None  # each global rank's host, once exchanged
@@ -195,14 +197,36 @@ class Comm:
             self.stats.payload[(self.rank, dst)] += t.numel() * t.element_size()
         self._pending = [w for w in self._pending if not w.is_completed()]
 
-    def recv(self, src: int, kind: str) -> tuple[Tensor, ...]:
+    def recv(self, src: int, kind: str, prefetch: bool = False) -> tuple[Tensor, ...]:
+        """The next message of ``kind`` from ``src``. ``prefetch``: another such message
+        follows in this epoch; on gloo with static shapes its receive is posted now, so
+        it moves as soon as it is sent, while this rank computes (gloo moves a message
+        only once its receive is posted). Not on NCCL, which matches point-to-point
+        messages by order regardless of tags (a posted receive could take a tie message)."""
         tag = TAGS[kind]
+        posted = self._posted.pop((src, tag), None)
+        out = self._recv_posted(posted, src, kind) if posted else self._recv_now(src, tag, kind)
+        shapes = self._recv_shapes.get((src, tag))
+        if prefetch and shapes is not None and self._wire_device().type == "cpu":
+            bufs = [torch.empty(shape, dtype=dtype, device=self.device)
+                    for dtype, shape in shapes]
+            self._posted[(src, tag)] = [(dist.irecv(b, src, tag=tag), b) for b in bufs]
+        return out
+
+    def _recv_posted(self, posted: list, src: int, kind: str) -> tuple[Tensor, ...]:
+        for work, _ in posted:
+            self._wait(work, f"receive of a {kind} tensor from {src}")
+        return tuple(t for _, t in posted)
+
+    def _recv_now(self, src: int, tag: int, kind: str) -> tuple[Tensor, ...]:
         shapes = self._recv_shapes.get((src, tag)) if self.static_shapes else None
         if shapes is None:
             h = torch.zeros(HEADER, dtype=torch.int64, device=self._wire_device())
             self._wait(dist.irecv(h, src, tag=tag),
                        f"receive of a {kind} header from rank {src}")
-            shapes = self._recv_shapes[(src, tag)] = _shapes(h.cpu())
+            shapes = _shapes(h.cpu())
+            if self.static_shapes:
+                self._recv_shapes[(src, tag)] = shapes
         out = []
         for dtype, shape in shapes:
             t = torch.empty(shape, dtype=dtype, device=self.device)

@@ -49,7 +49,7 @@ class LocalComm:
     def ready(self, src: int, kind: str) -> bool:
         return bool(self.mailbox[(src, self.rank, kind)])
 
-    def recv(self, src: int, kind: str) -> tuple[Tensor, ...]:
+    def recv(self, src: int, kind: str, prefetch: bool = False) -> tuple[Tensor, ...]:
         return self.mailbox[(src, self.rank, kind)].pop(0)
 
     def allreduce_mean(self, tensors: list[Tensor], ranks: tuple[int, ...]) -> None:

@@ -116,6 +116,15 @@ class StageExecutor(Executor):
         self.grads: list[Tensor] | None = None  # gathered at A/U, summed over microbatches
         self.pending: dict[int, dict] = {}  # snapshots holding not yet gathered gradients
         self.act_bytes_peak = 0
+        # positions of receives followed later in the epoch by another of the same kind
+        # from the same peer: their next message's receive is posted early (Comm.recv)
+        self.more_to_come: set[int] = set()
+        seen: set[tuple[str, int]] = set()
+        for pos in range(len(acts) - 1, -1, -1):
+            if acts[pos].kind in ("RF", "RB"):
+                if (acts[pos].kind, acts[pos].peer) in seen:
+                    self.more_to_come.add(pos)
+                seen.add((acts[pos].kind, acts[pos].peer))
         return acts
 
     def step(self, act: Action, pos: int) -> None:
@@ -159,13 +168,14 @@ class StageExecutor(Executor):
 
     # Each handler returns True when its time was spent waiting on others (idle).
     def _recv_forward(self, act: Action, pos: int) -> bool:
-        inputs = self.comm.recv(act.peer, "F")
+        inputs = self.comm.recv(act.peer, "F", prefetch=pos in self.more_to_come)
         self.inflight[act.mb] = {"x": tuple(t.requires_grad_(t.is_floating_point())
                                             for t in inputs)}
         return True
 
     def _recv_backward(self, act: Action, pos: int) -> bool:
-        self.inflight[act.mb]["g"] = self.comm.recv(act.peer, "B")
+        self.inflight[act.mb]["g"] = self.comm.recv(act.peer, "B",
+                                                    prefetch=pos in self.more_to_come)
         return True
 
     def _gather_grads(self) -> list[Tensor]:

@@ -57,6 +57,8 @@ def test_staleness_per_schedule(cells: dict[str, dict]) -> None:
 
 
 def test_summary_names_the_fastest(cells: dict[str, dict]) -> None:
-    row = {"workload": "W", "cluster": "2", "cells": list(cells.values())}
+    row = {"workload": "W", "cluster": "2", "allreduce": "ideal ring",
+           "cells": list(cells.values())}
     best = max(cells.values(), key=lambda c: c["throughput_samples_s"])
-    assert st._summary(row).startswith(f"**W on 2**: {best['system']} wins")
+    assert st._summary(row).startswith(f"**W on 2** (ideal ring all-reduce): "
+                                       f"{best['system']} wins")
