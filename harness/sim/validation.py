@@ -208,7 +208,8 @@ def _one(setup: _Setup, prof: Profile, system: str, w: int, progress: Progress) 
     model = MachineModel(action_s=actions,
                          transfer_s={key: t[0] for key, t in transfers.items()} or None,
                          send_s={key: t[1] for key, t in transfers.items()} or None,
-                         header_messages=0 if wl.static_shapes else 1, rendezvous=True,
+                         header_messages=0 if wl.static_shapes else 1,
+                         rendezvous=not wl.static_shapes,  # else posted ahead (Comm.recv)
                          allreduce_fit=setup.allreduce.get(w) if kind == "data-parallel" else None,
                          cores=setup.cores)
     one_process = next(s for s in registry_of_systems.SYSTEMS if not s.multi_process)
