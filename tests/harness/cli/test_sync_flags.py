@@ -67,7 +67,7 @@ def test_bad_sync_flags_are_one_line(argv: list[str], message: str, profile: str
 def test_reproduce_byteps_checks_its_inputs(tmp_path: Path, capsys: pytest.CaptureFixture,
                                             monkeypatch: pytest.MonkeyPatch) -> None:
     assert "give --profiles DIR" in _cli(["reproduce", "byteps"], capsys, monkeypatch)
-    assert "choose table1, other-tasks, gpipe, byteps, today or validation" in _cli(
+    assert "choose table1, other-tasks, gpipe, byteps, today, schedules or validation" in _cli(
         ["reproduce", "nope"], capsys, monkeypatch)
     assert "--json" in _cli(["reproduce", "byteps", "--profiles", str(tmp_path), "--json",
                              str(tmp_path / "no" / "x.json")], capsys, monkeypatch)
