@@ -91,6 +91,18 @@ class System:
 
 
 _TORCH = "baselines.torch_peers:TorchPipeExecutor"  # torch.distributed.pipelining's schedules
+
+
+def _torch(name: str, cls: str, schedule: str, what: str, placement: str = "") -> System:
+    """A torch.distributed.pipelining peer running schedule class ``cls``; ``placement``
+    (looped or V-shaped) for the schedules that hold 2 stages per worker."""
+    where = f" (2 stages per worker, {placement})" if placement else ""
+    return System(name, "pipeline", f"torch.distributed.pipelining {cls}{where}", _TORCH,
+                  microbatched=True, reports_idle=True, schedule=schedule,
+                  stages_per_rank=2 if placement else 1,
+                  params={"peer_schedule": f"{what} (torch.distributed.pipelining.{cls})"})
+
+
 SYSTEMS: tuple[System, ...] = (
     System("single", "one-process", "one process, the whole model (the reference)", launcher=None),
     System("pipedream", "pipeline", "PipeDream: 1F1B(-RR) with weight stashing, planned "
@@ -117,37 +129,14 @@ SYSTEMS: tuple[System, ...] = (
     System("ddp", "data-parallel", "torch DistributedDataParallel", "baselines.ddp:DDPExecutor",
            aliases=("dp",),
            params={"gradient_sync": "DDP all-reduce (average), default buckets"}),
-    System("torch-gpipe", "pipeline", "torch.distributed.pipelining ScheduleGPipe",
-           _TORCH, microbatched=True, reports_idle=True, schedule="flush",
-           params={"peer_schedule": "GPipe (torch.distributed.pipelining.ScheduleGPipe)"}),
-    System("torch-1f1b", "pipeline", "torch.distributed.pipelining Schedule1F1B",
-           _TORCH, microbatched=True, reports_idle=True, schedule="1f1b",
-           params={"peer_schedule": "1F1B with flush "
-                   "(torch.distributed.pipelining.Schedule1F1B)"}),
-    System("torch-interleaved-1f1b", "pipeline", "torch.distributed.pipelining "
-           "ScheduleInterleaved1F1B (2 stages per worker, looped)",
-           _TORCH, microbatched=True, reports_idle=True,
-           schedule="interleaved-1f1b", stages_per_rank=2,
-           params={"peer_schedule": "interleaved 1F1B with flush "
-                   "(torch.distributed.pipelining.ScheduleInterleaved1F1B)"}),
-    System("torch-zb", "pipeline", "torch.distributed.pipelining "
-           "ScheduleInterleavedZeroBubble (2 stages per worker, looped)",
-           _TORCH, microbatched=True, reports_idle=True, schedule="zb",
-           stages_per_rank=2,
-           params={"peer_schedule": "zero bubble ZB1P, interleaved "
-                   "(torch.distributed.pipelining.ScheduleInterleavedZeroBubble)"}),
-    System("torch-zbv", "pipeline", "torch.distributed.pipelining ScheduleZBVZeroBubble "
-           "(2 stages per worker, V-shaped)",
-           _TORCH, microbatched=True, reports_idle=True, schedule="zbv",
-           stages_per_rank=2,
-           params={"peer_schedule": "zero bubble ZB-V "
-                   "(torch.distributed.pipelining.ScheduleZBVZeroBubble)"}),
-    System("torch-dualpipev", "pipeline", "torch.distributed.pipelining ScheduleDualPipeV "
-           "(2 stages per worker, V-shaped)",
-           _TORCH, microbatched=True, reports_idle=True,
-           schedule="dualpipev", stages_per_rank=2,
-           params={"peer_schedule": "DualPipeV (torch.distributed.pipelining."
-                   "ScheduleDualPipeV)"}),
+    _torch("torch-gpipe", "ScheduleGPipe", "flush", "GPipe"),
+    _torch("torch-1f1b", "Schedule1F1B", "1f1b", "1F1B with flush"),
+    _torch("torch-interleaved-1f1b", "ScheduleInterleaved1F1B", "interleaved-1f1b",
+           "interleaved 1F1B with flush", "looped"),
+    _torch("torch-zb", "ScheduleInterleavedZeroBubble", "zb", "zero bubble ZB1P, interleaved",
+           "looped"),
+    _torch("torch-zbv", "ScheduleZBVZeroBubble", "zbv", "zero bubble ZB-V", "V-shaped"),
+    _torch("torch-dualpipev", "ScheduleDualPipeV", "dualpipev", "DualPipeV", "V-shaped"),
     System("deepspeed-pipe", "pipeline", "DeepSpeed PipelineEngine (1F1B with a flush)",
            "baselines.peers:DeepSpeedPipeExecutor", microbatched=True, schedule="1f1b",
            checkpoints=False,

@@ -34,7 +34,7 @@ from core.markdown import markdown_table
 from harness import systems
 from harness.reporting.units import fmt_bytes
 from harness.sim.costs import AllReduceModel
-from harness.sim.simulator import SimOptions, build_schedule, layout_for, simulate_system
+from harness.sim.simulator import SimOptions, SimResult, layout_for, simulate_system
 from pipedream_impl.planner.cluster import Cluster, parse_cluster
 from pipedream_impl.profiling.profile import Profile, load_profile
 from pipedream_impl.runtime.weight_stash import staleness
@@ -50,18 +50,16 @@ COLUMNS = ("workload", "cluster", "system", "layout", "samples/s", "of best", "b
            "peak memory per worker", "staleness")
 
 
-def staleness_of(system: str, replicas: tuple[int, ...], microbatches: int) -> int:
-    """The schedule's weight staleness in minibatches, read off its action lists
-    (``weight_stash.staleness``); 0 for the schedules that flush every step and for data
-    parallelism (one synchronous update per minibatch)."""
+def staleness_of(system: str, result: SimResult) -> int:
+    """The simulated schedule's weight staleness in minibatches, read off the actions of
+    its timeline (``weight_stash.staleness``); 0 for the schedules that flush every step
+    and for data parallelism (one synchronous update per minibatch)."""
     sys_ = systems.get(system)
     if sys_.kind == "data-parallel" or sys_.stages_per_rank > 1:
         return 0
-    n = 4 * max(1, len(replicas)) * max(replicas)
-    sched = build_schedule(sys_.sim, replicas, n, microbatches if sys_.microbatched else 1)
-    lay = sched.layout
-    return max(staleness(acts, lay.replicas[lay.stage_of(r)[0]])
-               for r, acts in enumerate(sched.actions))
+    lay = result.layout
+    return max(staleness([a for _, _, a in row], lay.replicas[lay.stage_of(r)[0]])
+               for r, row in enumerate(result.timeline))
 
 
 def cell(prof: Profile, cl: Cluster, system: str, minibatches: int, factor: float,
@@ -75,7 +73,6 @@ def cell(prof: Profile, cl: Cluster, system: str, minibatches: int, factor: floa
                                        allreduce_model=allreduce_model))
     except UserInputError as e:
         return {"system": system, "error": str(e)}
-    m = 4 * len(layout.replicas)
     # steady state: a worker's compute per minibatch over the time per minibatch
     busy = sum(r.utilisation.values()) * r.total_s / len(r.utilisation) / r.minibatches
     return {"system": system, "layout": r.config,
@@ -84,7 +81,7 @@ def cell(prof: Profile, cl: Cluster, system: str, minibatches: int, factor: floa
             "bubble": max(0.0, 1 - busy / r.time_per_minibatch_s),
             "peak_memory_bytes": max(x["total"] for x in r.peak_memory.values()),
             "bytes_per_sample": r.bytes_per_sample,
-            "staleness": staleness_of(system, layout.replicas, m)}
+            "staleness": staleness_of(system, r)}
 
 
 def rows(profiles: str | None, cpu_profiles: str | None, today_profiles: str | None,
