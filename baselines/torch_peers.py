@@ -37,16 +37,20 @@ from torch import nn
 
 from baselines.peers import EngineStage, PeerExecutor
 from pipedream_impl.runtime.contract import EpochReport, SystemSettings, WorkerPieces, cpu_copy
+from pipedream_impl.schedule import registry as schedules
 
-__all__ = ["ENGINE_SCHEDULES", "TORCH_EXECUTOR", "V_SHAPED", "TorchPipeExecutor",
+__all__ = ["TORCH_EXECUTOR", "TorchPipeExecutor", "engine_class",
            "boundary_examples", "check_engine_microbatches", "loss_rank", "stage_ranks"]
 
-# the registry's ``schedule`` of each torch peer -> the torch.distributed.pipelining class
-ENGINE_SCHEDULES = {"flush": "ScheduleGPipe", "1f1b": "Schedule1F1B",
-                    "interleaved-1f1b": "ScheduleInterleaved1F1B",
-                    "zb": "ScheduleInterleavedZeroBubble", "zbv": "ScheduleZBVZeroBubble",
-                    "dualpipev": "ScheduleDualPipeV"}
-V_SHAPED = frozenset({"zbv", "dualpipev"})  # two stages per rank, placed in a V
+
+
+def engine_class(schedule: str) -> str:
+    """The torch.distributed.pipelining class that runs ``schedule`` (its registry entry's
+    ``torch_class``)."""
+    cls = schedules.get(schedule).torch_class
+    if cls is None:
+        raise ValueError(f"torch.distributed.pipelining has no class for {schedule!r}")
+    return cls
 TORCH_EXECUTOR = f"{__name__}:TorchPipeExecutor"  # the registry's executor for these peers
 
 
@@ -64,21 +68,22 @@ def stage_ranks(workers: int, stages: int, v_shape: bool) -> tuple[int, ...]:
 def loss_rank(system: SystemSettings) -> int:
     """The rank that holds the last stage and computes the loss (rank 0 for a V)."""
     workers = len(system.replicas)
-    return stage_ranks(workers, len(system.bounds), system.schedule in V_SHAPED)[-1]
+    v_shape = schedules.get(system.schedule).v_shaped
+    return stage_ranks(workers, len(system.bounds), v_shape)[-1]
 
 
 def check_engine_microbatches(schedule: str, workers: int, stages: int,
                               microbatches: int) -> str | None:
     """What the torch schedule would refuse about this many microbatches (None: fine),
     said before any worker starts."""
-    if schedule == "1f1b" and microbatches < stages:
+    if schedule == "1f1b-flush" and microbatches < stages:
         return f"Schedule1F1B needs at least as many microbatches as stages ({stages})"
     if schedule == "dualpipev" and microbatches < stages:
         return f"ScheduleDualPipeV needs at least as many microbatches as stages ({stages})"
     if schedule in ("interleaved-1f1b", "zb"):
         rounds = max(1, microbatches // workers)
         if microbatches % rounds:
-            return (f"{ENGINE_SCHEDULES[schedule]} needs the microbatches to be a multiple "
+            return (f"{engine_class(schedule)} needs the microbatches to be a multiple "
                     f"of max(1, microbatches // workers) = {rounds}")
     return None
 
@@ -124,7 +129,7 @@ class TorchPipeExecutor(PeerExecutor):
         self.workers = len(pieces.layout.replicas)
         self.n_model_stages = len(pieces.spec.system.bounds)
         self.kind = pieces.spec.system.schedule
-        ranks = stage_ranks(self.workers, self.n_model_stages, self.kind in V_SHAPED)
+        ranks = stage_ranks(self.workers, self.n_model_stages, schedules.get(self.kind).v_shaped)
         self.stage_rank = ranks
         self.local = [s for s, r in enumerate(ranks) if r == pieces.spec.rank]
         super().__init__(pieces)
@@ -145,10 +150,11 @@ class TorchPipeExecutor(PeerExecutor):
                                    input_args=examples[s], output_args=examples[s + 1],
                                    dw_builder=_whole_backward(mod))
                   for s, mod in zip(self.local, self.modules, strict=True)]
-        cls = getattr(pp, ENGINE_SCHEDULES[self.kind])
+        cls = getattr(pp, engine_class(self.kind))
         # scale_grads: gradients averaged over microbatches = the minibatch's mean loss
-        self.schedule = cls(stages[0] if len(stages) == 1 and self.kind in ("flush", "1f1b")
-                            else stages, self.m, loss_fn=self.loss_fn, scale_grads=True)
+        one = schedules.get(self.kind).stages_per_worker == 1  # a single-stage class
+        self.schedule = cls(stages[0] if one else stages, self.m, loss_fn=self.loss_fn,
+                            scale_grads=True)
         self.params = [p for mod in self.modules for p in mod.parameters()]
         self.optimizer = self.optimizer_for(self.params)
         self._spans: list[tuple[str, float, float]] = []  # this step's timed actions

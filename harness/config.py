@@ -9,9 +9,11 @@ from pathlib import Path
 
 from core.errors import UserInputError
 from harness import systems
+from pipedream_impl.runtime import STAGE_EXECUTOR
 from pipedream_impl.runtime.faults import Fault
 from pipedream_impl.runtime.stage_lr import STAGE_LR_RULES
 from pipedream_impl.schedule import WEIGHT_MODES
+from pipedream_impl.schedule import registry as schedules
 from workloads.base import SCALES
 
 __all__ = ["RunConfig"]
@@ -45,8 +47,8 @@ class RunConfig:
     stall_timeout_s: float | None = None  # watchdog; None: the workload's default per scale
     checkpoint_dir: str | None = None  # save checkpoints here (--checkpoint-dir)
     checkpoint_every_epochs: int = 1
-    microbatches: int | None = None  # gpipe: default 4 x stages
-    recompute: bool = False  # gpipe: re-materialise activations in the backward
+    microbatches: int | None = None  # microbatched pipelines (default: schedule.registry)
+    recompute: bool = False  # re-materialise activations in the backward (flush schedules)
     stage_lr: str = "replicas"  # replicated stages: PipeDream's per-stage lr rule, or "same"
 
     def __post_init__(self) -> None:
@@ -71,9 +73,13 @@ class RunConfig:
                                  f"(got {self.stage_lr!r})")
         if self.weights not in WEIGHT_MODES:
             raise UserInputError(f"--weights must be one of {', '.join(WEIGHT_MODES)}")
-        if self.recompute and system.schedule == "2bw":  # a recomputed forward: live weights
-            raise UserInputError(f"--recompute: {system.name}'s backward needs its forward's "
-                                 "weight version, not the live one; drop --recompute")
+        if self.recompute:  # a recomputed forward runs on the live weights
+            if system.executor != STAGE_EXECUTOR:
+                raise UserInputError(f"--recompute: {system.name} does not re-materialise "
+                                     "activations (only our runtime's pipelines do); drop "
+                                     "--recompute")
+            schedules.require_recompute(system.schedule, system.in_flight or self.in_flight,
+                                        system.name)
         if self.plan is not None and self.config is not None:
             raise UserInputError("give --plan or --config, not both")
         if self.plan is not None and not Path(self.plan).exists():

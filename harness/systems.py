@@ -7,7 +7,10 @@ starts, so listing systems imports neither torch nor the engines), what it suppo
 schedules it, and the static params its runs log. The CLI's choices and help
 texts, ``RunConfig``'s checks, ``compare-run``'s and ``bench``'s system lists, the
 simulator's ``--system`` and the validation's run-vs-simulated pairs are all read from
-``SYSTEMS``; adding a system is one entry here plus its executor.
+``SYSTEMS``; adding a system is one entry here plus its executor. What a pipeline system
+allows (microbatches, flushes, replicated stages, stages per worker) is its schedule's, read
+from the schedule registry (``pipedream_impl.schedule.registry``), and every schedule of
+our runtime that no entry here runs becomes a system named after it.
 
 Kinds: ``one-process`` (one process, the whole model: the reference), ``pipeline`` (stages on
 workers, the model split by layers) and ``data-parallel`` (one stage, every worker a
@@ -21,9 +24,11 @@ from dataclasses import dataclass, field
 from core.errors import UserInputError
 from pipedream_impl.runtime import SPAWN_LAUNCHER, STAGE_EXECUTOR
 from pipedream_impl.schedule import ACTION_NAMES
+from pipedream_impl.schedule import registry as schedules
+from pipedream_impl.schedule.registry import ScheduleKind
 
-__all__ = ["COMPARED", "PAPER", "SIMULATED", "SYSTEMS", "VALIDATED", "System", "get", "names",
-           "simulated"]
+__all__ = ["COMPARED", "FROM_SCHEDULES", "PAPER", "SIMULATED", "SYSTEMS", "VALIDATED", "System",
+           "get", "names", "simulated"]
 
 
 
@@ -34,17 +39,12 @@ class System:
     summary: str  # one line for help texts and listings
     executor: str | None = None  # module:Class every worker runs (None: single process)
     launcher: str | None = SPAWN_LAUNCHER  # module:Class that starts and drives the workers
-    replicated_stages: bool = False  # pipeline stages may have replicas (PipeDream's plans)
-    microbatched: bool = False  # minibatches split into microbatches (flush pipelines, 2BW)
     weight_modes: bool = False  # --weights / --in-flight apply
     reports_idle: bool = False  # its executor times idle per action: bubble fraction
-    schedule: str | None = None  # its executor's schedule (successors.SCHEDULES; a peer's:
-    # "flush" for GPipe, else 1F1B)
+    schedule: str | None = None  # the schedule its workers run (``schedule.registry``)
     in_flight: int | None = None  # minibatches in flight, forced (1: model parallelism)
     aliases: tuple[str, ...] = ()  # other names the simulator accepts (the paper's mp/dp)
     checkpoints: bool = True  # --checkpoint-dir / --resume supported
-    stages_per_rank: int = 1  # model stages per worker (torch's interleaved and V schedules:
-    # the model is split into workers x this many stages)
     params: dict[str, str] = field(default_factory=dict)  # logged with every run
 
     @property
@@ -52,26 +52,42 @@ class System:
         return self.kind != "one-process"
 
     @property
+    def rules(self) -> ScheduleKind | None:
+        """Its schedule's entry in the schedule registry (None: no pipeline schedule)."""
+        return schedules.get(self.schedule) if self.schedule else None
+
+    @property
+    def microbatched(self) -> bool:
+        """Minibatches split into microbatches (flush pipelines, 2BW, torch's schedules)."""
+        return self.rules is not None and self.rules.microbatched
+
+    @property
     def flushes(self) -> bool:
-        """A microbatched pipeline that drains before each update (2BW does not)."""
-        return self.microbatched and self.schedule != "2bw"
+        """A pipeline that drains before each update (2BW and PipeDream's 1F1B do not)."""
+        return self.rules is not None and self.rules.flushes
+
+    @property
+    def replicated_stages(self) -> bool:
+        """Pipeline stages may have replicas (PipeDream's plans; not with one minibatch in
+        flight: model parallelism runs a straight pipeline)."""
+        return self.rules is not None and self.rules.replicated and self.in_flight != 1
+
+    @property
+    def stages_per_rank(self) -> int:
+        """Model stages per worker (torch's interleaved and V schedules: the model is split
+        into workers x this many stages)."""
+        return self.rules.stages_per_worker if self.rules else 1
 
     @property
     def sim(self) -> str | None:
-        """How the simulator schedules it: our executor's schedule ("1f1b", "flush",
-        "1f1b-flush", "2bw", or "in-flight-1" for one minibatch in flight), "data-parallel"
-        for a replicated whole model; a peer engine's schedule where it is one of ours
-        (GPipe's "flush"; a peer's 1F1B flushes each step: "1f1b-flush") or, for several
-        stages per worker, its own name ("interleaved-1f1b", "zb", "zbv", "dualpipev":
-        ``harness.sim.multistage`` runs torch's action lists); None where the simulator has
-        no model of the engine."""
+        """How the simulator schedules it: its schedule (``schedule.registry``; a peer
+        engine runs one of ours, or torch's several-stages-per-worker schedules, which
+        ``harness.sim.multistage`` runs from torch's action lists), "in-flight-1" for one
+        minibatch in flight, "data-parallel" for a replicated whole model; None where the
+        simulator has no model of the engine."""
         if self.kind == "data-parallel":
             return "data-parallel"
-        if self.executor == STAGE_EXECUTOR:
-            return "in-flight-1" if self.in_flight == 1 else self.schedule
-        if self.kind == "pipeline" and self.microbatched:
-            return {"1f1b": "1f1b-flush"}.get(self.schedule or "", self.schedule)
-        return None
+        return "in-flight-1" if self.in_flight == 1 else self.schedule
 
     @property
     def actions(self) -> tuple[str, ...]:
@@ -93,29 +109,32 @@ class System:
 _TORCH = "baselines.torch_peers:TorchPipeExecutor"  # torch.distributed.pipelining's schedules
 
 
-def _torch(name: str, cls: str, schedule: str, what: str, placement: str = "") -> System:
-    """A torch.distributed.pipelining peer running schedule class ``cls``; ``placement``
-    (looped or V-shaped) for the schedules that hold 2 stages per worker."""
-    where = f" (2 stages per worker, {placement})" if placement else ""
+def _torch(name: str, schedule: str, what: str) -> System:
+    """A torch.distributed.pipelining peer running ``schedule`` with torch's class for it
+    (the schedule registry's ``torch_class``)."""
+    rules = schedules.get(schedule)
+    cls = rules.torch_class
+    where = (f" ({rules.stages_per_worker} stages per worker, "
+             f"{'V-shaped' if rules.v_shaped else 'looped'})"
+             if rules.stages_per_worker > 1 else "")
     return System(name, "pipeline", f"torch.distributed.pipelining {cls}{where}", _TORCH,
-                  microbatched=True, reports_idle=True, schedule=schedule,
-                  stages_per_rank=2 if placement else 1,
+                  reports_idle=True, schedule=schedule,
                   params={"peer_schedule": f"{what} (torch.distributed.pipelining.{cls})"})
 
 
-SYSTEMS: tuple[System, ...] = (
+_DECLARED: tuple[System, ...] = (
     System("single", "one-process", "one process, the whole model (the reference)", launcher=None),
     System("pipedream", "pipeline", "PipeDream: 1F1B(-RR) with weight stashing, planned "
-           "stages (replicas allowed)", STAGE_EXECUTOR, replicated_stages=True,
-           weight_modes=True, reports_idle=True, schedule="1f1b"),
+           "stages (replicas allowed)", STAGE_EXECUTOR, weight_modes=True, reports_idle=True,
+           schedule="1f1b"),
     System("gpipe", "pipeline", "GPipe: microbatches, flush, one synchronous update",
-           STAGE_EXECUTOR, microbatched=True, reports_idle=True, schedule="flush"),
+           STAGE_EXECUTOR, reports_idle=True, schedule="flush"),
     System("pipedream-flush", "pipeline", "PipeDream-Flush: 1F1B within each minibatch, a "
            "flush, one synchronous update (DeepSpeed's and Megatron's schedule)",
-           STAGE_EXECUTOR, microbatched=True, reports_idle=True, schedule="1f1b-flush"),
+           STAGE_EXECUTOR, reports_idle=True, schedule="1f1b-flush"),
     System("pipedream-2bw", "pipeline", "PipeDream-2BW: 1F1B without flush, two weight "
            "versions, each minibatch's update applied one step late", STAGE_EXECUTOR,
-           microbatched=True, reports_idle=True, schedule="2bw"),
+           reports_idle=True, schedule="2bw"),
     System("model-parallel", "pipeline", "one minibatch in flight across the stages",
            STAGE_EXECUTOR, weight_modes=True, reports_idle=True, schedule="1f1b",
            in_flight=1, aliases=("mp",)),
@@ -129,19 +148,31 @@ SYSTEMS: tuple[System, ...] = (
     System("ddp", "data-parallel", "torch DistributedDataParallel", "baselines.ddp:DDPExecutor",
            aliases=("dp",),
            params={"gradient_sync": "DDP all-reduce (average), default buckets"}),
-    _torch("torch-gpipe", "ScheduleGPipe", "flush", "GPipe"),
-    _torch("torch-1f1b", "Schedule1F1B", "1f1b", "1F1B with flush"),
-    _torch("torch-interleaved-1f1b", "ScheduleInterleaved1F1B", "interleaved-1f1b",
-           "interleaved 1F1B with flush", "looped"),
-    _torch("torch-zb", "ScheduleInterleavedZeroBubble", "zb", "zero bubble ZB1P, interleaved",
-           "looped"),
-    _torch("torch-zbv", "ScheduleZBVZeroBubble", "zbv", "zero bubble ZB-V", "V-shaped"),
-    _torch("torch-dualpipev", "ScheduleDualPipeV", "dualpipev", "DualPipeV", "V-shaped"),
+    _torch("torch-gpipe", "flush", "GPipe"),
+    _torch("torch-1f1b", "1f1b-flush", "1F1B with flush"),
+    _torch("torch-interleaved-1f1b", "interleaved-1f1b", "interleaved 1F1B with flush"),
+    _torch("torch-zb", "zb", "zero bubble ZB1P, interleaved"),
+    _torch("torch-zbv", "zbv", "zero bubble ZB-V"),
+    _torch("torch-dualpipev", "dualpipev", "DualPipeV"),
     System("deepspeed-pipe", "pipeline", "DeepSpeed PipelineEngine (1F1B with a flush)",
-           "baselines.peers:DeepSpeedPipeExecutor", microbatched=True, schedule="1f1b",
+           "baselines.peers:DeepSpeedPipeExecutor", schedule="1f1b-flush",
            checkpoints=False,
            params={"peer_schedule": "1F1B with flush (DeepSpeed PipelineEngine)"}),
 )
+
+
+def _runtime_schedules() -> tuple[System, ...]:
+    """Every other schedule our runtime builds runs as a system of its own, named after
+    the schedule (its home is the schedule registry): a new schedule needs no entry here."""
+    taken = {s.schedule for s in _DECLARED if s.executor == STAGE_EXECUTOR}
+    return tuple(System(k.name, "pipeline", k.summary, STAGE_EXECUTOR, reports_idle=True,
+                        schedule=k.name)
+                 for k in schedules.ours() if k.name not in taken)
+
+
+SYSTEMS: tuple[System, ...] = _DECLARED + _runtime_schedules()
+FROM_SCHEDULES = frozenset(s.name for s in _runtime_schedules())  # names the schedule
+# registry holds (``pipedream_impl.schedule.registry``), not this file
 _BY_NAME = {s.name: s for s in SYSTEMS}
 SIMULATED = tuple(s for s in SYSTEMS if s.sim is not None)
 # choices that name systems, kept here so each system name lives in this file only:

@@ -31,6 +31,7 @@ from pipedream_impl.runtime.contract import (
     cpu_copy,
 )
 from pipedream_impl.runtime.launcher import Launcher, free_port
+from pipedream_impl.schedule import registry as schedules
 from workloads.base import DataSplits, Workload
 
 __all__ = ["RUN_TRACE_EVENTS", "PipelineMetrics", "PipelineTrainer", "system_settings"]
@@ -63,11 +64,11 @@ def system_settings(cfg: RunConfig, replicas: tuple[int, ...],
     logs about them (the registry's static params included)."""
     system = cfg.definition
     params: dict = dict(system.params)
+    if system.executor == STAGE_EXECUTOR:  # every pipeline of our runtime
+        params["recompute"] = cfg.recompute
     if system.microbatched:
-        micro = cfg.microbatches or 4 * len(replicas)
+        micro = schedules.microbatches(system.schedule, len(replicas), cfg.microbatches)
         params.update(microbatches=micro, microbatch_size=batch_size // max(1, micro))
-        if system.executor == STAGE_EXECUTOR:  # our microbatched pipelines
-            params["recompute"] = cfg.recompute
     elif system.kind == "data-parallel":
         micro = cfg.workers  # each rank's slice of a global minibatch counts as one of W
         params["per_worker_batch"] = batch_size // cfg.workers
@@ -78,8 +79,9 @@ def system_settings(cfg: RunConfig, replicas: tuple[int, ...],
         params.update(weights=cfg.weights, in_flight=in_flight or "noam")
     if system.replicated_stages:
         params["stage_lr"] = cfg.stage_lr
-    settings = SystemSettings(replicas, bounds, system.executor, system.schedule or "1f1b",
-                              cfg.weights, in_flight, micro, cfg.recompute,
+    settings = SystemSettings(replicas, bounds, system.executor,
+                              system.schedule or schedules.DEFAULT, cfg.weights, in_flight,
+                              micro, cfg.recompute,
                               stage_lr=cfg.stage_lr)
     return settings, params
 

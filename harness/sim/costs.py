@@ -52,9 +52,9 @@ from pipedream_impl.planner.antichain import input_nodes
 from pipedream_impl.planner.cluster import Cluster
 from pipedream_impl.profiling.profile import Profile
 from pipedream_impl.runtime.weight_stash import snapshots_held, versions_held
-from pipedream_impl.schedule import Action, Layout, Schedule
+from pipedream_impl.schedule import GRADIENT_DONE, Action, Layout, Schedule
 
-__all__ = ["AllReduceModel", "ClusterCosts", "MachineModel", "StageCost", "Topology",
+__all__ = ["AllReduceModel", "ClusterCosts", "MachineModel", "StageCost", "Topology", "action_s",
            "memory_per_worker", "stage_costs", "sync_levels"]
 
 
@@ -90,6 +90,7 @@ class StageCost:
     activation_bytes: float  # outputs of every layer of the stage (what autograd keeps)
     send_bytes: float  # live outputs crossing to the next stage (0 for the last)
     send_tensors: int = 1  # how many tensors carry them (one message each)
+    weight_grad_s: float = 0.0  # the part of backward_s spent on weight gradients (W)
 
 
 def stage_costs(profile: Profile, groups: list[tuple[str, ...]]) -> list[StageCost]:
@@ -116,8 +117,17 @@ def stage_costs(profile: Profile, groups: list[tuple[str, ...]]) -> list[StageCo
                              sum(n.parameter_bytes for n in nodes),
                              sum(n.activation_bytes for n in nodes),
                              sum(n.activation_bytes for n in crossing),
-                             max(1, sum(len(n.activations) for n in crossing))))
+                             max(1, sum(len(n.activations) for n in crossing)),
+                             _weight_grad_s(work)))
     return out
+
+
+def _weight_grad_s(nodes: list) -> float:  # noqa: ANN001 - profile graph nodes
+    """Seconds of a stage's backward spent on weight gradients: half the backward of its
+    layers with parameters (a parameter-free layer's backward is all input gradient; for a
+    layer with weights dX and dW cost about the same: the zero-bubble paper's T_B = T_W).
+    An assumption, not a measurement."""
+    return sum(n.backward_ms for n in nodes if n.parameter_bytes > 0) / 2e3
 
 
 class Topology:
@@ -216,9 +226,8 @@ class ClusterCosts:
         s = self.layout.stage_of(rank)[0]
         if self.machine.action_s is not None:
             return self.machine.action_s[s].get(a.kind, 0.0) / self.factor
-        st = self.stages[s]
-        return {"F": st.forward_s, "B": st.backward_s}.get(a.kind, 0.0) * self.unit_share \
-            / self.factor
+        st = self.stages[a.stage if a.stage >= 0 else s]
+        return action_s(st, a.kind) * self.unit_share / self.factor
 
     def send(self, src: int, dst: int, a: Action, t: float) -> tuple[float, float]:
         own = (self.machine.send_s or {}).get((self.layout.stage_of(src)[0], a.kind[1]), 0.0)
@@ -264,6 +273,12 @@ class ClusterCosts:
         return dur
 
 
+def action_s(st: StageCost, kind: str) -> float:
+    """A compute action's seconds on the profiled batch: F, B, and B's halves I and W."""
+    return {"F": st.forward_s, "B": st.backward_s, "I": st.backward_s - st.weight_grad_s,
+            "W": st.weight_grad_s}.get(kind, 0.0)
+
+
 def memory_per_worker(sched: Schedule, stages: list[StageCost], unit_share: float,
                       optimizer_slots: int) -> dict[int, dict[str, float]]:
     """Peak bytes per rank read off its action list: ``weights`` (the live weights +
@@ -285,7 +300,7 @@ def memory_per_worker(sched: Schedule, stages: list[StageCost], unit_share: floa
         for a in acts:
             if a.kind == "F":
                 in_flight.add(a.mb)
-            elif a.kind == "B":
+            elif a.kind in GRADIENT_DONE:
                 in_flight.discard(a.mb)
             peak_units = max(peak_units, len(in_flight))
         out[rank] = {"weights": st.parameter_bytes * (1 + optimizer_slots),

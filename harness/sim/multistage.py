@@ -11,11 +11,9 @@ compute actions in the order torch's runtime executes them, read with torch's
 ``get_schedule_ops``; ``OVERLAP_F_B`` runs its two parts one after the other). Steps
 (minibatches) follow each other, each ending in one optimizer step per rank (a flush).
 
-Costs, as ``harness.sim.costs`` charges them: a stage's F and B from the profile (its
-share of the profiled batch, divided by ``compute_factor``); W is half the backward of the
-stage's layers that have parameters (a parameter-free layer's backward is all input
-gradient; for a layer with weights dX and dW cost about the same: the zero-bubble paper's
-T_B = T_W), I the rest; a message leaves when its producer ends, one at a time per
+Costs, as ``harness.sim.costs`` charges them (``action_s``): a stage's F and B from the
+profile (its share of the profiled batch, divided by ``compute_factor``); W is
+``StageCost.weight_grad_s``, I the rest; a message leaves when its producer ends, one at a time per
 directed link, ``tensors x latency + bytes / bandwidth`` of the level the two ranks share;
 a hand-off between two stages of one rank (the V's turn) is free.
 
@@ -31,12 +29,12 @@ from dataclasses import dataclass
 from functools import cache
 
 from core.errors import UserInputError
-from harness.sim.costs import StageCost, Topology, stage_costs
+from harness.sim.costs import StageCost, Topology, action_s, stage_costs
 from pipedream_impl.planner.cluster import Cluster
 from pipedream_impl.profiling.profile import Profile
 from pipedream_impl.schedule import Action
 
-__all__ = ["Op", "OrderRun", "as_actions", "engine_order", "simulate_order", "weight_grad_s"]
+__all__ = ["Op", "OrderRun", "as_actions", "engine_order", "simulate_order"]
 
 
 @dataclass(frozen=True)
@@ -73,11 +71,11 @@ def _torch_order(cls_name: str, workers: int, microbatches: int,
 def engine_order(schedule: str, workers: int, microbatches: int, per_rank: int,
                  steps: int) -> list[list[Op]]:
     """Per rank, its compute actions over ``steps`` minibatches in the order the torch
-    schedule (a ``System.schedule`` of ``baselines.torch_peers.ENGINE_SCHEDULES``) runs
+    schedule (a registry schedule with a ``torch_class``) runs
     them, each step closed by one optimizer step ``U``."""
-    from baselines.torch_peers import ENGINE_SCHEDULES
+    from baselines.torch_peers import engine_class
 
-    one = _torch_order(ENGINE_SCHEDULES[schedule], workers, microbatches, per_rank)
+    one = _torch_order(engine_class(schedule), workers, microbatches, per_rank)
     stages = {s for row in one for _, s, _ in row}
     out = []
     for row in one:
@@ -87,17 +85,9 @@ def engine_order(schedule: str, workers: int, microbatches: int, per_rank: int,
             acts.append(Op("U", -1, (k + 1) * microbatches - 1))
         out.append(acts)
     if len(stages) != workers * per_rank:
-        raise UserInputError(f"{ENGINE_SCHEDULES[schedule]} lists {len(stages)} stages, "
+        raise UserInputError(f"{engine_class(schedule)} lists {len(stages)} stages, "
                              f"not {workers} x {per_rank}")
     return out
-
-
-def weight_grad_s(profile: Profile, groups: list[tuple[str, ...]]) -> list[float]:
-    """Per stage, the backward seconds (profiled batch) spent on weight gradients: half
-    the backward of its layers with parameters (see the module docstring)."""
-    g = profile.graph()
-    return [sum(g.nodes[n].backward_ms for n in grp if n in g.nodes
-                and g.nodes[n].parameter_bytes > 0) / 2e3 for grp in groups]
 
 
 @dataclass
@@ -117,18 +107,13 @@ def simulate_order(order: list[list[Op]], stage_rank: tuple[int, ...], profile: 
     """Run every rank's ``order`` as soon as its inputs are in (see the module docstring).
     ``stage_rank[s]``: the rank holding stage s; ``placement[rank]``: its cluster worker."""
     stages = stage_costs(profile, groups)
-    wgrad = weight_grad_s(profile, groups)
     topo = Topology(cluster, placement)
     last = len(stages) - 1
 
     def cost(op: Op) -> float:
         if op.kind == "U":
             return 0.0
-        st = stages[op.stage]
-        whole = {"F": st.forward_s, "B": st.backward_s}.get(op.kind)
-        if whole is None:
-            whole = wgrad[op.stage] if op.kind == "W" else st.backward_s - wgrad[op.stage]
-        return whole * share / compute_factor
+        return action_s(stages[op.stage], op.kind) * share / compute_factor
 
     arrive: dict[tuple[str, int, int], float] = {}  # ("F"/"B", consumer stage, mb) -> in
     link_free: dict[tuple[int, int], float] = defaultdict(float)

@@ -5,7 +5,7 @@ and backward time, output bytes and parameter bytes at the profile's batch size)
 cluster given as levels (workers per level and bandwidth per level, innermost first), it
 executes the *same* schedules the runtime executes (``pipedream_impl.schedule``: 1F1B /
 1F1B-RR with NOAM, GPipe, one minibatch in flight, data parallelism as one replicated
-stage; ``pipedream_impl.successors``: PipeDream-Flush and PipeDream-2BW) with the schedule
+stage; ``pipedream_impl.schedule``: PipeDream-Flush and PipeDream-2BW) with the schedule
 module's event engine and the cost model of ``harness.sim.costs`` (compute from the
 profile, FIFO links per level, rings inside machines and, among machines, a ring, a
 parameter server (colocated or on k CPU machines) or BytePS, data parallelism's all-reduce
@@ -43,8 +43,16 @@ from pipedream_impl.planner.antichain import input_nodes
 from pipedream_impl.planner.cluster import Cluster
 from pipedream_impl.planner.plan import Plan, min_max_split
 from pipedream_impl.profiling.profile import Profile, infer_batch_size
-from pipedream_impl.schedule import Action, Layout, Schedule, gpipe, one_f_one_b, simulate
-from pipedream_impl.successors import one_f_one_b_flush, two_bw
+from pipedream_impl.schedule import (
+    ACTION_NAMES,
+    COMPUTE,
+    GRADIENT_DONE,
+    Action,
+    Layout,
+    Schedule,
+    simulate,
+)
+from pipedream_impl.schedule import registry as schedules
 
 __all__ = ["NEAR_TIE", "SimLayout", "SimOptions", "SimResult", "build_schedule", "config_groups",
            "gantt", "layout_for", "plan_groups", "simulate_system"]
@@ -67,20 +75,16 @@ class SimResult:
     layout: Layout | None = None
 
 
-def build_schedule(kind: str, replicas: tuple[int, ...], minibatches: int,
+def build_schedule(system: systems.System, replicas: tuple[int, ...], minibatches: int,
                    microbatches: int) -> Schedule:
-    """The runtime's schedule for a simulator schedule ``kind`` (``System.sim``)."""
+    """The runtime's schedule for ``system`` (data parallelism: 1F1B on one replicated
+    stage), built by the schedule registry; replicated stages run whole rounds."""
     layout = Layout(replicas)
-    if kind == "flush":
-        return gpipe(layout, minibatches, microbatches)
-    if kind == "1f1b-flush":
-        return one_f_one_b_flush(layout, minibatches, microbatches)
-    if kind == "2bw":
-        return two_bw(layout, minibatches, microbatches)
-    if kind == "in-flight-1":
-        return one_f_one_b(layout, minibatches, "stash", in_flight=1)
+    if system.rules is not None and system.rules.microbatched:
+        return schedules.build(system.schedule, layout, minibatches, microbatches)
     n = minibatches - minibatches % math.lcm(*replicas)
-    return one_f_one_b(layout, max(n, math.lcm(*replicas)), "stash")
+    return schedules.build(schedules.DEFAULT, layout, max(n, math.lcm(*replicas)),
+                           in_flight=system.in_flight)
 
 
 @dataclass(frozen=True)
@@ -135,10 +139,11 @@ def simulate_system(profile: Profile, cluster: Cluster, system: str, layout: Sim
         raise UserInputError(f"config {'-'.join(map(str, replicas))} needs {sum(replicas)} "
                              f"workers; the cluster has {cluster.workers}")
     b = profile.batch_size or infer_batch_size(profile) or 1
-    m = (microbatches or 4 * len(replicas)) if sys_.microbatched else 1
+    m = schedules.microbatches(sys_.schedule, len(replicas), microbatches) \
+        if sys_.microbatched else 1
     if sys_.stages_per_rank > 1:
         return _simulate_multistage(profile, cluster, sys_, layout, o, b, m)
-    sched = build_schedule(kind, replicas, minibatches, m)
+    sched = build_schedule(sys_, replicas, minibatches, m)
     stages = stage_costs(profile, layout.groups)
     placement = layout.placement or list(range(sum(replicas)))
     share = 1.0 if o.unit_profiled else 1.0 / m
@@ -154,17 +159,17 @@ def simulate_system(profile: Profile, cluster: Cluster, system: str, layout: Sim
     # for GPipe); time per minibatch between the ends of whole rounds (lcm of the replica
     # counts: the schedule repeats per round) near the first and the last quarter
     done = sorted(e for r in range(sched.layout.replicas[0]) for _, e, a in timeline[r]
-                  if a.kind == "B" and (a.mb + 1) % m == 0)
+                  if a.kind in GRADIENT_DONE and (a.mb + 1) % m == 0)
     rnd = math.lcm(*replicas)
     lo, hi = max(1, round(n / 4 / rnd)) * rnd, (3 * n // 4) // rnd * rnd
     steady = (done[hi - 1] - done[lo - 1]) / (hi - lo) if hi > lo else total / n
     cores = costs.machine.cores
     if cores is not None and sched.layout.workers > cores:  # the CPU's capacity bound
         busy = costs.send_busy_s + sum(e - s for row in timeline for s, e, a in row
-                                     if a.kind in ("F", "B", "U", "A"))
+                                     if a.kind in (*COMPUTE, "U", "A"))
         total = max(total, busy / cores)
         steady = max(steady, busy / cores / n)
-    util = {r: sum(e - s for s, e, a in row if a.kind in ("F", "B")) / total if total else 0.0
+    util = {r: sum(e - s for s, e, a in row if a.kind in COMPUTE) / total if total else 0.0
             for r, row in enumerate(timeline)}
     moved = sum(costs.bytes_per_level.values())
     return SimResult(system, "-".join(map(str, replicas)), n, b, total, steady,
@@ -181,12 +186,12 @@ MULTISTAGE_STEPS = 6  # minibatches run for several-stages-per-worker schedules:
 def _simulate_multistage(profile: Profile, cluster: Cluster, sys_: systems.System,
                          layout: SimLayout, o: SimOptions, b: int, m: int) -> SimResult:
     """A schedule with several stages per worker (``harness.sim.multistage``)."""
-    from baselines.torch_peers import V_SHAPED, stage_ranks
+    from baselines.torch_peers import stage_ranks
 
     p = len(layout.replicas)
     n = max(1, min(o.minibatches, MULTISTAGE_STEPS))
     order = multistage.engine_order(sys_.schedule, p, m, sys_.stages_per_rank, n)
-    ranks = stage_ranks(p, len(layout.groups), sys_.schedule in V_SHAPED)
+    ranks = stage_ranks(p, len(layout.groups), sys_.rules.v_shaped)
     run = multistage.simulate_order(order, ranks, profile, layout.groups, cluster,
                                     layout.placement or list(range(p)),
                                     1.0 if o.unit_profiled else 1.0 / m, o.compute_factor,
@@ -220,7 +225,8 @@ def gantt(result: SimResult, path: str, title: str = "") -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    colours = {"F": "#4c72b0", "B": "#55a868", "A": "#dd8452", "U": "#8172b2"}
+    colours = {"F": "#4c72b0", "B": "#55a868", "I": "#8fd19e", "W": "#2d6a3e",
+               "A": "#dd8452", "U": "#8172b2"}
     n = len(result.timeline)
     fig, ax = plt.subplots(figsize=(12, 0.5 * n + 1.5))
     for rank, row in enumerate(result.timeline):
@@ -230,7 +236,7 @@ def gantt(result: SimResult, path: str, title: str = "") -> None:
                 ax.broken_barh(bars, (rank - 0.4, 0.8), facecolors=colours[kind],
                                label=kind if rank == 0 or kind == "A" else None)
     handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in colours.values()]
-    ax.legend(handles, ["forward", "backward", "all-reduce", "update"], loc="upper right")
+    ax.legend(handles, [ACTION_NAMES[k] for k in colours], loc="upper right")
     ax.set_yticks(range(n))
     lay = result.layout
     ax.set_yticklabels([f"w{r} s{lay.stage_of(r)[0]}" for r in range(n)] if lay else

@@ -49,6 +49,7 @@ from core.imports import load
 from pipedream_impl.runtime import STAGE_EXECUTOR
 from pipedream_impl.runtime.faults import Fault, Progress, board_path
 from pipedream_impl.schedule import Layout
+from pipedream_impl.schedule import registry as schedules
 from workloads import registry
 from workloads.base import DataSplits, LayerModel, ScaleSpec, Workload
 from workloads.recipe import dropout_seed, epoch_order, load_splits, make_optimizer
@@ -111,7 +112,7 @@ class SystemSettings:
     replicas: tuple[int, ...]  # replicas per stage
     bounds: tuple[tuple[int, int], ...]  # layer range [a, b) of each stage
     executor: str = STAGE_EXECUTOR  # module:Class every worker runs
-    schedule: str = "1f1b"  # "1f1b" or "flush" (microbatches, one update per minibatch)
+    schedule: str = schedules.DEFAULT  # a name in the schedule registry
     weights: str = "stash"  # stash | vertical-sync | none
     in_flight: int | None = None  # None: PipeDream's NOAM; 1: model parallelism
     microbatches: int = 1  # per minibatch (flush pipelines; data parallelism: ranks)

@@ -18,6 +18,12 @@ last stage's in 1F1B) and using the current weights runs on the module itself, w
 snapshot: the weights cannot change under its graph. Gradients accumulate (on snapshots or
 the module) until the all-reduce or update reads them, once per update.
 
+A split backward (zero-bubble schedules) runs as I, the gradient of the stage's input
+(sent back at once; the graph is kept), and later W, the gradient of the weights: W
+traverses the kept graph a second time from the same roots with the weights as its only
+inputs, so together they cost more than one whole backward (torch's runtime keeps the
+intermediate gradients instead).
+
 Gradient clipping, where a workload asks for it, is applied per stage (a global norm would
 need another all-reduce across stages). Parameters tied across two stages (AWD-LM's
 embedding and decoder) are kept equal by ``ties.TieSync``: its ST/RT actions exchange the
@@ -38,8 +44,8 @@ from pipedream_impl.runtime.contract import EpochReport, Executor, WorkerPieces,
 from pipedream_impl.runtime.stage_lr import set_lr, stage_lr_scale
 from pipedream_impl.runtime.ties import TieSync, check_ties
 from pipedream_impl.runtime.weight_stash import WeightStore, direct_forwards, future_versions
-from pipedream_impl.schedule import Action, Schedule, gpipe, one_f_one_b
-from pipedream_impl.successors import one_f_one_b_flush, two_bw
+from pipedream_impl.schedule import Action, Schedule
+from pipedream_impl.schedule.registry import build
 from workloads.base import Batch
 from workloads.recipe import microbatch
 
@@ -79,7 +85,8 @@ class StageExecutor(Executor):
         self.handlers = {"RF": self._recv_forward, "F": self._forward, "SF": self._send_forward,
                          "RB": self._recv_backward, "B": self._backward,
                          "SB": self._send_backward, "A": self._allreduce, "U": self._update,
-                         "ST": self._send_tie, "RT": self._recv_tie}
+                         "ST": self._send_tie, "RT": self._recv_tie,
+                         "I": self._backward_input, "W": self._backward_weight}
 
     def schedule(self) -> Schedule:
         if self.ties is not None:  # the same lists plus the tie messages (ties.py)
@@ -87,15 +94,8 @@ class StageExecutor(Executor):
         return self._base_schedule()
 
     def _base_schedule(self) -> Schedule:
-        kind = self.system.schedule  # one of successors.SCHEDULES
-        if kind == "flush":
-            return gpipe(self.layout, self.n_steps, self.m)
-        if kind == "1f1b-flush":
-            return one_f_one_b_flush(self.layout, self.n_steps, self.m)
-        if kind == "2bw":
-            return two_bw(self.layout, self.n_steps, self.m)
-        return one_f_one_b(self.layout, self.n_steps, self.system.weights,
-                           self.system.in_flight)
+        return build(self.system.schedule, self.layout, self.n_steps, self.m,
+                     self.system.weights, self.system.in_flight)
 
     def run_epoch(self, epoch: int) -> EpochReport:
         acts = self.begin_epoch(epoch)
@@ -225,28 +225,63 @@ class StageExecutor(Executor):
             del self.inflight[act.mb]["out"]
         return False
 
+    def _roots(self, rec: dict) -> tuple[list[Tensor], list[Tensor] | None]:
+        """What the backward differentiates: the loss (last stage) or the outputs with the
+        gradients received for them; a naive/recomputed forward re-runs here once with the
+        current weights (its I and W halves share that graph)."""
+        if "roots" not in rec:
+            if self.naive:  # recompute with the current weights
+                out = self.module(rec["x"])
+                roots = (self.wl.loss(out, rec["targets"]) / self.m,) if self.last else out
+            else:
+                roots = (rec["loss"],) if self.last else rec["out"]
+            if self.last:
+                self.report.losses.append(float(roots[0].detach()) * self.m)
+                rec["roots"] = ([roots[0]], None)
+            else:
+                floats = [o for o in roots if o.is_floating_point()]
+                pairs = [(o, g) for o, g in zip(floats, rec["g"], strict=True)
+                         if o.requires_grad]
+                rec["roots"] = ([o for o, _ in pairs], [g for _, g in pairs])
+        return rec["roots"]
+
     def _backward(self, act: Action, pos: int) -> bool:
         rec = self.inflight[act.mb]
-        if self.naive:  # recompute with the current weights
-            out = self.module(rec["x"])
-            roots = (self.wl.loss(out, rec["targets"]) / self.m,) if self.last else out
-        else:
-            roots = (rec["loss"],) if self.last else rec["out"]
-        if self.last:
-            self.report.losses.append(float(roots[0].detach()) * self.m)
-            torch.autograd.backward(roots[0])
-        else:
-            floats = [o for o in roots if o.is_floating_point()]
-            pairs = [(o, g) for o, g in zip(floats, rec["g"], strict=True) if o.requires_grad]
-            torch.autograd.backward([o for o, _ in pairs], [g for _, g in pairs])
+        torch.autograd.backward(*self._roots(rec))
+        self._gradient_done(act, rec)
+        return False
+
+    def _backward_input(self, act: Action, pos: int) -> bool:
+        """I: the gradient of the stage's input only (sent back at once); the graph stays
+        for W. Stage 0's input needs none."""
+        rec = self.inflight[act.mb]
+        rec["await_w"] = True
+        inputs = [t for t in rec.get("x", ()) if t.requires_grad]
+        tensors, grads = self._roots(rec)
+        if inputs:
+            torch.autograd.backward(tensors, grads, inputs=inputs, retain_graph=True)
+        return False
+
+    def _backward_weight(self, act: Action, pos: int) -> bool:
+        """W: the weights' gradient (on the snapshot the forward used, or the module)."""
+        rec = self.inflight[act.mb]
+        leaves = [t for t in (rec["snap"].values() if "snap" in rec else self.params)
+                  if t.requires_grad]
+        torch.autograd.backward(*self._roots(rec), inputs=leaves)
+        self._gradient_done(act, rec)
+        self.inflight.pop(act.mb, None)  # its input gradient went at I
+        return False
+
+    def _gradient_done(self, act: Action, rec: dict) -> None:
         if "snap" in rec:  # gradients accumulate on the snapshot until A/U reads them
             self.pending[id(rec["snap"])] = rec["snap"]
         if self.stage == 0:
-            del self.inflight[act.mb]  # nothing to send back
-        return False
+            self.inflight.pop(act.mb, None)  # nothing to send back
 
     def _send_backward(self, act: Action, pos: int) -> bool:
-        rec = self.inflight.pop(act.mb)
+        rec = self.inflight[act.mb]
+        if not rec.get("await_w"):  # W still needs the graph
+            del self.inflight[act.mb]
         self.comm.send(tuple(t.grad if t.grad is not None else torch.zeros_like(t)
                              for t in rec["x"] if t.is_floating_point()), act.peer, "B")
         return False

@@ -41,7 +41,7 @@ import weakref
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from pipedream_impl.schedule import Action
+from pipedream_impl.schedule.actions import GRADIENT_DONE, Action
 
 if TYPE_CHECKING:  # torch only for hints: the simulator imports this module's rules
     from torch import Tensor, nn
@@ -163,7 +163,7 @@ def direct_forwards(acts: Sequence[Action]) -> set[int]:
         if a.kind == "F":
             open_f[a.mb] = i
             direct.add(i)
-        elif a.kind == "B":
+        elif a.kind in GRADIENT_DONE:
             open_f.pop(a.mb, None)
         elif a.kind == "U":
             direct -= set(open_f.values())
@@ -209,7 +209,7 @@ def _alive(acts: Sequence[Action], weights: str, step_size: int) \
             if v is None:
                 raise ValueError(f"{a}: version {a.version} was not kept")
             held[a.mb] = v
-        elif a.kind == "B" and a.mb in held:
+        elif a.kind in GRADIENT_DONE and a.mb in held:
             pending.add(held.pop(a.mb))
         elif a.kind in ("A", "U") and not gathered:
             pending.clear()
@@ -240,7 +240,7 @@ def staleness(acts: Sequence[Action], step_size: int) -> int:
     for a in acts:
         if a.kind == "F":
             used[a.mb] = a.version
-        elif a.kind == "B":
+        elif a.kind in GRADIENT_DONE:
             pending.append(a.mb)
         elif a.kind == "U":
             worst = max([worst, *(applied - used[mb] for mb in pending)])

@@ -10,7 +10,7 @@ from harness import systems
 from harness.config import RunConfig
 from pipedream_impl.runtime.contract import Executor
 from pipedream_impl.runtime.launcher import Launcher
-from pipedream_impl.successors import SCHEDULES
+from pipedream_impl.schedule.registry import names
 
 
 @pytest.mark.parametrize("system", systems.SYSTEMS, ids=lambda s: s.name)
@@ -24,7 +24,7 @@ def test_every_entry_names_an_executor_and_a_launcher_that_exist(system) -> None
     assert issubclass(load(system.launcher), Launcher)
     assert system.kind in ("pipeline", "data-parallel")
     if system.kind == "pipeline" and system.executor.endswith("StageExecutor"):
-        assert system.schedule in SCHEDULES
+        assert system.schedule in names()
 
 
 def test_names_and_aliases_are_unique_and_resolve() -> None:

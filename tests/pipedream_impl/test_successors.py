@@ -8,8 +8,16 @@ import dataclasses
 import pytest
 
 from core.errors import ScheduleError
-from pipedream_impl.schedule import Action, Layout, Schedule, TickCosts, simulate, validate
-from pipedream_impl.successors import one_f_one_b_flush, two_bw
+from pipedream_impl.schedule import (
+    Action,
+    Layout,
+    Schedule,
+    TickCosts,
+    one_f_one_b_flush,
+    simulate,
+    two_bw,
+    validate,
+)
 
 
 def _text(sched: Schedule, rank: int) -> str:

@@ -82,7 +82,7 @@ def test_flush_and_2bw_versions_and_activations_closed_form(p: int) -> None:
     every stage, W(k - 1) and W(k): snapshots of both on stages before the last (the
     current one copied, as 1F1B's stash does), of W(k - 1) alone on the last; p - s
     microbatches in flight."""
-    from pipedream_impl.successors import one_f_one_b_flush, two_bw
+    from pipedream_impl.schedule import one_f_one_b_flush, two_bw
 
     for m in sorted({max(1, p - 1), p, 2 * p}):
         flush = memory_per_worker(one_f_one_b_flush(Layout((1,) * p), 3, m), _stages(p),
@@ -130,7 +130,7 @@ def test_simulated_bytes_equal_the_runtimes_measured_peak(system: str) -> None:
         pbytes = sum(p.numel() * p.element_size() for p in ex.module.parameters())
         stages.append(StageCost((), 0.0, 0.0, pbytes, io, 0.0))
         x = out
-    mem = memory_per_worker(build_schedule(sys_.sim, (1, 1), STEPS, m), stages, 1.0, 0)
+    mem = memory_per_worker(build_schedule(sys_, (1, 1), STEPS, m), stages, 1.0, 0)
     assert [mem[r]["stashed_weights"] for r in range(2)] == \
         [rep.stash_weight_bytes for rep in reports]
     assert [mem[r]["activations"] for r in range(2)] == \

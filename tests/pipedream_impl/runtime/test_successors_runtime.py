@@ -134,6 +134,6 @@ def test_2bw_refuses_recompute() -> None:
     """A recomputed forward would run on the live weights, not the forward's version."""
     from core.errors import UserInputError
 
-    with pytest.raises(UserInputError, match="--recompute: pipedream-2bw's backward"):
+    with pytest.raises(UserInputError, match="--recompute: pipedream-2bw's 2bw schedule"):
         RunConfig(system="pipedream-2bw", workload="vgg16", workers=2, recompute=True)
     RunConfig(system="pipedream-flush", workload="vgg16", workers=2, recompute=True)

@@ -166,8 +166,7 @@ def test_staleness_follows_each_schedules_closed_form(p: int) -> None:
     gradient lands p - 1 - s updates after its forward's version; PipeDream-2BW's delay is
     one minibatch everywhere; a flush none."""
     from pipedream_impl.runtime.weight_stash import staleness
-    from pipedream_impl.schedule import Layout, gpipe, one_f_one_b
-    from pipedream_impl.successors import one_f_one_b_flush, two_bw
+    from pipedream_impl.schedule import Layout, gpipe, one_f_one_b, one_f_one_b_flush, two_bw
 
     lay = Layout((1,) * p)
     pd = one_f_one_b(lay, 4 * p)

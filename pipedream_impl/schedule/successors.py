@@ -24,25 +24,23 @@ stages, with the same RF/F/SF/RB/B/SB/U actions the runtime already executes:
 
 An epoch's end drains the pipeline, as every schedule here does: the delay restarts with
 each epoch (its first two minibatches use the weights it started with).
-``SCHEDULES`` lists the schedule kinds the stage executor runs (``System.schedule``).
+``steps`` turns a per-stage compute order (F, B, or the split I and W) into actions with
+their messages and updates; the zero-bubble builder (``zero_bubble``) shares it.
 """
 
 from __future__ import annotations
 
 from core.errors import ScheduleError
-from pipedream_impl.schedule import Action, Layout, Schedule, _check_size, validate
+from pipedream_impl.schedule.actions import (
+    Action,
+    Layout,
+    Schedule,
+    check_size,
+    require_unreplicated,
+)
+from pipedream_impl.schedule.validate import validate
 
-__all__ = ["SCHEDULES", "one_f_one_b_flush", "two_bw"]
-
-# the schedule kinds ``StageExecutor`` builds: PipeDream's 1F1B, GPipe's flush, and these two
-SCHEDULES = ("1f1b", "flush", "1f1b-flush", "2bw")
-
-
-def _straight(layout: Layout, what: str) -> int:
-    if any(r != 1 for r in layout.replicas):
-        raise ScheduleError(f"the {what} schedule here runs unreplicated stages; use one "
-                            "replica per stage (e.g. 1-1-1)")
-    return len(layout.replicas)
+__all__ = ["one_f_one_b_flush", "steps", "two_bw"]
 
 
 def _order(units: list[int], warmup: int) -> list[tuple[str, int]]:
@@ -54,10 +52,11 @@ def _order(units: list[int], warmup: int) -> list[tuple[str, int]]:
     return seq + [("B", u) for u in units[len(units) - w:]]
 
 
-def _actions(order: list[tuple[str, int]], stage: int, n_stages: int, microbatches: int,
-             version: dict[int, int]) -> tuple[Action, ...]:
-    """The order with its messages (stage s's peers are ranks s - 1 and s + 1) and one
-    update after the backward of each minibatch's last microbatch."""
+def steps(order: list[tuple[str, int]], stage: int, n_stages: int, microbatches: int,
+          version: dict[int, int]) -> tuple[Action, ...]:
+    """The order (F, and B or I then W per unit) with its messages (stage s's peers are
+    ranks s - 1 and s + 1: I sends what B would) and one update after the weight gradient
+    (B or W) of each minibatch's last microbatch (they run in unit order)."""
     acts: list[Action] = []
     for kind, u in order:
         if kind == "F":
@@ -66,28 +65,28 @@ def _actions(order: list[tuple[str, int]], stage: int, n_stages: int, microbatch
             acts.append(Action("F", u, version[u]))
             if stage < n_stages - 1:
                 acts.append(Action("SF", u, peer=stage + 1))
-        else:
-            if stage < n_stages - 1:
-                acts.append(Action("RB", u, peer=stage + 1))
-            acts.append(Action("B", u, version[u]))
-            if stage > 0:
-                acts.append(Action("SB", u, peer=stage - 1))
-            if (u + 1) % microbatches == 0:  # backwards run in unit order: the last one
-                acts.append(Action("U", u))
+            continue
+        if kind != "W" and stage < n_stages - 1:
+            acts.append(Action("RB", u, peer=stage + 1))
+        acts.append(Action(kind, u, version[u]))
+        if kind != "W" and stage > 0:
+            acts.append(Action("SB", u, peer=stage - 1))
+        if kind != "I" and (u + 1) % microbatches == 0:
+            acts.append(Action("U", u))
     return tuple(acts)
 
 
 def one_f_one_b_flush(layout: Layout, minibatches: int, microbatches: int) -> Schedule:
     """PipeDream-Flush: 1F1B within each minibatch, a flush and one update per minibatch."""
-    n = _straight(layout, "1F1B-flush")
-    _check_size(layout, minibatches, microbatches)
+    n = require_unreplicated(layout, "PipeDream-Flush")
+    check_size(layout, minibatches, microbatches)
     m = microbatches
     version = {k * m + j: k for k in range(minibatches) for j in range(m)}
     actions = []
     for s in range(n):
         order = [x for k in range(minibatches)
                  for x in _order(list(range(k * m, (k + 1) * m)), n - s)]
-        actions.append(_actions(order, s, n, m, version))
+        actions.append(steps(order, s, n, m, version))
     sched = Schedule(layout, minibatches, "stash", tuple(actions), m)
     validate(sched)
     return sched
@@ -96,8 +95,8 @@ def one_f_one_b_flush(layout: Layout, minibatches: int, microbatches: int) -> Sc
 def two_bw(layout: Layout, minibatches: int, microbatches: int) -> Schedule:
     """PipeDream-2BW: 1F1B over every microbatch of the epoch, one update per minibatch,
     minibatch k on version max(0, k - 1) everywhere (double-buffered weights)."""
-    n = _straight(layout, "2BW")
-    _check_size(layout, minibatches, microbatches)
+    n = require_unreplicated(layout, "PipeDream-2BW")
+    check_size(layout, minibatches, microbatches)
     m = microbatches
     if m < n - 1:
         raise ScheduleError(f"PipeDream-2BW needs at least {n - 1} microbatches per "
@@ -106,7 +105,7 @@ def two_bw(layout: Layout, minibatches: int, microbatches: int) -> Schedule:
                             f"{n} or more")
     units = list(range(minibatches * m))
     version = {u: max(0, u // m - 1) for u in units}
-    actions = tuple(_actions(_order(units, n - s), s, n, m, version) for s in range(n))
+    actions = tuple(steps(_order(units, n - s), s, n, m, version) for s in range(n))
     sched = Schedule(layout, minibatches, "2bw", actions, m)
     validate(sched)
     return sched

@@ -1,0 +1,170 @@
+"""Schedules as data: the action type, the layout of stages on ranks, and a schedule.
+
+An ``Action`` is one of::
+
+    RF  receive the forward input of minibatch k      (from the previous stage's replica)
+    F   forward of minibatch k with weight version v
+    SF  send its output                                 (to the next stage's replica)
+    RB  receive the gradient of its output
+    B   backward of minibatch k with weight version v
+    I   the input-gradient half of B (zero-bubble schedules split B into I and W)
+    W   the weight-gradient half of B (it may run later: deferred to fill a bubble)
+    SB  send the gradient of its input
+    A   all-reduce the weight gradients with the other replicas of the stage (round k)
+    U   optimizer step
+    ST  send the stage's gradient of tied weights of its update k (to the other tied stage)
+    RT  receive the other tied stage's gradient of its update k (runtime/ties.py)
+
+and prints compactly as ``F3v2`` (kind, minibatch, ``v`` version), ``F3s1`` (``s`` the
+model stage, for schedules that hold several stages per rank) or ``SF3>4`` (``>`` peer
+rank) / ``RF3<1`` (``<`` peer rank); ``parse_action`` reads that form back.
+
+Versions count *minibatches whose gradients a stage has applied*: an unreplicated stage
+advances by 1 per update, a stage with r replicas by r per all-reduced round, so versions of
+different stages are comparable (vertical sync needs that).
+The builders live beside this module (``builders``, ``successors``, ``zero_bubble``), the
+validator in ``validate`` and the event engine in ``engine``; ``registry`` declares each
+schedule once.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+
+from core.errors import ScheduleError
+
+__all__ = ["ACTION_NAMES", "BACKWARDS", "GRADIENT_DONE", "MAX_UNITS", "WEIGHT_MODES", "Action",
+           "Layout", "Schedule", "check_size", "parse_action", "require_unreplicated",
+           "warmup_count"]
+
+WEIGHT_MODES = ("stash", "vertical-sync", "none")
+ACTION_NAMES = {"RF": "receive activations", "F": "forward", "SF": "send activations",
+                "RB": "receive gradients", "B": "backward", "SB": "send gradients",
+                "A": "all-reduce", "U": "update", "ST": "send tied gradients",
+                "RT": "receive tied gradients", "I": "backward (input gradient)",
+                "W": "backward (weight gradient)"}  # what each action kind does
+BACKWARDS = ("B", "I", "W")  # a whole backward, or its two halves (zero-bubble schedules)
+GRADIENT_DONE = ("B", "W")  # after these a unit's weight gradient is complete
+_ACTION = re.compile(r"^(RF|SF|RB|SB|ST|RT|F|B|I|W|A|U)(\d+)(?:v(\d+))?(?:s(\d+))?"
+                     r"(?:([<>])(\d+))?$")
+
+
+@dataclass(frozen=True)
+class Action:
+    kind: str
+    mb: int
+    version: int = -1
+    peer: int = -1
+    stage: int = -1  # the model stage it acts on; -1: the rank's only stage
+
+    def __str__(self) -> str:
+        s = f"{self.kind}{self.mb}"
+        if self.version >= 0:
+            s += f"v{self.version}"
+        if self.stage >= 0:
+            s += f"s{self.stage}"
+        if self.peer >= 0:
+            s += ("<" if self.kind.startswith("R") else ">") + str(self.peer)
+        return s
+
+
+def parse_action(text: str) -> Action:
+    m = _ACTION.match(text.strip())
+    if m is None:
+        raise ScheduleError(f"cannot parse action {text!r}")
+    number = (lambda g: int(m.group(g)) if m.group(g) else -1)  # noqa: E731
+    return Action(m.group(1), int(m.group(2)), number(3), number(6), number(4))
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Which rank runs which stage replica: ranks are assigned stage by stage."""
+
+    replicas: tuple[int, ...]
+
+    @property
+    def workers(self) -> int:
+        return sum(self.replicas)
+
+    def rank(self, stage: int, replica: int) -> int:
+        return sum(self.replicas[:stage]) + replica
+
+    def rank_for(self, stage: int, mb: int) -> int:
+        return self.rank(stage, mb % self.replicas[stage])
+
+    def stage_of(self, rank: int) -> tuple[int, int]:
+        for s, r in enumerate(self.replicas):
+            if rank < r:
+                return s, rank
+            rank -= r
+        raise ValueError("rank out of range")
+
+    @staticmethod
+    def from_config(config: str) -> Layout:
+        try:
+            reps = tuple(int(x) for x in config.split("-"))
+        except ValueError:
+            raise ScheduleError(f"cannot read config {config!r}; write e.g. 2-1-1") from None
+        if not reps or min(reps) < 1:
+            raise ScheduleError(f"config {config!r}: every stage needs >= 1 replica "
+                                "(e.g. 2-1-1)")
+        return Layout(reps)
+
+
+@dataclass(frozen=True)
+class Schedule:
+    layout: Layout
+    minibatches: int
+    weights: str
+    actions: tuple[tuple[Action, ...], ...]  # per rank
+    microbatches: int = 1  # action ids are units k * microbatches + j (GPipe); 1 otherwise
+
+    @property
+    def units(self) -> int:
+        return self.minibatches * self.microbatches
+
+    def owner(self, stage: int, unit: int) -> int:
+        return self.layout.rank_for(stage, unit // self.microbatches)
+
+    def text(self) -> str:
+        return "\n".join(f"rank {r}: " + " ".join(map(str, acts))
+                         for r, acts in enumerate(self.actions))
+
+
+def warmup_count(layout: Layout, stage: int, in_flight: int | None) -> int:
+    if in_flight is not None:
+        return max(1, math.ceil(in_flight / layout.replicas[stage]))
+    return math.ceil(sum(layout.replicas[stage:]) / layout.replicas[stage])
+
+
+MAX_UNITS = 1_000_000  # workers x minibatches x microbatches of one schedule (~30 s, GBs)
+
+
+def check_size(layout: Layout, minibatches: int, microbatches: int = 1) -> None:
+    """Inputs every schedule builder shares: at least one minibatch, and a schedule small
+    enough to build in memory (every action of every worker is kept)."""
+    if minibatches < 1:
+        raise ScheduleError(f"--minibatches must be at least 1 (got {minibatches})")
+    if microbatches < 1:
+        raise ScheduleError(f"--microbatches must be at least 1 (got {microbatches})")
+    units = layout.workers * minibatches * microbatches
+    if units > MAX_UNITS:
+        most = max(1, MAX_UNITS // (layout.workers * microbatches))
+        raise ScheduleError(f"{layout.workers} workers x {minibatches} minibatches"
+                            + (f" x {microbatches} microbatches" if microbatches > 1 else "")
+                            + f" is {units:,} units of work, more than the {MAX_UNITS:,} a "
+                            f"schedule holds in memory; use at most {most:,} minibatches "
+                            "(a steady state shows after a few dozen)")
+
+
+def require_unreplicated(layout: Layout, what: str) -> int:
+    """The number of stages of ``layout``, which must have one replica per stage: the
+    schedules other than PipeDream's 1F1B-RR run unreplicated stages (one home for that
+    rule and its message)."""
+    if any(r != 1 for r in layout.replicas):
+        raise ScheduleError(f"the {what} schedule here runs unreplicated stages; got "
+                            f"{'-'.join(map(str, layout.replicas))}: use one replica per "
+                            "stage (e.g. 1-1-1)")
+    return len(layout.replicas)
