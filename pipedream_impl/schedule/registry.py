@@ -24,6 +24,7 @@ from core.errors import UserInputError
 from pipedream_impl.schedule.actions import Layout, Schedule
 from pipedream_impl.schedule.builders import gpipe, one_f_one_b
 from pipedream_impl.schedule.successors import one_f_one_b_flush, two_bw
+from pipedream_impl.schedule.zero_bubble import zb_h1
 
 __all__ = ["DEFAULT", "MICROBATCHES_PER_STAGE", "SCHEDULES", "ScheduleKind", "build", "get",
            "microbatches", "names", "ours", "require_recompute"]
@@ -69,6 +70,9 @@ SCHEDULES: tuple[ScheduleKind, ...] = (
     ScheduleKind("2bw", "1F1B without a flush, updates one step late (PipeDream-2BW)",
                  lambda lay, n, m, w, f: two_bw(lay, n, m), microbatched=True,
                  weight_versions="2 (double-buffered)"),
+    ScheduleKind("zb-h1", "zero bubble ZB-H1: 1F1B with B split into I and W, W deferred "
+                 "to fill the drain, a flush", lambda lay, n, m, w, f: zb_h1(lay, n, m),
+                 microbatched=True, flushes=True, recompute=True, split_backward=True),
     ScheduleKind("interleaved-1f1b", "interleaved 1F1B over looped stages, a flush",
                  microbatched=True, flushes=True, stages_per_worker=2,
                  torch_class="ScheduleInterleaved1F1B"),
