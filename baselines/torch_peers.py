@@ -76,11 +76,11 @@ def check_engine_microbatches(schedule: str, workers: int, stages: int,
                               microbatches: int) -> str | None:
     """What the torch schedule would refuse about this many microbatches (None: fine),
     said before any worker starts."""
-    if schedule == "1f1b-flush" and microbatches < stages:
-        return f"Schedule1F1B needs at least as many microbatches as stages ({stages})"
-    if schedule == "dualpipev" and microbatches < stages:
-        return f"ScheduleDualPipeV needs at least as many microbatches as stages ({stages})"
-    if schedule in ("interleaved-1f1b", "zb"):
+    need = schedules.get(schedule).torch_microbatches
+    if need == "at-least-stages" and microbatches < stages:
+        return (f"{engine_class(schedule)} needs at least as many microbatches as stages "
+                f"({stages})")
+    if need == "whole-rounds":
         rounds = max(1, microbatches // workers)
         if microbatches % rounds:
             return (f"{engine_class(schedule)} needs the microbatches to be a multiple "

@@ -70,6 +70,40 @@ def test_each_system_name_appears_in_the_registry_only() -> None:
     assert found == []
 
 
+# string constants that equal a schedule name but name something else
+NOT_A_SCHEDULE = {("pipedream_impl/schedule/successors.py", "2bw"),  # the 2BW weight mode
+                  ("pipedream_impl/schedule/validate.py", "2bw"),
+                  ("harness/sim/reproduce.py", "flush"),  # a key of systems.PAPER
+                  ("harness/experiments/bench.py", "flush")}
+# where schedule names may stand: their home, and the registry of systems, which names
+# the schedule each system runs
+SCHEDULE_HOMES = {"pipedream_impl/schedule/registry.py", "harness/systems.py"}
+
+
+def _literals(names: set[str], homes: set[str], exceptions: set[tuple[str, str]]) \
+        -> list[tuple[str, int, str]]:
+    found = []
+    for package in ("core", "workloads", "pipedream_impl", "baselines", "harness"):
+        for p in _sources(package):
+            rel = str(p.relative_to(ROOT))
+            if rel in homes:
+                continue
+            for node in ast.walk(ast.parse(p.read_text())):
+                if (isinstance(node, ast.Constant) and node.value in names
+                        and (rel, node.value) not in exceptions):
+                    found.append((rel, node.lineno, node.value))
+    return found
+
+
+def test_each_schedule_name_appears_in_the_schedule_registry_only() -> None:
+    from pipedream_impl.schedule import registry
+
+    names = set(registry.names())
+    assert _literals(names, SCHEDULE_HOMES, NOT_A_SCHEDULE) == []
+    # the check can fail: a schedule name outside its home is found
+    assert _literals(names, SCHEDULE_HOMES - {"harness/systems.py"}, NOT_A_SCHEDULE)
+
+
 def test_every_module_says_why_it_exists_and_lists_its_public_names() -> None:
     missing_doc, missing_all = [], []
     for package in ("core", "workloads", "pipedream_impl", "baselines", "harness"):

@@ -46,9 +46,10 @@ def adhoc_suite(workload: str, systems: tuple[str, ...], workers: int, scale: st
 def checks(rates: dict[str, float]) -> list[tuple[str, bool | None, str]]:
     """The issue's two throughput targets on one group's median rates: (what, passed, how)."""
     kinds = {s: registry_of_systems.get(s) for s in rates}
-    ours = next((s for s, k in kinds.items() if k.schedule == "flush"
+    gpipe = registry_of_systems.get(registry_of_systems.PAPER["flush"]).schedule
+    ours = next((s for s, k in kinds.items() if k.schedule == gpipe
                  and k.executor == STAGE_EXECUTOR), None)  # our own GPipe
-    peer = next((s for s, k in kinds.items() if k.microbatched and k.schedule == "flush"
+    peer = next((s for s, k in kinds.items() if k.schedule == gpipe
                  and k.executor != STAGE_EXECUTOR), None)  # an engine's own GPipe (a peer)
     planned = next((s for s, k in kinds.items() if k.replicated_stages), None)
     out = []

@@ -44,6 +44,7 @@ from harness.reporting.results import (
     summarise,
 )
 from harness.reporting.trace import chrome_trace, spans_by_worker
+from pipedream_impl.schedule import registry as schedules
 from workloads import registry
 from workloads.recipe import load_splits
 
@@ -110,7 +111,7 @@ class _Group:
                                  max_steps_per_epoch=cell.steps)
         plan = self.plans.get("straight")
         stages = len(json.loads(Path(plan).read_text())["stages"]) if plan else 1
-        m = self.base.microbatches or 4 * stages
+        m = self.base.microbatches or schedules.MICROBATCHES_PER_STAGE * stages
         b = self.base.batch_size or self.workload.spec(cell.scale).batch_size
         k = min(cell.steps or 1, self.n_train // (m * b))
         if k < 1:

@@ -57,6 +57,7 @@ from pipedream_impl.planner.cluster import Cluster, Level
 from pipedream_impl.planner.plan import plan_profile
 from pipedream_impl.profiling.profile import Profile
 from pipedream_impl.profiling.profiler import profile_workload
+from pipedream_impl.schedule import registry as schedules
 from workloads import registry
 from workloads.recipe import load_splits
 
@@ -84,7 +85,8 @@ class ValidationRow:
 
 
 def measured_actions(name: str, replicas: tuple[int, ...], bounds: tuple[tuple[int, int], ...],
-                     batch: int, steps: int, schedule: str = "1f1b", in_flight: int | None = None,
+                     batch: int, steps: int, schedule: str = schedules.DEFAULT,
+                     in_flight: int | None = None,
                      microbatches: int = 1) \
         -> tuple[dict[int, dict[str, float]], dict[tuple[int, str], list[tuple]]]:
     """Seconds per action kind of each stage, on the runtime's code path in this process
@@ -189,7 +191,7 @@ def _one(setup: _Setup, prof: Profile, system: str, w: int, progress: Progress) 
     bounds = tuple(tuple(s.layers) for s in straight.stages)
     plan_path = setup.tmp / f"{name}-{w}.json"
     plan_path.write_text(straight.to_json())
-    m = 4 * w if sys_.microbatched else 1
+    m = schedules.microbatches(sys_.schedule, w) if sys_.microbatched else 1
     spare = setup.cores > w  # a core left over for communication
     if kind == "data-parallel":  # global minibatch b: each replica trains b / w of it
         groups, replicas, placement = [tuple(prof.graph().nodes)], (w,), None

@@ -50,6 +50,9 @@ class ScheduleKind:
     weight_versions: str = "1"  # weight versions a stage keeps (for docs and tables)
     torch_class: str | None = None  # the torch.distributed.pipelining class that runs it
     v_shaped: bool = False  # several stages per worker placed in a V (else looped)
+    # what torch's class asks of the microbatch count: "at-least-stages", "whole-rounds"
+    # (a multiple of max(1, microbatches // workers)) or nothing
+    torch_microbatches: str = ""
 
 
 def _one_f_one_b(layout: Layout, minibatches: int, microbatches: int, weights: str,
@@ -66,7 +69,8 @@ SCHEDULES: tuple[ScheduleKind, ...] = (
                  recompute=True, torch_class="ScheduleGPipe"),
     ScheduleKind("1f1b-flush", "1F1B within each minibatch, then a flush (PipeDream-Flush)",
                  lambda lay, n, m, w, f: one_f_one_b_flush(lay, n, m), microbatched=True,
-                 flushes=True, recompute=True, torch_class="Schedule1F1B"),
+                 flushes=True, recompute=True, torch_class="Schedule1F1B",
+                 torch_microbatches="at-least-stages"),
     ScheduleKind("2bw", "1F1B without a flush, updates one step late (PipeDream-2BW)",
                  lambda lay, n, m, w, f: two_bw(lay, n, m), microbatched=True,
                  weight_versions="2 (double-buffered)"),
@@ -75,16 +79,17 @@ SCHEDULES: tuple[ScheduleKind, ...] = (
                  microbatched=True, flushes=True, recompute=True, split_backward=True),
     ScheduleKind("interleaved-1f1b", "interleaved 1F1B over looped stages, a flush",
                  microbatched=True, flushes=True, stages_per_worker=2,
-                 torch_class="ScheduleInterleaved1F1B"),
+                 torch_class="ScheduleInterleaved1F1B", torch_microbatches="whole-rounds"),
     ScheduleKind("zb", "zero bubble ZB1P over looped stages, a flush", microbatched=True,
                  flushes=True, stages_per_worker=2, split_backward=True,
-                 torch_class="ScheduleInterleavedZeroBubble"),
+                 torch_class="ScheduleInterleavedZeroBubble", torch_microbatches="whole-rounds"),
     ScheduleKind("zbv", "zero bubble ZB-V over V-shaped stages, a flush", microbatched=True,
                  flushes=True, stages_per_worker=2, split_backward=True,
                  torch_class="ScheduleZBVZeroBubble", v_shaped=True),
     ScheduleKind("dualpipev", "DualPipeV over V-shaped stages, a flush", microbatched=True,
                  flushes=True, stages_per_worker=2, split_backward=True,
-                 torch_class="ScheduleDualPipeV", v_shaped=True),
+                 torch_class="ScheduleDualPipeV", v_shaped=True,
+                 torch_microbatches="at-least-stages"),
 )
 _BY_NAME = {s.name: s for s in SCHEDULES}
 
