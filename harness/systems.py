@@ -176,10 +176,12 @@ FROM_SCHEDULES = frozenset(s.name for s in _runtime_schedules())  # names the sc
 _BY_NAME = {s.name: s for s in SYSTEMS}
 SIMULATED = tuple(s for s in SYSTEMS if s.sim is not None)
 # choices that name systems, kept here so each system name lives in this file only:
-# the simulator's validation runs one system per simulated schedule (DDP for data
-# parallelism: it runs in our launcher's processes); the paper's tables simulate these
-VALIDATED = ("pipedream", "gpipe", "pipedream-flush", "pipedream-2bw", "model-parallel", "ddp")
+# the paper's tables simulate these; the simulator's validation runs one system per
+# simulated schedule: every system of our runtime, and DDP for data parallelism (it runs
+# in our launcher's processes)
 PAPER = {"planned": "pipedream", "flush": "gpipe", "data-parallel": "ddp"}
+VALIDATED = tuple(s.name for s in SYSTEMS if s.executor == STAGE_EXECUTOR) \
+    + (PAPER["data-parallel"],)
 # ``reproduce schedules``: one system per simulated schedule (the validated ones, then
 # torch's several-stages-per-worker peers)
 COMPARED = VALIDATED + tuple(s.name for s in SIMULATED if s.stages_per_rank > 1)
