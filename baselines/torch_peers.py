@@ -30,16 +30,18 @@ between two stages of the same rank (the V's turn) is a local hand-off, not on a
 
 from __future__ import annotations
 
+import functools
 import time
 
 import torch
 from torch import nn
 
 from baselines.peers import EngineStage, PeerExecutor
+from core.errors import UserInputError
 from pipedream_impl.runtime.contract import EpochReport, SystemSettings, WorkerPieces, cpu_copy
 from pipedream_impl.schedule import registry as schedules
 
-__all__ = ["TORCH_EXECUTOR", "TorchPipeExecutor", "engine_class",
+__all__ = ["TORCH_EXECUTOR", "TorchPipeExecutor", "compute_order", "engine_class",
            "boundary_examples", "check_engine_microbatches", "loss_rank", "stage_ranks"]
 
 
@@ -63,6 +65,27 @@ def stage_ranks(workers: int, stages: int, v_shape: bool) -> tuple[int, ...]:
         return tuple(s % workers for s in range(stages))
     return tuple(s % workers if (s // workers) % 2 == 0 else workers - 1 - s % workers
                  for s in range(stages))
+
+
+@functools.cache
+def compute_order(schedule: str, workers: int, microbatches: int,
+                  per_rank: int) -> tuple[tuple[tuple[str, int, int], ...], ...]:
+    """One step of torch's schedule for ``schedule``, per rank: its compute actions as
+    (kind, stage, microbatch) in the order torch's runtime runs them (``OVERLAP_F_B`` as
+    its two parts in turn), read with torch's own schedule visualiser, which builds the
+    schedule's ``pipeline_order`` without processes."""
+    import torch.distributed.pipelining as pp
+    from torch.distributed.pipelining._schedule_visualizer import get_schedule_ops
+
+    cls = engine_class(schedule)
+    try:
+        ops = get_schedule_ops(getattr(pp, cls), workers, microbatches, per_rank)
+    except ValueError as e:  # the schedule's own check (e.g. microbatches vs stages)
+        raise UserInputError(f"{cls} with {workers} workers and {microbatches} "
+                             f"microbatches: {e}") from None
+    return tuple(tuple((part.computation_type.value, part.stage_index, part.microbatch_index)
+                       for a in row if a is not None for part in a.sub_actions or (a,))
+                 for row in ops)
 
 
 def loss_rank(system: SystemSettings) -> int:

@@ -244,7 +244,9 @@ class ClusterCosts:
 
     def _transfer(self, src: int, dst: int, a: Action, t: float) -> float:
         """When a message that may start at ``t`` is in (FIFO per directed link)."""
-        s = self.layout.stage_of(src)[0]
+        s = self.layout.stage_of(src)[0]  # the sending stage
+        if a.stage >= 0:  # several stages per rank: the action names its stage
+            s = a.stage + {"RF": -1, "RB": 1}.get(a.kind, 0)
         # forward: this stage's live outputs; backward: gradients of the previous cut
         cut = self.stages[s] if a.kind in ("SF", "RF") else self.stages[s - 1]
         nbytes = cut.send_bytes * self.unit_share
@@ -290,6 +292,8 @@ def memory_per_worker(sched: Schedule, stages: list[StageCost], unit_share: floa
     (in-flight units x the stage's activation bytes); ``total`` is the sum of the three
     peaks; ``weight_versions`` (a count, not bytes) the most distinct versions held at once,
     the live one included (``weight_stash.versions_held``: 2 under PipeDream-2BW)."""
+    if sched.stage_ranks:
+        return _memory_per_rank(sched, stages, unit_share, optimizer_slots)
     out = {}
     for rank, acts in enumerate(sched.actions):
         stage = sched.layout.stage_of(rank)[0]
@@ -309,4 +313,29 @@ def memory_per_worker(sched: Schedule, stages: list[StageCost], unit_share: floa
         out[rank]["total"] = sum(out[rank].values())
         out[rank]["weight_versions"] = max(versions_held(acts, sched.weights,
                                                          sched.layout.replicas[stage]))
+    return out
+
+
+def _memory_per_rank(sched: Schedule, stages: list[StageCost], unit_share: float,
+                     optimizer_slots: int) -> dict[int, dict[str, float]]:
+    """``memory_per_worker`` for ranks holding several stages (every step flushes: one
+    weight version): their stages' weights, and the activations of the units whose forward
+    ran and whose weight gradient (W, or B where unsplit) has not, the graph torch keeps."""
+    out = {}
+    for rank, acts in enumerate(sched.actions):
+        mine = sched.stages_of(rank)
+        live: dict[int, set[int]] = {s: set() for s in mine}
+        peak = 0.0
+        for a in acts:
+            if a.kind == "F":
+                live[a.stage].add(a.mb)
+            elif a.kind in GRADIENT_DONE:
+                live[a.stage].discard(a.mb)
+            peak = max(peak, sum(len(live[s]) * stages[s].activation_bytes * unit_share
+                                 for s in mine))
+        weights = sum(stages[s].parameter_bytes for s in mine)
+        out[rank] = {"weights": weights * (1 + optimizer_slots), "stashed_weights": 0.0,
+                     "activations": peak}
+        out[rank]["total"] = sum(out[rank].values())
+        out[rank]["weight_versions"] = 1
     return out

@@ -179,33 +179,27 @@ def simulate_system(profile: Profile, cluster: Cluster, system: str, layout: Sim
                      sched.layout)
 
 
-MULTISTAGE_STEPS = 6  # minibatches run for several-stages-per-worker schedules: every
-# step flushes, so the steady state (between the first and the last step's end) shows at 2
-
-
 def _simulate_multistage(profile: Profile, cluster: Cluster, sys_: systems.System,
                          layout: SimLayout, o: SimOptions, b: int, m: int) -> SimResult:
-    """A schedule with several stages per worker (``harness.sim.multistage``)."""
-    from baselines.torch_peers import stage_ranks
-
+    """A schedule with several stages per worker (``harness.sim.multistage``): every step
+    flushes, so time per minibatch is between the first and the last step's end."""
     p = len(layout.replicas)
-    n = max(1, min(o.minibatches, MULTISTAGE_STEPS))
-    order = multistage.engine_order(sys_.schedule, p, m, sys_.stages_per_rank, n)
-    ranks = stage_ranks(p, len(layout.groups), sys_.rules.v_shaped)
-    run = multistage.simulate_order(order, ranks, profile, layout.groups, cluster,
-                                    layout.placement or list(range(p)),
-                                    1.0 if o.unit_profiled else 1.0 / m, o.compute_factor,
-                                    o.latency_s, o.optimizer_slots)
-    ends = run.step_ends
+    n = max(1, min(o.minibatches, multistage.MULTISTAGE_STEPS))
+    sched, stages, costs, timeline = multistage.run(
+        profile, cluster, sys_, layout.groups, layout.placement or list(range(p)), n, m,
+        1.0 if o.unit_profiled else 1.0 / m, o.compute_factor, o.latency_s)
+    ends = [max(e for row in timeline for _, e, a in row if a.kind == "U" and a.mb == last)
+            for last in range(m - 1, n * m, m)]
     total = ends[-1]
     steady = (ends[-1] - ends[0]) / (n - 1) if n > 1 else total
-    util = {r: sum(e - s for s, e, op in row if op.kind != "U") / total if total else 0.0
-            for r, row in enumerate(run.timeline)}
-    moved = sum(run.bytes_per_level.values())
+    util = {r: sum(e - s for s, e, a in row if a.kind in COMPUTE) / total if total else 0.0
+            for r, row in enumerate(timeline)}
+    moved = sum(costs.bytes_per_level.values())
     return SimResult(sys_.name, f"{p} workers x {sys_.stages_per_rank} stages", n, b, total,
                      steady, b / steady if steady else float("inf"), util,
-                     run.bytes_per_level, moved / (n * b), run.peak_memory,
-                     multistage.as_actions(run.timeline), Layout(layout.replicas))
+                     dict(costs.bytes_per_level), moved / (n * b),
+                     memory_per_worker(sched, stages, 1.0 if o.unit_profiled else 1.0 / m,
+                                       o.optimizer_slots), timeline, Layout(layout.replicas))
 
 
 def plan_groups(plan: Plan) -> tuple[list[tuple[str, ...]], tuple[int, ...], list[int]]:

@@ -120,13 +120,34 @@ class Schedule:
     weights: str
     actions: tuple[tuple[Action, ...], ...]  # per rank
     microbatches: int = 1  # action ids are units k * microbatches + j (GPipe); 1 otherwise
+    # several stages per rank (torch's interleaved and V schedules): the rank holding each
+    # model stage, and actions name their stage; None: the layout's one stage per rank
+    stage_ranks: tuple[int, ...] | None = None
 
     @property
     def units(self) -> int:
         return self.minibatches * self.microbatches
 
+    @property
+    def stages(self) -> int:
+        return len(self.stage_ranks) if self.stage_ranks else len(self.layout.replicas)
+
     def owner(self, stage: int, unit: int) -> int:
+        if self.stage_ranks:
+            return self.stage_ranks[stage]
         return self.layout.rank_for(stage, unit // self.microbatches)
+
+    def stage_at(self, rank: int, a: Action) -> int:
+        """The model stage ``a`` acts on (a message action: the stage sending or receiving)."""
+        return a.stage if a.stage >= 0 else self.layout.stage_of(rank)[0]
+
+    def stages_of(self, rank: int) -> tuple[int, ...]:
+        if self.stage_ranks:
+            return tuple(s for s, r in enumerate(self.stage_ranks) if r == rank)
+        return (self.layout.stage_of(rank)[0],)
+
+    def replicas_of(self, stage: int) -> int:
+        return 1 if self.stage_ranks else self.layout.replicas[stage]
 
     def text(self) -> str:
         return "\n".join(f"rank {r}: " + " ".join(map(str, acts))

@@ -33,8 +33,11 @@ def validate(sched: Schedule) -> None:
     """
     layout = sched.layout
     for rank, acts in enumerate(sched.actions):
-        _check_versions(sched, rank, acts)
-        _check_messages(sched, rank, acts)
+        for stage in sched.stages_of(rank):  # one lane per model stage the rank holds
+            lane = tuple(a for a in acts
+                         if a.kind in ("A", "U") or sched.stage_at(rank, a) == stage)
+            _check_versions(sched, rank, stage, lane)
+            _check_messages(sched, rank, stage, lane)
         _check_updates(sched, rank, acts)
     _check_tie_pairs(sched)
     if sched.weights == "vertical-sync":
@@ -48,9 +51,8 @@ def validate(sched: Schedule) -> None:
     simulate(sched)
 
 
-def _check_versions(sched: Schedule, rank: int, acts: tuple[Action, ...]) -> None:
-    s, _ = sched.layout.stage_of(rank)
-    if sched.weights == "2bw" and sched.layout.replicas[s] != 1:
+def _check_versions(sched: Schedule, rank: int, s: int, acts: tuple[Action, ...]) -> None:
+    if sched.weights == "2bw" and sched.replicas_of(s) != 1:
         raise ScheduleError(f"rank {rank}: 2BW versions are defined on unreplicated stages")
     seen_f: dict[int, int] = {}
     halves: dict[int, str] = {}  # unit -> the backward kinds seen so far
@@ -77,7 +79,7 @@ def _check_versions(sched: Schedule, rank: int, acts: tuple[Action, ...]) -> Non
             if sched.weights == "none" and a.version != applied:
                 raise ScheduleError(f"rank {rank}: {a} is not the newest version")
         elif a.kind == "U":
-            applied += sched.layout.replicas[s]
+            applied += sched.replicas_of(s)
     mine = {u for u in range(sched.units) if sched.owner(s, u) == rank}
     done_b = {u for u, kinds in halves.items() if kinds in ("B", "IW")}
     if set(seen_f) != mine or done_b != mine:
@@ -90,11 +92,11 @@ _MESSAGES = (("F", "RF", "before", -1), ("F", "SF", "after", 1),
              ("B", "RB", "before", 1), ("B", "SB", "after", -1))
 
 
-def _check_messages(sched: Schedule, rank: int, acts: tuple[Action, ...]) -> None:
+def _check_messages(sched: Schedule, rank: int, s: int, acts: tuple[Action, ...]) -> None:
     """A forward consumes exactly one receive of its unit placed before it (stage > 0) and
-    is followed by exactly one send (not the last stage); a backward the other way round."""
-    s, _ = sched.layout.stage_of(rank)
-    last = len(sched.layout.replicas) - 1
+    is followed by exactly one send (not the last stage); a backward the other way round.
+    Between two stages of one rank (a V's turn) nothing is sent: the rank hands over."""
+    last = sched.stages - 1
     # the input-gradient half I receives and sends what a whole backward B would
     pos = {("B" if a.kind == "I" else a.kind, a.mb): i for i, a in enumerate(acts)
            if a.kind in ("F", "B", "I")}
@@ -107,6 +109,9 @@ def _check_messages(sched: Schedule, rank: int, acts: tuple[Action, ...]) -> Non
         if not 0 <= s + step <= last:
             raise ScheduleError(f"rank {rank} (stage {s}): {a} has no stage to talk to")
         peer = sched.owner(s + step, a.mb)
+        if peer == rank:
+            raise ScheduleError(f"rank {rank}: {a} talks to stage {s + step}, which this rank "
+                                "holds too: a hand-off needs no message")
         if a.peer != peer:
             raise ScheduleError(f"rank {rank}: {a} names rank {a.peer}; the replica of stage "
                                 f"{s + step} that runs unit {a.mb} is rank {peer}")
@@ -117,7 +122,8 @@ def _check_messages(sched: Schedule, rank: int, acts: tuple[Action, ...]) -> Non
         if not 0 <= s + step <= last:
             continue
         for (k, mb) in pos:
-            if k == compute and count.get((kind, mb), 0) != 1:
+            if k == compute and sched.owner(s + step, mb) != rank \
+                    and count.get((kind, mb), 0) != 1:
                 raise ScheduleError(f"rank {rank} (stage {s}): {compute}{mb} needs exactly "
                                     f"one {kind}{mb} {where} it, found "
                                     f"{count.get((kind, mb), 0)}")
