@@ -144,6 +144,20 @@ def _whole_backward(stage: nn.Module):  # noqa: ANN202
     return None
 
 
+def _load_order(schedule, order: tuple) -> None:  # noqa: ANN001 - a torch schedule
+    """Give torch's schedule runtime a schedule file's compute order the way torchtitan
+    does (``_load_csv``, compute-only: torch lowers it with its messages)."""
+    import tempfile
+
+    from pipedream_impl.schedule.torch_csv import write_csv
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = f"{tmp}/schedule.csv"
+        with open(path, "w") as f:
+            f.write(write_csv([list(row) for row in order]))
+        schedule._load_csv(path, format="compute_only")
+
+
 class TorchPipeExecutor(PeerExecutor):
     """torch.distributed.pipelining: one PipelineStage per stage this rank holds, and the
     schedule the registry names."""
@@ -173,11 +187,14 @@ class TorchPipeExecutor(PeerExecutor):
                                    input_args=examples[s], output_args=examples[s + 1],
                                    dw_builder=_whole_backward(mod))
                   for s, mod in zip(self.local, self.modules, strict=True)]
-        cls = getattr(pp, engine_class(self.kind))
+        rules = schedules.get(self.kind)
+        cls = functools.reduce(getattr, engine_class(self.kind).split("."), pp)
         # scale_grads: gradients averaged over microbatches = the minibatch's mean loss
-        one = schedules.get(self.kind).stages_per_worker == 1  # a single-stage class
+        one = rules.stages_per_worker == 1 and not rules.from_file  # a single-stage class
         self.schedule = cls(stages[0] if one else stages, self.m, loss_fn=self.loss_fn,
                             scale_grads=True)
+        if rules.from_file:  # torch's runtime reads the file and adds the messages itself
+            _load_order(self.schedule, self.system.order)
         self.params = [p for mod in self.modules for p in mod.parameters()]
         self.optimizer = self.optimizer_for(self.params)
         self._spans: list[tuple[str, float, float]] = []  # this step's timed actions

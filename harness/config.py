@@ -50,6 +50,7 @@ class RunConfig:
     microbatches: int | None = None  # microbatched pipelines (default: schedule.registry)
     recompute: bool = False  # re-materialise activations in the backward (flush schedules)
     stage_lr: str = "replicas"  # replicated stages: PipeDream's per-stage lr rule, or "same"
+    schedule_file: str | None = None  # --system custom / torch-custom: torch's CSV
 
     def __post_init__(self) -> None:
         system = systems.get(self.system)  # unknown names: a clear error
@@ -80,6 +81,17 @@ class RunConfig:
                                      "--recompute")
             schedules.require_recompute(system.schedule, system.in_flight or self.in_flight,
                                         system.name)
+        from_file = system.rules is not None and system.rules.from_file
+        if from_file and self.schedule_file is None:
+            raise UserInputError(f"--system {system.name} runs a schedule file: give "
+                                 "--schedule-file FILE (torch's compute-only CSV)")
+        if self.schedule_file is not None and not from_file:
+            raise UserInputError(f"--schedule-file: --system {system.name} runs its own "
+                                 "schedule; use a system that runs schedule files ("
+                                 + ", ".join(s.name for s in systems.SYSTEMS
+                                             if s.rules and s.rules.from_file) + ")")
+        if self.schedule_file is not None and not Path(self.schedule_file).is_file():
+            raise UserInputError(f"--schedule-file {self.schedule_file} does not exist")
         if self.plan is not None and self.config is not None:
             raise UserInputError("give --plan or --config, not both")
         if self.plan is not None and not Path(self.plan).exists():

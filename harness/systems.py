@@ -27,8 +27,8 @@ from pipedream_impl.schedule import ACTION_NAMES
 from pipedream_impl.schedule import registry as schedules
 from pipedream_impl.schedule.registry import ScheduleKind
 
-__all__ = ["COMPARED", "FROM_SCHEDULES", "PAPER", "SIMULATED", "SYSTEMS", "VALIDATED", "System",
-           "get", "names", "simulated"]
+__all__ = ["COMPARED", "FROM_SCHEDULES", "PAPER", "SELF_CONTAINED", "SIMULATED", "SYSTEMS",
+           "VALIDATED", "System", "get", "names", "simulated"]
 
 
 
@@ -154,6 +154,7 @@ _DECLARED: tuple[System, ...] = (
     _torch("torch-zb", "zb", "zero bubble ZB1P, interleaved"),
     _torch("torch-zbv", "zbv", "zero bubble ZB-V"),
     _torch("torch-dualpipev", "dualpipev", "DualPipeV"),
+    _torch("torch-custom", "custom", "a schedule file, lowered with its messages by torch"),
     System("deepspeed-pipe", "pipeline", "DeepSpeed PipelineEngine (1F1B with a flush)",
            "baselines.peers:DeepSpeedPipeExecutor", schedule="1f1b-flush",
            checkpoints=False,
@@ -174,14 +175,17 @@ SYSTEMS: tuple[System, ...] = _DECLARED + _runtime_schedules()
 FROM_SCHEDULES = frozenset(s.name for s in _runtime_schedules())  # names the schedule
 # registry holds (``pipedream_impl.schedule.registry``), not this file
 _BY_NAME = {s.name: s for s in SYSTEMS}
+# what runs with no file of the user's (a schedule file's systems need --schedule-file): the
+# default of compare-run, bench and a suite's "all"
+SELF_CONTAINED = tuple(s for s in SYSTEMS if not (s.rules and s.rules.from_file))
 SIMULATED = tuple(s for s in SYSTEMS if s.sim is not None)
 # choices that name systems, kept here so each system name lives in this file only:
 # the paper's tables simulate these; the simulator's validation runs one system per
-# simulated schedule: every system of our runtime, and DDP for data parallelism (it runs
-# in our launcher's processes)
+# simulated schedule: every system of our runtime (but a schedule file's), and DDP for
+# data parallelism (it runs in our launcher's processes)
 PAPER = {"planned": "pipedream", "flush": "gpipe", "data-parallel": "ddp"}
-VALIDATED = tuple(s.name for s in SYSTEMS if s.executor == STAGE_EXECUTOR) \
-    + (PAPER["data-parallel"],)
+VALIDATED = tuple(s.name for s in SYSTEMS if s.executor == STAGE_EXECUTOR
+                  and not s.rules.from_file) + (PAPER["data-parallel"],)
 # ``reproduce schedules``: one system per simulated schedule (the validated ones, then
 # torch's several-stages-per-worker peers)
 COMPARED = VALIDATED + tuple(s.name for s in SIMULATED if s.stages_per_rank > 1)

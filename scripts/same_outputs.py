@@ -40,7 +40,13 @@ for system in ("pipedream", "gpipe", "mp", "dp"):
     COMMANDS.append((f"simulate-vgg16-A4x4-{system}.txt",
                      ["simulate", "--profile", "{P}/vgg16/graph.txt", "--cluster", "A:4x4",
                       "--system", system]))
+for system in ("pipedream-flush", "pipedream-2bw", "torch-interleaved-1f1b", "torch-zbv"):
+    COMMANDS.append((f"simulate-vgg16-A1x4-{system}.txt",
+                     ["simulate", "--profile", "{P}/vgg16/graph.txt", "--cluster", "A:1x4",
+                      "--system", system]))
 COMMANDS += [
+    ("schedules.md", ["reproduce", "schedules", "--profiles", "{P}", "--quiet",
+                      "-o", "{O}/schedules.md"]),
     ("simulate-vgg16-config.txt", ["simulate", "--profile", "{P}/vgg16/graph.txt", "--cluster",
                                    "A:4x4", "--system", "pipedream", "--config", "15-1"]),
     ("simulate-vgg16-plan.txt", ["simulate", "--profile", "{P}/vgg16/graph.txt", "--cluster",

@@ -6,31 +6,83 @@ file readers): a bad value or ``-o`` path costs no profiling or planning time.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Annotated
 
 import typer
 
 from core.collectives import Sync
 from core.errors import UserInputError, require_int, require_output
+from harness import systems
 from harness.cli.app import app, console
+from pipedream_impl.runtime import STAGE_EXECUTOR
 
 __all__ = ["plan", "planner_table", "profile", "schedule"]
 
 
 @app.command()
 def schedule(
-    config: Annotated[str, typer.Option(help="replicas per stage, e.g. 2-1-1")],
+    config: Annotated[str | None, typer.Option(help="replicas per stage, e.g. 2-1-1 (not "
+                                               "with --schedule-file)")] = None,
+    system: Annotated[str, typer.Option(help="whose schedule: a system of our runtime ("
+                                        + ", ".join(s.name for s in systems.SYSTEMS
+                                                    if s.executor == STAGE_EXECUTOR)
+                                        + ")")] = systems.PAPER["planned"],
     minibatches: Annotated[int, typer.Option(help="minibatches to schedule")] = 8,
+    microbatches: Annotated[int | None, typer.Option(help="microbatched schedules (default "
+                                                     "4 x stages)")] = None,
     weights: Annotated[str, typer.Option(help="stash, vertical-sync or none")] = "stash",
     in_flight: Annotated[int | None, typer.Option(help="default NOAM; 1 = model "
                                                   "parallelism")] = None,
+    schedule_file: Annotated[str | None, typer.Option(
+        help="read a schedule in torch.distributed.pipelining's compute-only CSV format "
+             "(the custom schedule); the validator says what is wrong with a bad one")]
+    = None,
+    to_csv: Annotated[str | None, typer.Option(
+        help="write one minibatch of the schedule in that CSV format (flush schedules)")]
+    = None,
 ) -> None:
-    """Print PipeDream's 1F1B(-RR) schedule: action lists and a worker x time grid."""
-    from pipedream_impl.schedule import Layout, grid, one_f_one_b
+    """Print a schedule of our runtime: action lists and a worker x time grid."""
+    from pipedream_impl.schedule import grid
+    from pipedream_impl.schedule.torch_csv import order_of, write_csv
 
-    sched = one_f_one_b(Layout.from_config(config), minibatches, weights, in_flight)
+    require_output(to_csv, "--to-csv")
+    sched = _schedule(system, config, minibatches, microbatches, weights, in_flight,
+                      schedule_file)
     console.print(sched.text(), highlight=False, soft_wrap=True)
     console.print(grid(sched), highlight=False, soft_wrap=True)
+    if to_csv:
+        Path(to_csv).write_text(write_csv(order_of(sched)))
+        console.print(f"wrote {to_csv}")
+
+
+def _schedule(system: str, config: str | None, minibatches: int, microbatches: int | None,
+              weights: str, in_flight: int | None, schedule_file: str | None):  # noqa: ANN202
+    """The schedule ``pipebench schedule`` prints: a file's, or a system's on a layout."""
+    from pipedream_impl.schedule import Layout
+    from pipedream_impl.schedule import registry as schedules
+    from pipedream_impl.schedule.compute_order import from_compute_order
+    from pipedream_impl.schedule.torch_csv import microbatches_of, read_csv
+
+    if schedule_file is not None:
+        if config is not None:
+            raise UserInputError("--schedule-file sets the layout (one row per rank); drop "
+                                 "--config")
+        order = read_csv(schedule_file)
+        return from_compute_order(order, minibatches, microbatches or microbatches_of(order))
+    if config is None:
+        raise UserInputError("give --config (replicas per stage, e.g. 2-1-1) or "
+                             "--schedule-file")
+    sys_ = systems.get(system)
+    if sys_.executor != STAGE_EXECUTOR or sys_.rules is None:
+        raise UserInputError(f"--system {system} is not run by our runtime; choose one of "
+                             + ", ".join(s.name for s in systems.SYSTEMS
+                                         if s.executor == STAGE_EXECUTOR))
+    layout = Layout.from_config(config)
+    return schedules.build(sys_.schedule, layout, minibatches,
+                           schedules.microbatches(sys_.schedule, len(layout.replicas),
+                                                  microbatches),
+                           weights, sys_.in_flight or in_flight)
 
 
 @app.command()

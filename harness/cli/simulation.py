@@ -41,6 +41,10 @@ def simulate(
     dp_overlap: Annotated[bool, typer.Option(help="dp: all-reduce overlapped with the "
                                              "backward (DDP, Horovod)")] = True,
     gantt_path: Annotated[str | None, typer.Option("--gantt", help="timeline PNG")] = None,
+    schedule_file: Annotated[str | None, typer.Option(
+        help="--system custom / torch-custom: a schedule in torch.distributed.pipelining's "
+             "compute-only CSV format, one stage per rank (its rows set --stages and its "
+             "microbatches --microbatches)")] = None,
 ) -> None:
     """Simulate a system on a modelled cluster from a profile (same schedules as the
     runtime); print time per minibatch, throughput, utilisation, bytes and memory."""
@@ -50,7 +54,13 @@ def simulate(
     from pipedream_impl.planner.plan import load_plan
     from pipedream_impl.profiling.profile import load_profile
 
-    options = SimOptions(minibatches=minibatches, microbatches=microbatches,
+    order = None
+    if schedule_file is not None:
+        from pipedream_impl.schedule.torch_csv import microbatches_of, read_csv
+
+        order = tuple(tuple(row) for row in read_csv(schedule_file))
+        stages, microbatches = len(order), microbatches_of(order)
+    options = SimOptions(minibatches=minibatches, microbatches=microbatches, order=order,
                          compute_factor=compute_factor, latency_s=latency,
                          allreduce=allreduce, cpu_machines=cpu_machines,
                          dp_overlap=dp_overlap)

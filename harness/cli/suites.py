@@ -28,7 +28,7 @@ def bench(
     workers: Annotated[int, typer.Option(help="ad hoc: workers (stages of the straight "
                                          "split)")] = 2,
     systems: Annotated[str, typer.Option(help="ad hoc: comma-separated systems")]
-    = ",".join(system_registry.names()),
+    = ",".join(system_registry.names(system_registry.SELF_CONTAINED)),
     scale: Annotated[str, typer.Option(help="ad hoc: tiny, small or full")] = "tiny",
     steps: Annotated[int, typer.Option(help="ad hoc: flush minibatches per epoch (others: "
                                        "x M)")] = 12,

@@ -58,8 +58,13 @@ def run(
     timeout: Annotated[float, typer.Option(help="seconds any receive may wait")] = 120.0,
     microbatches: Annotated[int | None, typer.Option(help="gpipe: microbatches per "
                                                      "minibatch (default 4 x stages)")] = None,
-    recompute: Annotated[bool, typer.Option(help="gpipe: re-materialise activations")]
+    recompute: Annotated[bool, typer.Option(help="re-materialise activations in the backward "
+                                            "(schedules with no update between a "
+                                            "minibatch's forward and backward)")]
     = False,
+    schedule_file: Annotated[str | None, typer.Option(
+        help="--system custom / torch-custom: a schedule in torch.distributed.pipelining's "
+             "compute-only CSV format (one row per rank, cells like 0F1, 1I0, 1W0)")] = None,
     stage_lr: Annotated[str | None, typer.Option(
         help="replicated stages' learning rate: replicas (default; PipeDream's rule: lr x "
              "replicas of the stage / replicas of stage 0) or same (one lr everywhere)")]
@@ -91,7 +96,8 @@ def run(
         given = [flag for flag, value in (("--workload", workload), ("--plan", plan),
                                           ("--config", config), ("--data", data),
                                           ("--inject-fault", inject_fault),
-                                          ("--stage-lr", stage_lr))
+                                          ("--stage-lr", stage_lr),
+                                          ("--schedule-file", schedule_file))
                  if value is not None]
         if given:
             raise UserInputError(f"--resume continues the checkpoint's run with its own "
@@ -109,7 +115,7 @@ def run(
                         experiment=experiment, warmup_steps=warmup_steps, workers=workers,
                         plan=plan, config=config, weights=weights, in_flight=in_flight,
                         timeout_s=timeout, microbatches=microbatches, recompute=recompute,
-                        stage_lr=stage_lr or "replicas",
+                        schedule_file=schedule_file, stage_lr=stage_lr or "replicas",
                         fault=Fault.parse(inject_fault) if inject_fault else None,
                         stall_timeout_s=stall_timeout, checkpoint_dir=checkpoint_dir,
                         checkpoint_every_epochs=checkpoint_every_epochs)
@@ -122,7 +128,7 @@ def compare_run(
     workload: Annotated[str, typer.Option("--workload", "-w", help="see `pipebench workloads`")],
     workers: Annotated[int, typer.Option(help="workers of each multi-process system")] = 2,
     systems: Annotated[str, typer.Option(help="comma-separated systems, in run order")]
-    = ",".join(system_registry.names()),
+    = ",".join(system_registry.names(system_registry.SELF_CONTAINED)),
     scale: Annotated[str, typer.Option(help="tiny, small or full")] = "tiny",
     epochs: Annotated[int | None, typer.Option(help="epoch budget (default: workload's)")]
     = None,

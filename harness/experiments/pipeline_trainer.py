@@ -32,6 +32,7 @@ from pipedream_impl.runtime.contract import (
 )
 from pipedream_impl.runtime.launcher import Launcher, free_port
 from pipedream_impl.schedule import registry as schedules
+from pipedream_impl.schedule.torch_csv import microbatches_of, read_csv
 from workloads.base import DataSplits, Workload
 
 __all__ = ["RUN_TRACE_EVENTS", "PipelineMetrics", "PipelineTrainer", "system_settings"]
@@ -66,8 +67,10 @@ def system_settings(cfg: RunConfig, replicas: tuple[int, ...],
     params: dict = dict(system.params)
     if system.executor == STAGE_EXECUTOR:  # every pipeline of our runtime
         params["recompute"] = cfg.recompute
+    order = schedule_file_order(cfg, len(replicas))
     if system.microbatched:
-        micro = schedules.microbatches(system.schedule, len(replicas), cfg.microbatches)
+        micro = schedules.microbatches(system.schedule, len(replicas), cfg.microbatches) \
+            if order is None else microbatches_of(order)
         params.update(microbatches=micro, microbatch_size=batch_size // max(1, micro))
     elif system.kind == "data-parallel":
         micro = cfg.workers  # each rank's slice of a global minibatch counts as one of W
@@ -81,9 +84,30 @@ def system_settings(cfg: RunConfig, replicas: tuple[int, ...],
         params["stage_lr"] = cfg.stage_lr
     settings = SystemSettings(replicas, bounds, system.executor,
                               system.schedule or schedules.DEFAULT, cfg.weights, in_flight,
-                              micro, cfg.recompute,
-                              stage_lr=cfg.stage_lr)
+                              micro, cfg.recompute, stage_lr=cfg.stage_lr, order=order)
+    if order is not None:
+        params["schedule_file"] = cfg.schedule_file
     return settings, params
+
+
+def schedule_file_order(cfg: RunConfig, stages: int) -> tuple | None:
+    """The compute order of ``--schedule-file`` (None without one), checked against the run:
+    one stage per worker, stage s on rank s, and --microbatches, if given, as in the file."""
+    if cfg.schedule_file is None:
+        return None
+    order = read_csv(cfg.schedule_file)
+    held = sorted({s for row in order for _, s, _ in row})
+    if len(order) != stages or held != list(range(stages)) or any(
+            s != rank for rank, row in enumerate(order) for _, s, _ in row):
+        raise UserInputError(f"--schedule-file {cfg.schedule_file}: {len(order)} rows and "
+                             f"stages {held}; this run has {stages} workers holding one stage "
+                             "each (row r lists stage r's actions; schedule files with several "
+                             "stages per rank are not supported here)")
+    m = microbatches_of(order)
+    if cfg.microbatches is not None and cfg.microbatches != m:
+        raise UserInputError(f"--microbatches {cfg.microbatches}: the schedule file has {m} "
+                             "microbatches per step; drop --microbatches")
+    return tuple(tuple(row) for row in order)
 
 
 class PipelineTrainer:

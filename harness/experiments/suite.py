@@ -169,7 +169,7 @@ def _expand(m: dict, where: str) -> list[Cell]:
     for w in workloads:
         registry.get(w)  # unknown names: a clear error
     names = _names(m.get("systems", ["all"]), "systems", where)
-    names = systems.names() if names == ["all"] else names
+    names = systems.names(systems.SELF_CONTAINED) if names == ["all"] else names
     for s in names:
         systems.get(s)
     scale = m.get("scale", "tiny")

@@ -76,12 +76,14 @@ class SimResult:
 
 
 def build_schedule(system: systems.System, replicas: tuple[int, ...], minibatches: int,
-                   microbatches: int) -> Schedule:
+                   microbatches: int, order: tuple | None = None) -> Schedule:
     """The runtime's schedule for ``system`` (data parallelism: 1F1B on one replicated
-    stage), built by the schedule registry; replicated stages run whole rounds."""
+    stage), built by the schedule registry (a schedule file's from its compute ``order``);
+    replicated stages run whole rounds."""
     layout = Layout(replicas)
     if system.rules is not None and system.rules.microbatched:
-        return schedules.build(system.schedule, layout, minibatches, microbatches)
+        return schedules.build(system.schedule, layout, minibatches, microbatches,
+                               order=order)
     n = minibatches - minibatches % math.lcm(*replicas)
     return schedules.build(schedules.DEFAULT, layout, max(n, math.lcm(*replicas)),
                            in_flight=system.in_flight)
@@ -103,7 +105,8 @@ class SimOptions:
     GPipe microbatch), so no linear scaling; ``machine``: measured facts about the machine
     simulated (see ``MachineModel``; default: none)."""
     minibatches: int = 256
-    microbatches: int | None = None  # flush pipelines (default 4 x stages)
+    microbatches: int | None = None  # flush pipelines (default: the schedule registry's)
+    order: tuple | None = None  # a schedule file's compute order (``schedule.torch_csv``)
     compute_factor: float = 1.0  # device speed relative to the profiled one
     latency_s: float = 0.0  # per message
     allreduce: str = "ring"  # among machines: ring, ps, ps-colocated or byteps
@@ -143,7 +146,7 @@ def simulate_system(profile: Profile, cluster: Cluster, system: str, layout: Sim
         if sys_.microbatched else 1
     if sys_.stages_per_rank > 1:
         return _simulate_multistage(profile, cluster, sys_, layout, o, b, m)
-    sched = build_schedule(sys_, replicas, minibatches, m)
+    sched = build_schedule(sys_, replicas, minibatches, m, o.order)
     stages = stage_costs(profile, layout.groups)
     placement = layout.placement or list(range(sum(replicas)))
     share = 1.0 if o.unit_profiled else 1.0 / m

@@ -118,6 +118,7 @@ class SystemSettings:
     microbatches: int = 1  # per minibatch (flush pipelines; data parallelism: ranks)
     recompute: bool = False  # flush: re-materialise activations in the backward
     stage_lr: str = "replicas"  # replicas: PipeDream's per-stage rate; same: one rate
+    order: tuple | None = None  # a schedule file's compute order (``schedule.torch_csv``)
 
 
 @dataclass(frozen=True)

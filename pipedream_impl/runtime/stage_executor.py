@@ -95,7 +95,7 @@ class StageExecutor(Executor):
 
     def _base_schedule(self) -> Schedule:
         return build(self.system.schedule, self.layout, self.n_steps, self.m,
-                     self.system.weights, self.system.in_flight)
+                     self.system.weights, self.system.in_flight, self.system.order)
 
     def run_epoch(self, epoch: int) -> EpochReport:
         acts = self.begin_epoch(epoch)

@@ -17,12 +17,13 @@ torch (``harness.sim.multistage``).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from core.errors import UserInputError
 from pipedream_impl.schedule.actions import Layout, Schedule
 from pipedream_impl.schedule.builders import gpipe, one_f_one_b
+from pipedream_impl.schedule.compute_order import Op, from_compute_order
 from pipedream_impl.schedule.successors import one_f_one_b_flush, two_bw
 from pipedream_impl.schedule.zero_bubble import zb_h1
 
@@ -53,6 +54,7 @@ class ScheduleKind:
     # what torch's class asks of the microbatch count: "at-least-stages", "whole-rounds"
     # (a multiple of max(1, microbatches // workers)) or nothing
     torch_microbatches: str = ""
+    from_file: bool = False  # built from a schedule file's compute order (``torch_csv``)
 
 
 def _one_f_one_b(layout: Layout, minibatches: int, microbatches: int, weights: str,
@@ -77,6 +79,10 @@ SCHEDULES: tuple[ScheduleKind, ...] = (
     ScheduleKind("zb-h1", "zero bubble ZB-H1: 1F1B with B split into I and W, W deferred "
                  "to fill the drain, a flush", lambda lay, n, m, w, f: zb_h1(lay, n, m),
                  microbatched=True, flushes=True, recompute=True, split_backward=True),
+    ScheduleKind("custom", "a schedule file: torch.distributed.pipelining's compute-only CSV, "
+                 "one step per minibatch, then a flush", microbatched=True, flushes=True,
+                 recompute=True, from_file=True,
+                 torch_class="schedules._PipelineScheduleRuntime"),
     ScheduleKind("interleaved-1f1b", "interleaved 1F1B over looped stages, a flush",
                  microbatched=True, flushes=True, stages_per_worker=2,
                  torch_class="ScheduleInterleaved1F1B", torch_microbatches="whole-rounds"),
@@ -99,8 +105,8 @@ def names() -> tuple[str, ...]:
 
 
 def ours() -> tuple[ScheduleKind, ...]:
-    """The schedules our runtime builds and runs (those with a builder)."""
-    return tuple(s for s in SCHEDULES if s.builder is not None)
+    """The schedules our runtime builds and runs (a builder, or a schedule file's order)."""
+    return tuple(s for s in SCHEDULES if s.builder is not None or s.from_file)
 
 
 def get(name: str) -> ScheduleKind:
@@ -120,9 +126,23 @@ def microbatches(name: str, stages: int, given: int | None = None) -> int:
 
 
 def build(name: str, layout: Layout, minibatches: int, microbatches: int = 1,
-          weights: str = "stash", in_flight: int | None = None) -> Schedule:
-    """Schedule ``name``'s action lists (validated) for ``layout``."""
+          weights: str = "stash", in_flight: int | None = None,
+          order: Sequence[Sequence[Op]] | None = None) -> Schedule:
+    """Schedule ``name``'s action lists (validated) for ``layout``; a schedule file's
+    compute ``order`` for the schedules read from files."""
     kind = get(name)
+    if kind.from_file:
+        if order is None:
+            raise UserInputError(f"the {name} schedule is read from a file: give "
+                                 "--schedule-file FILE")
+        sched = from_compute_order([list(row) for row in order], minibatches, microbatches)
+        if sched.stage_ranks is not None or sched.layout != layout:
+            raise UserInputError(f"the schedule file puts {sched.stages} stages on "
+                                 f"{sched.layout.workers} ranks; this run has "
+                                 f"{layout.workers} workers of one stage each (stage s on "
+                                 "rank s); schedule files with several stages per rank are "
+                                 "not supported here")
+        return sched
     if kind.builder is None:
         raise UserInputError(f"schedule {name!r} has no builder here: torch's runtime runs "
                              "it (a torch peer)")
