@@ -255,7 +255,6 @@ class StageExecutor(Executor):
         """I: the gradient of the stage's input only (sent back at once); the graph stays
         for W. Stage 0's input needs none."""
         rec = self.inflight[act.mb]
-        rec["await_w"] = True
         inputs = [t for t in rec.get("x", ()) if t.requires_grad]
         tensors, grads = self._roots(rec)
         if inputs:
@@ -269,19 +268,24 @@ class StageExecutor(Executor):
                   if t.requires_grad]
         torch.autograd.backward(*self._roots(rec), inputs=leaves)
         self._gradient_done(act, rec)
-        self.inflight.pop(act.mb, None)  # its input gradient went at I
         return False
 
     def _gradient_done(self, act: Action, rec: dict) -> None:
         if "snap" in rec:  # gradients accumulate on the snapshot until A/U reads them
             self.pending[id(rec["snap"])] = rec["snap"]
-        if self.stage == 0:
-            self.inflight.pop(act.mb, None)  # nothing to send back
+        rec["done"] = True
+        self._release(act.mb, rec)
+
+    def _release(self, mb: int, rec: dict) -> None:
+        """Drop a unit's record once its weight gradient is done (B or W) and its input
+        gradient sent (SB; stage 0 sends none)."""
+        if rec.get("done") and (self.stage == 0 or rec.get("sent")):
+            del self.inflight[mb]
 
     def _send_backward(self, act: Action, pos: int) -> bool:
         rec = self.inflight[act.mb]
-        if not rec.get("await_w"):  # W still needs the graph
-            del self.inflight[act.mb]
+        rec["sent"] = True
+        self._release(act.mb, rec)
         self.comm.send(tuple(t.grad if t.grad is not None else torch.zeros_like(t)
                              for t in rec["x"] if t.is_floating_point()), act.peer, "B")
         return False
