@@ -20,6 +20,7 @@ DDP and the harness's overhead (tracking on vs off) where the suite measured the
 from __future__ import annotations
 
 from core.markdown import markdown_table
+from harness import metrics
 from harness import systems as registry_of_systems
 from harness.experiments.suite import Cell, Suite
 from harness.reporting.results import cell_row, overhead_table
@@ -95,8 +96,8 @@ def markdown(result: dict, command: str = "") -> str:
     for (wl, scale, workers, mode, tracked), cells in groups.items():
         lines += [f"## {wl} ({scale}), {workers} workers, {mode}"
                   + ("" if tracked else ", tracking off"), ""]
-        rates = {c["system"]: c["metrics"]["throughput_samples_per_s"]["median"]
-                 for c in cells if "throughput_samples_per_s" in c.get("metrics", {})}
+        rates = {c["system"]: c["metrics"][metrics.THROUGHPUT]["median"]
+                 for c in cells if metrics.THROUGHPUT in c.get("metrics", {})}
         single = next((v for s, v in rates.items()
                        if registry_of_systems.get(s).kind == "one-process"), None)
         lines += markdown_table(COLUMNS, [cell_row(c, single) for c in cells])

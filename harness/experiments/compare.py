@@ -27,6 +27,7 @@ from pathlib import Path
 
 from core.errors import UserInputError
 from core.markdown import markdown_table
+from harness import metrics
 from harness import systems as registry_of_systems
 from harness.config import RunConfig
 from harness.experiments.training import RunSummary, resolve_device
@@ -57,7 +58,7 @@ class Row:
     def bytes_per_sample(self) -> float:
         if not self.summary:
             return float("nan")
-        return self.summary.final_metrics.get("bytes_communicated_per_sample", float("nan"))
+        return self.summary.final_metrics.get(metrics.BYTES_PER_SAMPLE, float("nan"))
 
 
 @dataclass
@@ -84,7 +85,7 @@ class Comparison:
                 continue
             s, m = r.summary, r.summary.final_metrics
             epoch_s = statistics.median(e.time_s for e in s.epochs)
-            bubbles = [v for k, v in m.items() if k.startswith("bubble_fraction_worker_")]
+            bubble = metrics.mean_bubble(m)
             ttt = (f"{s.time_to_target_s:.1f} ({s.epochs_to_target} ep)" if s.reached
                    else f"not reached ({len(s.epochs)} ep)")
             comm = ""
@@ -95,8 +96,8 @@ class Comparison:
                 f"{r.throughput:.0f}", _ratio(r.throughput, dp.throughput if dp else None),
                 _ratio(r.throughput, single.throughput if single else None), ttt,
                 fmt_bytes(r.bytes_per_sample), comm,
-                fmt_bytes(m.get("peak_memory_bytes_max", 0)),
-                f"{100 * statistics.mean(bubbles):.0f}%" if bubbles else "-"])
+                fmt_bytes(m.get(metrics.PEAK_MEMORY_MAX, 0)),
+                "-" if bubble is None else f"{100 * bubble:.0f}%"])
         return out
 
     def markdown(self, command: str = "") -> str:
@@ -162,7 +163,7 @@ def compare(base: RunConfig, systems: tuple[str, ...], progress: Progress,
             progress.note(f"[{i + 1}/{len(systems)}] {system}")
             cmp.rows.append(_run_one(base, system, plans, parent.run_id, progress))
         parent.text(cmp.markdown(command), "comparison.md")
-        parent.metrics({f"samples_per_s.{r.system}": r.throughput
+        parent.metrics({metrics.key(metrics.SYSTEM_THROUGHPUT, system=r.system): r.throughput
                         for r in cmp.rows if r.summary})
     cmp.parent_run_id = parent.run_id  # after a tracking fallback the parent has a new id
     return cmp

@@ -2,8 +2,8 @@
 
 ``run`` resolves the config's defaults, builds the system's trainer (single process, or
 the multi-process trainer on the layout ``layout.pipeline_layout`` chooses), trains with
-the shared epoch loop and logs the schema of ``harness.reporting.tracking`` and the
-artifacts of ``harness.reporting.artifacts`` (tables, figures, trace, plan).
+the shared epoch loop and logs the metrics of ``harness.metrics`` (keys formatted there)
+and the artifacts of ``harness.reporting.artifacts`` (tables, figures, trace, plan).
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ import time
 import torch
 
 from core.interrupts import Terminated, on_sigterm
+from harness import metrics
 from harness.config import RunConfig
 from harness.experiments import checkpoint
 from harness.experiments.checkpoint import Checkpoint
@@ -93,9 +94,10 @@ def _train_tracked(cfg: RunConfig, workload: Workload, target: float, splits: Da
                          "num_parameters": num_parameters, **layout_params})
 
         def log_epoch(epoch: int, stats: EpochStats, quality: float, eval_s: float) -> None:
-            tracker.metrics({"epoch_time_s": stats.time_s, "samples_per_s": stats.samples_per_s,
-                             "train_loss": stats.train_loss, "quality": quality,
-                             "eval_time_s": eval_s}, step=epoch)
+            tracker.metrics({metrics.EPOCH_TIME: stats.time_s,
+                             metrics.EPOCH_SAMPLES_PER_S: stats.samples_per_s,
+                             metrics.TRAIN_LOSS: stats.train_loss, metrics.QUALITY: quality,
+                             metrics.EVAL_TIME: eval_s}, step=epoch)
 
         saver = _Saver(cfg, trainer, tracker, progress)
         resumed = resume.summary(cfg, workload.metric, target) if resume else None
@@ -212,28 +214,31 @@ def _final_metrics(cfg: RunConfig, trainer, summary: RunSummary,  # noqa: ANN001
         bytes_per_sample = m.bytes_sent / max(1, m.samples)
         for r in m.busy:
             busy, idle = m.busy[r], m.idle[r]
-            extra[f"busy_s_worker_{r}"] = busy
+            extra[metrics.key(metrics.BUSY, worker=r)] = busy
             if cfg.definition.reports_idle:  # the others do not expose their idle time
-                extra[f"idle_s_worker_{r}"] = idle
-                extra[f"bubble_fraction_worker_{r}"] = idle / max(1e-12, busy + idle)
+                extra[metrics.key(metrics.IDLE, worker=r)] = idle
+                extra[metrics.key(metrics.BUBBLE_FRACTION, worker=r)] = \
+                    idle / max(1e-12, busy + idle)
             for kind, secs in sorted((m.action_s or {}).get(r, {}).items()):
-                extra[f"action_s_{kind}_worker_{r}"] = secs
-            extra[f"stash_weight_bytes_worker_{r}"] = m.stash_weights[r]
-            extra[f"stash_activation_bytes_worker_{r}"] = m.stash_activations[r]
+                extra[metrics.key(metrics.ACTION_TIME, kind=kind, worker=r)] = secs
+            extra[metrics.key(metrics.STASH_WEIGHTS, worker=r)] = m.stash_weights[r]
+            extra[metrics.key(metrics.STASH_ACTIVATIONS, worker=r)] = m.stash_activations[r]
         for (a, b), n in m.links.items():
-            extra[f"bytes_link_{a}_to_{b}"] = n
-        extra["actions_per_epoch"] = m.actions / max(1, len(summary.epochs))
-        extra["trace_events_dropped"] = m.events_dropped  # beyond the trace's cap
+            extra[metrics.key(metrics.LINK_BYTES, src=a, dst=b)] = n
+        extra[metrics.ACTIONS_PER_EPOCH] = m.actions / max(1, len(summary.epochs))
+        extra[metrics.TRACE_EVENTS_DROPPED] = m.events_dropped  # beyond the trace's cap
     else:
         summary.peak_memory_bytes = {0: peak_memory_bytes(device)}
-    final = {"throughput_samples_per_s": summary.throughput,
-             "final_quality": summary.qualities[-1],
-             "best_quality": (max if workload.higher_is_better else min)(summary.qualities),
-             "total_time_s": summary.total_time_s, "epochs_run": len(summary.epochs),
-             "bytes_communicated_per_sample": bytes_per_sample, **extra,
-             "peak_memory_bytes_max": max(summary.peak_memory_bytes.values())}
-    final.update({tracking.peak_memory_key(r): b for r, b in summary.peak_memory_bytes.items()})
+    final = {metrics.THROUGHPUT: summary.throughput,
+             metrics.FINAL_QUALITY: summary.qualities[-1],
+             metrics.BEST_QUALITY: (max if workload.higher_is_better else min)(
+                 summary.qualities),
+             metrics.TOTAL_TIME: summary.total_time_s, metrics.EPOCHS_RUN: len(summary.epochs),
+             metrics.BYTES_PER_SAMPLE: bytes_per_sample, **extra,
+             metrics.PEAK_MEMORY_MAX: max(summary.peak_memory_bytes.values())}
+    final.update({metrics.key(metrics.PEAK_MEMORY, worker=r): b
+                  for r, b in summary.peak_memory_bytes.items()})
     if summary.reached:
-        final["time_to_target_s"] = summary.time_to_target_s
-        final["epochs_to_target"] = summary.epochs_to_target
+        final[metrics.TIME_TO_TARGET] = summary.time_to_target_s
+        final[metrics.EPOCHS_TO_TARGET] = summary.epochs_to_target
     return final

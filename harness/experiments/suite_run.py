@@ -28,7 +28,7 @@ from importlib import metadata
 from pathlib import Path
 
 from core.errors import UserInputError
-from harness import systems
+from harness import metrics, systems
 from harness.config import RunConfig
 from harness.experiments.compare import shared_plans, system_config
 from harness.experiments.suite import Cell, Suite
@@ -39,7 +39,6 @@ from harness.reporting.results import (
     METRICS,
     RULE,
     SCHEMA,
-    mean_bubble,
     overhead_rows,
     summarise,
 )
@@ -127,26 +126,22 @@ class _Group:
 
 def _measure(summary) -> tuple[dict, dict]:  # noqa: ANN001 - a RunSummary
     m = summary.final_metrics
-    metrics = {"throughput_samples_per_s": summary.throughput,
-               "time_to_target_s": summary.time_to_target_s,
-               "epochs_to_target": summary.epochs_to_target,
-               "peak_memory_bytes_max": m.get("peak_memory_bytes_max"),
-               "bubble_fraction": mean_bubble(m)}
-    counters = {"bytes_per_sample": m.get("bytes_communicated_per_sample"),
+    measured = {metrics.THROUGHPUT: summary.throughput,
+                metrics.TIME_TO_TARGET: summary.time_to_target_s,
+                metrics.EPOCHS_TO_TARGET: summary.epochs_to_target,
+                metrics.PEAK_MEMORY_MAX: m.get(metrics.PEAK_MEMORY_MAX),
+                metrics.BUBBLE_FRACTION: metrics.mean_bubble(m)}
+    counters = {"bytes_per_sample": m.get(metrics.BYTES_PER_SAMPLE),
                 "num_parameters": summary.num_parameters,
                 "steps_per_epoch": summary.epochs[0].steps if summary.epochs else None,
-                "actions_per_epoch": m.get("actions_per_epoch")}
-    return metrics, counters
+                metrics.ACTIONS_PER_EPOCH: m.get(metrics.ACTIONS_PER_EPOCH)}
+    return measured, counters
 
 
 def _per_worker(final: dict) -> dict:
     """The last repeat's per-worker peak memory and bubble: {name: {rank: value}}."""
-    out: dict[str, dict] = {"peak_memory_bytes": {}, "bubble_fraction": {}}
-    for key, value in final.items():
-        for name in out:
-            if key.startswith(f"{name}_worker_"):
-                out[name][int(key.rsplit("_", 1)[1])] = value
-    return out
+    return {name: metrics.per_worker(final, name)
+            for name in (metrics.PEAK_MEMORY, metrics.BUBBLE_FRACTION)}
 
 
 def _timeline(summary) -> dict | None:  # noqa: ANN001
@@ -216,8 +211,8 @@ def run_suite(suite: Suite, progress: Progress, experiment: str = "pipebench-sui
                     progress.note(f"{cell.key}: FAILED\n{traceback.format_exc()}")
                     rec.update(status="failed", note=f"{type(e).__name__}: {e}".splitlines()[0])
                     continue
-                metrics, counters = _measure(summary)
-                rec["values"].append(metrics)
+                measured, counters = _measure(summary)
+                rec["values"].append(measured)
                 rec["counters"].append(counters)
                 rec["run_ids"].append(summary.run_id)
                 rec.update(config=summary.layout_params.get("config", "1"),
@@ -241,9 +236,9 @@ def run_suite(suite: Suite, progress: Progress, experiment: str = "pipebench-sui
                   "overhead": overhead_rows(out_cells) if tracking.enabled() else []}
         for c in out_cells:
             run_ = cell_runs[c["key"]]
-            run_.metrics({f"{name}{suffix}": s[key] for name, s in c["metrics"].items()
-                          for suffix, key in (("", "median"), ("_min", "min"),
-                                              ("_max", "max"))})
+            run_.metrics({metrics.key(metrics.CELL_STAT, metric=name, stat=suffix): s[stat]
+                          for name, s in c["metrics"].items()
+                          for suffix, stat in metrics.CELL_STATS})
             # tags, not params: `compare` lists runs with a system param (training runs)
             run_.tags({f"pipebench.{k}": str(c[k]) for k in ("workload", "scale", "workers",
                                                               "system", "mode", "tracking",
@@ -270,5 +265,5 @@ def _cell_result(cell: Cell, rec: dict) -> dict:
                                         "curve", "timeline", "per_worker")})
     out.update(metrics=stats, counters={k: first.get(k) for k in COUNTERS},
                counters_consistent=consistent, run_ids=rec["run_ids"],
-               reached=sum(v["time_to_target_s"] is not None for v in rec["values"]))
+               reached=sum(v[metrics.TIME_TO_TARGET] is not None for v in rec["values"]))
     return out

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from harness import metrics
 from harness.reporting.figures import curves_figure, timeline_figure
 from harness.reporting.trace import chrome_trace, spans_by_worker
 
@@ -27,8 +28,8 @@ def worker_table(final: dict[str, float], placement: dict[int, tuple[int, int]])
         -> dict[str, list]:
     """Per-worker columns read off the run's final metrics."""
     cols: dict[str, list] = {"rank": [], "stage": [], "replica": []}
-    keys = ("busy_s", "idle_s", "bubble_fraction", "peak_memory_bytes", "stash_weight_bytes",
-            "stash_activation_bytes")
+    keys = (metrics.BUSY, metrics.IDLE, metrics.BUBBLE_FRACTION, metrics.PEAK_MEMORY,
+            metrics.STASH_WEIGHTS, metrics.STASH_ACTIVATIONS)  # per-worker metrics
     for k in keys:
         cols[k] = []
     for rank in sorted(placement):
@@ -37,7 +38,7 @@ def worker_table(final: dict[str, float], placement: dict[int, tuple[int, int]])
         cols["stage"].append(stage)
         cols["replica"].append(replica)
         for k in keys:
-            cols[k].append(final.get(f"{k}_worker_{rank}"))
+            cols[k].append(final.get(metrics.key(k, worker=rank)))
     return {k: v for k, v in cols.items() if any(x is not None for x in v)}
 
 
@@ -61,11 +62,11 @@ def log_artifacts(tracker, cfg, summary, trainer, workload) -> None:  # noqa: AN
                                  workload.metric, summary.target,
                                  f"{cfg.system} on {workload.name} ({cfg.scale})"),
                    "curves.png")
-    metrics = getattr(trainer, "metrics", None)
-    if metrics is None or not metrics.events:
+    measured = getattr(trainer, "metrics", None)  # a PipelineMetrics
+    if measured is None or not measured.events:
         return
-    placement = metrics.placement or {}
-    trace = chrome_trace(metrics.events, placement,
+    placement = measured.placement or {}
+    trace = chrome_trace(measured.events, placement,
                          f"{cfg.system} {workload.name} {summary.layout_params.get('config')}")
     tracker.json(trace, "trace.json")
     labels = {r: f"w{r} s{st}" for r, (st, _) in placement.items()}

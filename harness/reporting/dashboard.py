@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import html
 
+from harness import metrics
 from harness.reporting import regressions as reg
 from harness.reporting.figures import (
     bars_figure,
@@ -78,7 +79,7 @@ def _curves(cells: list[dict]) -> list[str]:
 
 def _group_figures(name: str, cells: list[dict]) -> list[str]:
     thr = {c["system"]: (m["median"], m["min"], m["max"]) for c in cells
-           if (m := c["metrics"].get("throughput_samples_per_s"))}
+           if (m := c["metrics"].get(metrics.THROUGHPUT))}
     out = [f"<h3>{html.escape(name)}</h3>"]
     if thr:
         out.append(_img(spread_figure(thr, "samples/s", "throughput: median, min-max over "
@@ -87,13 +88,13 @@ def _group_figures(name: str, cells: list[dict]) -> list[str]:
     out.append(_img(bars_figure(bps, "bytes per sample", "communication per sample"),
                     f"bytes {name}"))
     mem = {c["system"]: {f"w{r}": v / 2**20 for r, v in
-                         (c.get("per_worker") or {}).get("peak_memory_bytes", {}).items()}
+                         (c.get("per_worker") or {}).get(metrics.PEAK_MEMORY, {}).items()}
            for c in cells}
     if any(mem.values()):
         out.append(_img(bars_figure(mem, "MiB", "peak memory per worker (last repeat)"),
                         f"memory {name}"))
     bub = {c["system"]: {f"w{r}": 100 * v for r, v in
-                         (c.get("per_worker") or {}).get("bubble_fraction", {}).items()}
+                         (c.get("per_worker") or {}).get(metrics.BUBBLE_FRACTION, {}).items()}
            for c in cells}
     bub = {k: v for k, v in bub.items() if v}
     if bub:
@@ -106,7 +107,7 @@ def _history(results: list[dict], window: int) -> list[str]:
     """Throughput median of every cell over the results, regressions marked, and the table
     of what each result regressed on against up to ``window`` results before it."""
     keys = sorted({c["key"] for r in results for c in r["cells"]
-                   if "throughput_samples_per_s" in c.get("metrics", {})})
+                   if metrics.THROUGHPUT in c.get("metrics", {})})
     flagged: list[tuple] = []
     marks: dict[str, list[int]] = {}
     for i in range(1, len(results)):
@@ -116,8 +117,8 @@ def _history(results: list[dict], window: int) -> list[str]:
                                 ch.cell, ch.name, ch.baseline, ch.current))
                 marks.setdefault(ch.cell, []).append(i)
     series = {key.replace("/throughput", ""): [
-        next((c["metrics"]["throughput_samples_per_s"]["median"] for c in r["cells"]
-              if c["key"] == key and "throughput_samples_per_s" in c.get("metrics", {})), None)
+        next((c["metrics"][metrics.THROUGHPUT]["median"] for c in r["cells"]
+              if c["key"] == key and metrics.THROUGHPUT in c.get("metrics", {})), None)
         for r in results] for key in keys}
     fig = history_figure(series, [r["created"][:16] + "\n" + r["environment"]["git_sha"][:8]
                                   for r in results],

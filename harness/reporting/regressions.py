@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from harness import metrics
 from harness.reporting.results import COUNTERS, METRICS, summarise
 
 __all__ = ["MIN_THRESHOLD", "Change", "compare_results", "has_regression", "rows"]
@@ -112,7 +113,7 @@ def _metric_changes(key: str, base_cells: list[dict], cur: dict,
     for name, higher_better in METRICS.items():
         if name not in cur.get("metrics", {}):
             if all(name in c.get("metrics", {}) for c in base_cells) and \
-                    name != "time_to_target_s" and name != "epochs_to_target":
+                    name not in metrics.TARGET_METRICS:
                 out.append(Change(key, name, "regression", "measured", "missing"))
             continue  # (a target no longer reached: _reach_changes)
         base = summarise(v for c in base_cells for v in c.get("metrics", {}).get(name, {})

@@ -38,7 +38,8 @@ Schema ``pipebench-suite/1`` (``SCHEMA``)::
      metrics and counters and no curve, timeline or per_worker)
      "overhead": [{"cell", "tracked", "untracked", "overhead"}]}
 
-``METRICS`` are noisy (compared with the spread), ``COUNTERS`` must not move at all.
+``METRICS`` are noisy (compared with the spread), ``COUNTERS`` must not move at all; the
+metrics' names and meanings are ``harness.metrics``'s (``SUITE_METRICS``).
 """
 
 from __future__ import annotations
@@ -50,21 +51,21 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from core.errors import UserInputError
+from harness import metrics
 from harness.reporting.units import fmt_bytes
 
 __all__ = ["COUNTERS", "DROP_EXTREMES_FROM", "METRICS", "RULE", "SCHEMA", "STABILITY",
-           "Stat", "cell_row", "load_result", "mean_bubble", "overhead_rows", "overhead_table",
+           "Stat", "cell_row", "load_result", "overhead_rows", "overhead_table",
            "summarise", "write_result"]
 
 SCHEMA = "pipebench-suite/1"
 STABILITY = 0.10
 DROP_EXTREMES_FROM = 5
 # noisy metrics: name -> True when higher is better
-METRICS = {"throughput_samples_per_s": True, "time_to_target_s": False,
-           "epochs_to_target": False, "peak_memory_bytes_max": False,
-           "bubble_fraction": False}
+METRICS = {name: metrics.get(name).higher_is_better for name in metrics.SUITE_METRICS}
 # exact counters: must be identical between results of the same cell
-COUNTERS = ("bytes_per_sample", "num_parameters", "steps_per_epoch", "actions_per_epoch")
+COUNTERS = ("bytes_per_sample", "num_parameters", "steps_per_epoch",
+            metrics.ACTIONS_PER_EPOCH)
 RULE = {"centre": "median", "spread": "min-max of the kept values",
         "drop_extremes_from": DROP_EXTREMES_FROM, "stability": STABILITY}
 
@@ -111,7 +112,7 @@ def overhead_rows(cells: list[dict]) -> list[dict]:
         if not c["key"].endswith("/untracked"):
             continue
         on = by_key.get(c["key"][:-len("/untracked")])
-        thr = "throughput_samples_per_s"
+        thr = metrics.THROUGHPUT
         if not on or thr not in on.get("metrics", {}) or thr not in c.get("metrics", {}):
             continue
         t_on, t_off = on["metrics"][thr]["median"], c["metrics"][thr]["median"]
@@ -123,17 +124,17 @@ def overhead_rows(cells: list[dict]) -> list[dict]:
 def cell_row(c: dict, single: float | None = None) -> tuple:
     """One cell as a report row: system, status, config, microbatch, samples/s median,
     min-max, spread, vs single, time to target, bytes/sample, peak memory, bubble."""
-    thr = c.get("metrics", {}).get("throughput_samples_per_s")
+    thr = c.get("metrics", {}).get(metrics.THROUGHPUT)
     if c["status"] != "ok" or thr is None:
         why = c["status"] + (f": {c['note']}" if c.get("note") else "")
         return (c["system"], why) + ("",) * 10
     m = c["metrics"]
-    ttt = m.get("time_to_target_s")
-    reached = (f"{ttt['median']:.1f} s ({m['epochs_to_target']['median']:.0f} ep, "
+    ttt = m.get(metrics.TIME_TO_TARGET)
+    reached = (f"{ttt['median']:.1f} s ({m[metrics.EPOCHS_TO_TARGET]['median']:.0f} ep, "
                f"{c.get('reached', ttt['n'])}/{len(c['run_ids'])})" if ttt else
                ("not reached" if c["mode"] == "time-to-target" else "-"))
-    bubble = m.get("bubble_fraction")
-    mem = m.get("peak_memory_bytes_max")
+    bubble = m.get(metrics.BUBBLE_FRACTION)
+    mem = m.get(metrics.PEAK_MEMORY_MAX)
     return (c["system"], "ok" if thr["stable"] else "ok ~", c.get("config") or "",
             c.get("microbatch") or "", f"{thr['median']:.0f}",
             f"{thr['min']:.0f}-{thr['max']:.0f}", f"{100 * thr['rel_spread']:.1f}%",
@@ -141,12 +142,6 @@ def cell_row(c: dict, single: float | None = None) -> tuple:
             fmt_bytes(c["counters"].get("bytes_per_sample") or 0),
             fmt_bytes(mem["median"]) if mem else "-",
             f"{100 * bubble['median']:.0f}%" if bubble else "-")
-
-
-def mean_bubble(metrics: dict[str, float]) -> float | None:
-    """A run's bubble: the mean over workers of its ``bubble_fraction_worker_<r>``."""
-    values = [v for k, v in metrics.items() if k.startswith("bubble_fraction_worker_")]
-    return statistics.mean(values) if values else None
 
 
 def overhead_table(rows: list[dict]) -> tuple[tuple, list[tuple]]:

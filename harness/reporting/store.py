@@ -4,7 +4,7 @@ and training runs as a comparison table.
 Why: ``regressions --history``, ``compare`` and ``dashboard`` look at what earlier runs
 logged instead of running anything; the tags they search by are written by
 ``harness.experiments.suite_run`` (``pipebench.kind``, ``pipebench.suite``,
-``pipebench.machine``) and the columns they read are the run schema of ``tracking``.
+``pipebench.machine``) and the columns they read are the run metrics of ``harness.metrics``.
 """
 
 from __future__ import annotations
@@ -15,8 +15,9 @@ import re
 from pathlib import Path
 
 from core.errors import UserInputError
+from harness import metrics
 from harness.reporting import tracking
-from harness.reporting.results import SCHEMA, load_result, mean_bubble
+from harness.reporting.results import SCHEMA, load_result
 from harness.reporting.units import fmt_bytes
 
 __all__ = ["COMPARE_COLUMNS", "compare_records", "compare_rows", "load_result_or_run",
@@ -127,16 +128,17 @@ def _param(row, name: str) -> str | None:  # noqa: ANN001 - pandas gives NaN whe
 def compare_records(frame) -> list[dict]:  # noqa: ANN001 - the DataFrame of search_runs
     """One record per run with the numbers as logged (``None`` where not logged)."""
     out = []
-    bubble_cols = [c for c in frame.columns if c.startswith("metrics.bubble_fraction_worker_")]
+    bubble_cols = [c for c in frame.columns if c.startswith("metrics.") and
+                   metrics.get(metrics.BUBBLE_FRACTION).match(c[len("metrics."):])]
     for _, r in frame.iterrows():
         bubbles = {c: b for c in bubble_cols if (b := _num(r, c)) is not None}
         rec = {"run_id": r["run_id"], "start_time": str(r["start_time"])[:19]}
         rec.update({k: _param(r, k) for k in ("system", "workload", "scale", "workers")})
         rec["config"] = _param(r, "config") or "1"
         rec.update({k: _num(r, f"metrics.{k}") for k in (
-            "throughput_samples_per_s", "time_to_target_s", "epochs_run", "best_quality",
-            "bytes_communicated_per_sample", "peak_memory_bytes_max")})
-        rec["bubble_fraction"] = mean_bubble(
+            metrics.THROUGHPUT, metrics.TIME_TO_TARGET, metrics.EPOCHS_RUN,
+            metrics.BEST_QUALITY, metrics.BYTES_PER_SAMPLE, metrics.PEAK_MEMORY_MAX)})
+        rec[metrics.BUBBLE_FRACTION] = metrics.mean_bubble(
             {k[len("metrics."):]: v for k, v in bubbles.items()})
         out.append(rec)
     return out
@@ -148,11 +150,10 @@ def compare_rows(records: list[dict]) -> list[tuple]:
         return "" if v is None else format(v, fmt)
 
     return [(r["run_id"][:8], r["system"], r["workload"], r["scale"], r["workers"], r["config"],
-             f(r["throughput_samples_per_s"], ".0f"),
-             "not reached" if r["time_to_target_s"] is None else f"{r['time_to_target_s']:.1f}",
-             f(r["epochs_run"], ".0f"), f(r["best_quality"], ".4g"),
-             "" if r["bytes_communicated_per_sample"] is None
-             else fmt_bytes(r["bytes_communicated_per_sample"]),
-             "" if r["peak_memory_bytes_max"] is None else fmt_bytes(r["peak_memory_bytes_max"]),
-             "-" if r["bubble_fraction"] is None else f"{100 * r['bubble_fraction']:.0f}%",
+             f(r[metrics.THROUGHPUT], ".0f"),
+             "not reached" if (ttt := r[metrics.TIME_TO_TARGET]) is None else f"{ttt:.1f}",
+             f(r[metrics.EPOCHS_RUN], ".0f"), f(r[metrics.BEST_QUALITY], ".4g"),
+             "" if (b := r[metrics.BYTES_PER_SAMPLE]) is None else fmt_bytes(b),
+             "" if (mem := r[metrics.PEAK_MEMORY_MAX]) is None else fmt_bytes(mem),
+             "-" if (bub := r[metrics.BUBBLE_FRACTION]) is None else f"{100 * bub:.0f}%",
              r["start_time"]) for r in records]

@@ -12,8 +12,9 @@ on Ctrl-C; ``tracked_run(resume_run_id=...)`` reopens an earlier run so that a r
 training continues its metrics.
 
 The schema (documented in results/README.md; tests check it): keys in ``PARAM_KEYS`` are
-params of every run, ``EPOCH_METRICS`` are logged each epoch with ``step=epoch``, and
-``RUN_METRICS`` once at the end (``time_to_target_s`` only when the target was reached).
+params of every run; the metrics, ``EPOCH_METRICS`` logged each epoch with ``step=epoch``
+and ``RUN_METRICS`` once at the end among them, are declared in ``harness.metrics``
+(rendered into docs/metrics.md).
 
 ``PIPEBENCH_TRACKING=off`` turns tracking off: ``tracked_run`` then yields a tracker that
 logs nothing and never imports mlflow (the harness-overhead measurement and machines
@@ -34,6 +35,8 @@ from pathlib import Path
 import torch
 
 from core.interrupts import is_interrupt
+from harness import metrics
+from harness.metrics import EPOCH_METRICS, RUN_METRICS
 from harness.paths import REPO
 from harness.reporting.fallback import (
     JournaledRun,
@@ -43,17 +46,13 @@ from harness.reporting.fallback import (
 )
 
 __all__ = ["EPOCH_METRICS", "PARAM_KEYS", "RUN_METRICS", "SYSTEM_METRICS_INTERVAL_S",
-           "TARGET_METRICS", "DetachedRun", "Tracker", "artifact_root", "default_tracking_uri",
+           "DetachedRun", "Tracker", "artifact_root", "default_tracking_uri",
            "detached_run", "enabled", "git_sha", "hardware", "local_tracking_uri",
            "peak_memory_key", "tracked_run"]
 
 PARAM_KEYS = ("system", "workload", "scale", "batch_size", "global_batch_size", "workers",
               "seed", "epochs", "target", "metric", "data", "optimizer", "lr", "threads",
               "device", "hardware", "git_sha", "torch_version", "num_parameters", "warmup_steps")
-EPOCH_METRICS = ("epoch_time_s", "samples_per_s", "train_loss", "quality", "eval_time_s")
-RUN_METRICS = ("throughput_samples_per_s", "final_quality", "best_quality", "total_time_s",
-               "epochs_run", "bytes_communicated_per_sample", "peak_memory_bytes_max")
-TARGET_METRICS = ("time_to_target_s", "epochs_to_target")
 SYSTEM_METRICS_INTERVAL_S = 2.0
 
 
@@ -64,7 +63,8 @@ def enabled() -> bool:
 
 
 def peak_memory_key(rank: int) -> str:
-    return f"peak_memory_bytes_worker_{rank}"
+    """The key of worker ``rank``'s peak memory (``harness.metrics.PEAK_MEMORY``)."""
+    return metrics.key(metrics.PEAK_MEMORY, worker=rank)
 
 
 def default_tracking_uri() -> str:

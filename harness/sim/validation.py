@@ -42,6 +42,7 @@ import torch
 
 from core.errors import UserInputError, require_int
 from core.markdown import markdown_table
+from harness import metrics
 from harness import systems as registry_of_systems
 from harness.config import RunConfig
 from harness.reporting.progress import Progress
@@ -235,15 +236,13 @@ def _one(setup: _Setup, prof: Profile, system: str, w: int, progress: Progress) 
                                    f" ({1e3 * transfers[(st, kind)][1]:.2f})"
                                    for kind in ("F", "B") if (st, kind) in transfers])
                        for st in sorted(actions))
-    bubbles = [v for key, v in summary.final_metrics.items()
-               if key.startswith("bubble_fraction_worker_")]
+    bubble = metrics.mean_bubble(summary.final_metrics)
     sim_bubble = statistics.mean(
         1 - sum(e - s for s, e, a in row if a.kind in ("F", "B", "U", "A")) / sim.total_s
         for row in sim.timeline)
     return ValidationRow(name, cfg.system, w, "-".join(map(str, replicas)),
                          summary.throughput, simulated, costs,
-                         statistics.mean(bubbles) if bubbles else None,
-                         sim_bubble if bubbles else None)
+                         bubble, None if bubble is None else sim_bubble)
 
 
 def markdown(rows: list[ValidationRow], machine: dict[str, float], command: str) -> str:

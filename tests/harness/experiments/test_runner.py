@@ -1,0 +1,65 @@
+"""harness/experiments/runner.py: the metrics a run logs at the end, by name and value,
+every key one of the schema's (harness/metrics.py)."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from harness import metrics
+from harness.experiments.pipeline_trainer import PipelineMetrics
+from harness.experiments.runner import _final_metrics
+from harness.experiments.training import EpochStats, RunSummary
+
+
+def _summary(reached: bool) -> RunSummary:
+    s = RunSummary(config=None, metric="top1", target=0.5)
+    s.epochs = [EpochStats(1.0, 4, 64, 2.0, 48, 1.5), EpochStats(2.0, 4, 64, 2.0, 64, 2.0)]
+    s.qualities, s.elapsed_s, s.total_time_s = [0.6, 0.3], [2.5, 5.0], 5.5
+    if reached:
+        s.time_to_target_s, s.epochs_to_target = 2.5, 1
+    return s
+
+
+def _trainer() -> SimpleNamespace:
+    return SimpleNamespace(metrics=PipelineMetrics(
+        bytes_sent=12800, samples=128, busy={0: 1.5, 1: 3.0}, idle={0: 0.5, 1: 1.0},
+        action_s={0: {"SF": 0.25, "F": 1.25}, 1: {"wait": 1.0}},
+        peak_memory={0: 100, 1: 300}, stash_weights={0: 10, 1: 0},
+        stash_activations={0: 1, 1: 2}, links={(0, 1): 500, (1, 0): 50}, actions=99,
+        events_dropped=3))
+
+
+@pytest.mark.parametrize("reports_idle", [True, False])
+def test_a_pipeline_run_logs_the_schemas_keys(reports_idle: bool) -> None:
+    cfg = SimpleNamespace(definition=SimpleNamespace(multi_process=True,
+                                                     reports_idle=reports_idle))
+    final = _final_metrics(cfg, _trainer(), _summary(True), torch.device("cpu"),
+                           SimpleNamespace(higher_is_better=True))
+    idle = {"idle_s_worker_0": 0.5, "bubble_fraction_worker_0": 0.25} if reports_idle else {}
+    idle1 = {"idle_s_worker_1": 1.0, "bubble_fraction_worker_1": 0.25} if reports_idle else {}
+    assert list(final.items()) == list({
+        "throughput_samples_per_s": 32.0, "final_quality": 0.3, "best_quality": 0.6,
+        "total_time_s": 5.5, "epochs_run": 2, "bytes_communicated_per_sample": 100.0,
+        "busy_s_worker_0": 1.5, **idle, "action_s_F_worker_0": 1.25,
+        "action_s_SF_worker_0": 0.25, "stash_weight_bytes_worker_0": 10,
+        "stash_activation_bytes_worker_0": 1,
+        "busy_s_worker_1": 3.0, **idle1, "action_s_wait_worker_1": 1.0,
+        "stash_weight_bytes_worker_1": 0, "stash_activation_bytes_worker_1": 2,
+        "bytes_link_0_to_1": 500, "bytes_link_1_to_0": 50, "actions_per_epoch": 49.5,
+        "trace_events_dropped": 3, "peak_memory_bytes_max": 300,
+        "peak_memory_bytes_worker_0": 100, "peak_memory_bytes_worker_1": 300,
+        "time_to_target_s": 2.5, "epochs_to_target": 1}.items())
+    assert all(metrics.parse(k) is not None for k in final)
+    assert metrics.mean_bubble(final) == (0.25 if reports_idle else None)
+
+
+def test_a_one_process_run_that_missed_its_target() -> None:
+    cfg = SimpleNamespace(definition=SimpleNamespace(multi_process=False, reports_idle=False))
+    final = _final_metrics(cfg, None, _summary(False), torch.device("cpu"),
+                           SimpleNamespace(higher_is_better=False))
+    assert list(final) == [*metrics.RUN_METRICS, "peak_memory_bytes_worker_0"]
+    assert (final["best_quality"], final["bytes_communicated_per_sample"]) == (0.3, 0.0)
+    assert final["peak_memory_bytes_max"] == final["peak_memory_bytes_worker_0"] > 0
