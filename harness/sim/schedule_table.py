@@ -223,6 +223,12 @@ EXPLANATION = """
   (all forwards first lets a fast stage run ahead; 1F1B ties each backward to the next
   forward) without having isolated it; GPipe holds all m microbatches' activations for
   it (its memory column), PipeDream-Flush at most p.
+- **ZB-H1 (our runtime's zero-bubble schedule, one stage per worker) is the best flushing
+  straight pipeline in most rows**: the same 1F1B order with each backward split into the
+  input gradient (sent at once) and the weight gradient (deferred into the drain), so its
+  bubble is a third of PipeDream-Flush's with equal F, I, W (tests) at the same activation
+  peak; 2BW, which does not flush at all, is still ahead of it in most rows. Here W is
+  charged as half of each weighted layer's backward, an assumption, not a measurement.
 - **Two stages per worker (torch's interleaved 1F1B, ZB1P, ZB-V, DualPipeV) helps only
   where the model splits evenly into 2p pieces and links are fast**: their bubble is
   smaller in theory ((p - 1)/(vm), zero for ZB-V; see tests) but each extra cut crosses a
