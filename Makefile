@@ -3,16 +3,32 @@
 VENV := .venv
 PY := $(VENV)/bin/python
 
-.PHONY: install demo test test-fast nightly lint clean
+.PHONY: install demo compare test test-fast nightly lint clean
 
 install:
 	@./scripts/bootstrap.sh
 
-# every system side by side, 2 workers x 1 thread, tables also written to results/demo/
+# a newcomer's first look: the paper's three strategies (PipeDream, GPipe, data parallelism)
+# and the one-process reference trained to target on tiny VGG-16, 2 workers x 1 thread, side
+# by side (throughput, bytes, memory, bubble, time to target); the table also goes to
+# results/demo/. `make compare` runs every system on two workloads (tens of minutes).
+DEMO_SYSTEMS := single,pipedream,gpipe,ddp
 demo: install
 	@mkdir -p results/demo
-	$(VENV)/bin/pipebench compare-run --workload vgg16 --workers 2 --threads 1 -o results/demo/compare-vgg16-tiny.md
-	$(VENV)/bin/pipebench compare-run --workload gnmt8 --workers 2 --threads 1 -o results/demo/compare-gnmt8-tiny.md
+	$(VENV)/bin/pipebench compare-run --workload vgg16 --workers 2 --threads 1 --systems $(DEMO_SYSTEMS) --experiment demo -o results/demo/compare-vgg16-tiny.md
+	@echo
+	@echo "Next: every system on two workloads: make compare (results/compare-*.md)."
+	@echo "      the paper's tables, simulated: results/reproduce-*.md; schedules: results/schedules.md"
+	@echo "      the runs in MLflow: $(VENV)/bin/mlflow ui --backend-store-uri sqlite:///$(CURDIR)/results/mlflow.db"
+	@echo "      these runs again, from the store: $(VENV)/bin/pipebench compare --experiment demo"
+	@echo "      a benchmark suite and its dashboard: pipebench bench --suite smoke, then pipebench dashboard -o report.html"
+	@echo "      what each command does: docs/commands.md"
+
+# every system side by side on tiny VGG-16 and GNMT-8, 2 workers x 1 thread: the tables in
+# results/compare-*.md (each system trains to its target, one after another)
+compare: install
+	$(VENV)/bin/pipebench compare-run --workload vgg16 --workers 2 --threads 1 --quiet -o results/compare-vgg16-tiny.md
+	$(VENV)/bin/pipebench compare-run --workload gnmt8 --workers 2 --threads 1 --quiet -o results/compare-gnmt8-tiny.md
 
 test: install
 	@./scripts/install_browser.sh
