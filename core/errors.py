@@ -22,7 +22,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-__all__ = ["GraphFormatError", "ScheduleError", "UserInputError", "WorkloadError",
+__all__ = ["GraphFormatError", "ScheduleError", "UserInputError", "WorkloadError", "lookup",
            "parse_ints", "read_text", "require_int", "require_number", "require_output"]
 
 
@@ -41,6 +41,16 @@ class GraphFormatError(UserInputError):
 
 class ScheduleError(UserInputError):
     """A schedule that cannot run or a layout that cannot be scheduled."""
+
+
+def lookup(table: dict, name: str, what: str):  # noqa: ANN201 - the table's value type
+    """``table[name]``, or one line naming the choices: "unknown schedule 'x'; choose one
+    of: a, b" (the registries' lookups)."""
+    try:
+        return table[name]
+    except KeyError:
+        raise UserInputError(f"unknown {what} {name!r}; choose one of: "
+                             f"{', '.join(table)}") from None
 
 
 def require_int(flag: str, value: int | None, low: int = 1, high: int | None = None,

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from core.errors import UserInputError
+from core.errors import UserInputError, lookup
 from pipedream_impl.runtime import SPAWN_LAUNCHER, STAGE_EXECUTOR
 from pipedream_impl.schedule import ACTION_NAMES
 from pipedream_impl.schedule import registry as schedules
@@ -197,11 +197,7 @@ def names(systems: tuple[System, ...] = SYSTEMS) -> tuple[str, ...]:
 
 def get(name: str) -> System:
     """The system called ``name``; a clear error listing the choices otherwise."""
-    try:
-        return _BY_NAME[name]
-    except KeyError:
-        raise UserInputError(f"unknown system {name!r}; choose one of: "
-                             f"{', '.join(_BY_NAME)}") from None
+    return lookup(_BY_NAME, name, "system")
 
 
 def simulated(name: str) -> System:

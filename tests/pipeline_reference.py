@@ -103,3 +103,28 @@ def single_process_reference(workload: Workload, splits: DataSplits, steps: int)
                         torch.device("cpu"), quiet())
     stats = ref.train_epoch(0)
     return ref.model, stats
+
+
+def close(a: torch.nn.Module, b: torch.nn.Module) -> bool:
+    """Every parameter of ``a`` equal to ``b``'s within float32 accumulation noise."""
+    return all(torch.allclose(pa, pb, rtol=1e-4, atol=1e-5)
+               for pa, pb in zip(a.parameters(), b.parameters(), strict=True))
+
+
+def train_two_workers(workload: Workload, splits: DataSplits, system: str, steps: int,
+                      **options) -> LayerModel:
+    """One epoch of ``steps`` minibatches of ``system`` on 2 gloo processes (layers 0-12 and
+    12-40 of tiny VGG-16's split), 1 thread each; the trained model."""
+    from harness.config import RunConfig
+    from harness.experiments.pipeline_trainer import PipelineTrainer
+    from harness.reporting.progress import quiet
+
+    cfg = RunConfig(system=system, workload=workload.name, scale="tiny", workers=2,
+                    threads=1, max_steps_per_epoch=steps, epochs=1, timeout_s=60, **options)
+    t = PipelineTrainer(cfg, workload, splits, (1, 1), ((0, 12), (12, 40)),
+                        torch.device("cpu"), quiet())
+    try:
+        assert t.train_epoch(0).steps == steps
+    finally:
+        t.close()
+    return t.model

@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from core.errors import UserInputError
+from core.errors import UserInputError, lookup
 from pipedream_impl.schedule.actions import Layout, Schedule
 from pipedream_impl.schedule.builders import gpipe, one_f_one_b
 from pipedream_impl.schedule.compute_order import Op, from_compute_order
@@ -110,11 +110,8 @@ def ours() -> tuple[ScheduleKind, ...]:
 
 
 def get(name: str) -> ScheduleKind:
-    try:
-        return _BY_NAME[name]
-    except KeyError:
-        raise UserInputError(f"unknown schedule {name!r}; choose one of: "
-                             f"{', '.join(_BY_NAME)}") from None
+    """The schedule called ``name``; a clear error listing the choices otherwise."""
+    return lookup(_BY_NAME, name, "schedule")
 
 
 def microbatches(name: str, stages: int, given: int | None = None) -> int:

@@ -10,11 +10,9 @@ import torch
 from torch.func import functional_call
 
 from harness.config import RunConfig
-from harness.experiments.pipeline_trainer import PipelineTrainer
-from harness.reporting.progress import quiet
 from pipedream_impl.runtime.contract import RunSettings, SystemSettings, WorkerSpec
 from pipedream_impl.runtime.local import local_executors, run_local
-from tests.pipeline_reference import single_process_reference
+from tests.pipeline_reference import close, single_process_reference, train_two_workers
 from workloads.base import LayerModel
 from workloads.recipe import epoch_order, make_optimizer
 from workloads.registry import get
@@ -63,11 +61,6 @@ def two_bw_reference(splits, steps: int) -> LayerModel:
     return model
 
 
-def _close(a: torch.nn.Module, b: torch.nn.Module) -> bool:
-    return all(torch.allclose(pa, pb, rtol=1e-4, atol=1e-5)
-               for pa, pb in zip(a.parameters(), b.parameters(), strict=True))
-
-
 def _in_process(schedule: str, microbatches: int) -> list:
     torch.set_num_threads(1)
     spec = WorkerSpec(0, RunSettings("vgg16", "tiny", 0, BATCH, max_steps=STEPS,
@@ -81,7 +74,7 @@ def _in_process(schedule: str, microbatches: int) -> list:
 
 
 def _stages_equal(executors: list, ref: LayerModel) -> bool:
-    return all(_close(ex.module, ref.stage(a, b))
+    return all(close(ex.module, ref.stage(a, b))
                for ex, (a, b) in zip(executors, BOUNDS3, strict=True))
 
 
@@ -96,7 +89,7 @@ def test_in_process_2bw_follows_its_update_rule(delayed, sequential) -> None:
     version k is made, yet use k - 1): 2BW's one-step-delayed rule, which is not SGD."""
     executors = _in_process("2bw", 4)
     assert _stages_equal(executors, delayed)
-    assert not _close(delayed, sequential)  # the rule really differs: this test can fail
+    assert not close(delayed, sequential)  # the rule really differs: this test can fail
     # weight versions held: W(k - 1) and a copy of W(k) on stages 0 and 1, W(k - 1) on the
     # last stage, each the stage's parameter bytes
     for ex, held in zip(executors, (2, 2, 1), strict=True):
@@ -105,29 +98,19 @@ def test_in_process_2bw_follows_its_update_rule(delayed, sequential) -> None:
 
 
 def _run(splits, system: str, microbatches: int):
-    cfg = RunConfig(system=system, workload="vgg16", scale="tiny", workers=2, threads=1,
-                    max_steps_per_epoch=STEPS, epochs=1, timeout_s=60,
-                    microbatches=microbatches)
-    t = PipelineTrainer(cfg, WL, splits, (1, 1), ((0, 12), (12, 40)), torch.device("cpu"),
-                        quiet())
-    try:
-        stats = t.train_epoch(0)
-    finally:
-        t.close()
-    assert stats.steps == STEPS
-    return t.model
+    return train_two_workers(WL, splits, system, STEPS, microbatches=microbatches)
 
 
 @pytest.mark.multiprocess
 def test_flush_processes_equal_whole_minibatch_training(splits, sequential) -> None:
-    assert _close(_run(splits, "pipedream-flush", 4), sequential)
+    assert close(_run(splits, "pipedream-flush", 4), sequential)
 
 
 @pytest.mark.multiprocess
 def test_2bw_processes_follow_the_delayed_update_rule(splits, delayed, sequential) -> None:
     model = _run(splits, "pipedream-2bw", 2)
-    assert _close(model, delayed)
-    assert not _close(model, sequential)
+    assert close(model, delayed)
+    assert not close(model, sequential)
 
 
 def test_2bw_refuses_recompute() -> None:

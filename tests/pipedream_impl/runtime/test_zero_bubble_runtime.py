@@ -7,12 +7,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from harness.config import RunConfig
-from harness.experiments.pipeline_trainer import PipelineTrainer
-from harness.reporting.progress import quiet
 from pipedream_impl.runtime.contract import RunSettings, SystemSettings, WorkerSpec
 from pipedream_impl.runtime.local import local_executors, run_local
-from tests.pipeline_reference import single_process_reference
+from tests.pipeline_reference import close, single_process_reference, train_two_workers
 from workloads.registry import get
 
 WL = get("vgg16")
@@ -30,14 +27,9 @@ def sequential(splits):
     return single_process_reference(WL, splits, STEPS)[0]
 
 
-def _close(a: torch.nn.Module, b: torch.nn.Module) -> bool:
-    return all(torch.allclose(pa, pb, rtol=1e-4, atol=1e-5)
-               for pa, pb in zip(a.parameters(), b.parameters(), strict=True))
-
-
 def test_in_process_zb_h1_is_whole_minibatch_training(sequential) -> None:
     """Three stages, four microbatches: stage 2 defers two W's, stage 1 one; the weights
-    equal single-process training, and every stage ran I and W for every unit."""
+    equal single-process training, and every unit's record is released after its W."""
     torch.set_num_threads(1)
     spec = WorkerSpec(0, RunSettings("vgg16", "tiny", 0, BATCH, max_steps=STEPS,
                                      timeout_s=60.0),
@@ -46,19 +38,10 @@ def test_in_process_zb_h1_is_whole_minibatch_training(sequential) -> None:
     reports = run_local(executors, 0)
     assert len(reports[-1].losses) == STEPS * 4
     for ex, (a, b) in zip(executors, BOUNDS3, strict=True):
-        assert _close(ex.module, sequential.stage(a, b))
-        assert not ex.inflight  # every unit's graph released after its W
+        assert close(ex.module, sequential.stage(a, b))
+        assert not ex.inflight
 
 
 @pytest.mark.multiprocess
 def test_zb_h1_processes_equal_whole_minibatch_training(splits, sequential) -> None:
-    cfg = RunConfig(system="zb-h1", workload="vgg16", scale="tiny", workers=2, threads=1,
-                    max_steps_per_epoch=STEPS, epochs=1, timeout_s=60, microbatches=4)
-    t = PipelineTrainer(cfg, WL, splits, (1, 1), ((0, 12), (12, 40)), torch.device("cpu"),
-                        quiet())
-    try:
-        stats = t.train_epoch(0)
-    finally:
-        t.close()
-    assert stats.steps == STEPS
-    assert _close(t.model, sequential)
+    assert close(train_two_workers(WL, splits, "zb-h1", STEPS, microbatches=4), sequential)
