@@ -12,7 +12,9 @@ schedule class. Adding a schedule is one entry here plus its builder.
 
 Schedules with several stages per worker (torch's interleaved and V-shaped ones) have no
 builder of ours: torch's runtime runs them and the simulator reads their action lists from
-torch (``harness.sim.multistage``).
+torch (``harness.sim.multistage``). ``custom`` is built from a schedule file's compute
+order (``torch_csv``). ``scripts/schedules_doc.py`` renders the registry into
+``docs/schedules.md``.
 """
 
 from __future__ import annotations

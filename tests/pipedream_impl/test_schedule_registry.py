@@ -106,3 +106,24 @@ def test_recompute_is_logged_for_every_system_of_our_runtime(tmp_path) -> None:
             cfg = _config(s, tmp_path, recompute=False)
             _, params = system_settings(cfg, (1, 1), ((0, 12), (12, 40)), 32)
             assert params["recompute"] is False
+
+
+def test_the_committed_schedules_page_is_the_registry_rendered() -> None:
+    """docs/schedules.md is generated (scripts/schedules_doc.py): regenerate it when this
+    fails; every schedule has its row, naming the systems that run it."""
+    import importlib.util
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    spec = importlib.util.spec_from_file_location("schedules_doc",
+                                                  root / "scripts" / "schedules_doc.py")
+    doc = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(doc)
+    page = doc.render()
+    assert (root / "docs" / "schedules.md").read_text() == page
+    for kind in schedules.SCHEDULES:
+        row = next(line for line in page.splitlines() if line.startswith(f"| `{kind.name}` |"))
+        assert kind.summary in row
+        for s in systems.SYSTEMS:
+            if s.schedule == kind.name:
+                assert f"`{s.name}`" in row
