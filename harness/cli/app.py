@@ -1,20 +1,29 @@
 """The ``pipebench`` command line: flags become dataclasses, library functions do the work.
 
 This module holds the typer app, the console and ``main``; the commands live beside it
-(``train``: workloads, run, compare-run, bench; ``planning``: profile, plan,
-planner-table, schedule; ``simulation``: simulate, reproduce). Commands import what they
+(``train``: workloads, run, compare-run; ``suites``: bench, regressions, compare,
+dashboard; ``stores``: sync; ``planning``: profile, plan, planner-table, schedule;
+``simulation``: simulate, reproduce; ``options``: flags they share). Commands import what they
 need inside their bodies, so ``pipebench --help``, ``plan``, ``simulate``, ``schedule``
 and ``reproduce table1`` start without importing torch or mlflow
 (tests/harness/cli/test_imports.py).
 
 Wrong input raises ``UserInputError``; ``main`` prints its message as one line and exits 2.
+
+A command's help is its docstring: a first paragraph of one sentence (the line shown in
+``pipebench --help``), then paragraphs of detail, separated by blank lines. ``reflow`` joins
+each paragraph's source lines (typer's rich output would keep them as hard breaks), so the
+terminal wraps the text; a line starting with ``- `` stays a line of its own (a list).
 """
 
 from __future__ import annotations
 
+import inspect
 import signal
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import typer
 from rich.console import Console
@@ -22,10 +31,39 @@ from rich.console import Console
 from core.errors import UserInputError
 from core.interrupts import Terminated
 
-__all__ = ["app", "console", "emit", "main"]
+__all__ = ["app", "console", "emit", "main", "reflow"]
 
-app = typer.Typer(add_completion=False, no_args_is_help=True,
-                  help="Benchmark harness: PipeDream, GPipe and data parallelism side by side.")
+
+def reflow(doc: str) -> str:
+    """``doc`` dedented, with each paragraph's lines joined into one (list items, lines
+    starting with ``- ``, keep a line each); paragraphs stay separated by a blank line."""
+    paragraphs = []
+    for paragraph in inspect.cleandoc(doc).split("\n\n"):
+        lines: list[str] = []
+        for line in paragraph.splitlines():
+            line = line.strip()
+            if lines and not line.startswith("- "):
+                lines[-1] += " " + line
+            else:
+                lines.append(line)
+        paragraphs.append("\n".join(lines))
+    return "\n\n".join(paragraphs)
+
+
+class _Typer(typer.Typer):
+    """A typer app whose commands' help is their docstring through ``reflow``."""
+
+    def command(self, name: str | None = None, **kwargs: Any) -> Callable:
+        def register(f: Callable) -> Callable:
+            if kwargs.get("help") is None and f.__doc__:
+                kwargs["help"] = reflow(f.__doc__)
+            return typer.Typer.command(self, name, **kwargs)(f)
+
+        return register
+
+
+app = _Typer(add_completion=False, no_args_is_help=True,
+             help="Benchmark harness: PipeDream, GPipe and data parallelism side by side.")
 console = Console()
 
 
@@ -47,32 +85,48 @@ def main() -> None:
     try:
         code = app(standalone_mode=False)  # click returns typer.Exit's code here
     except UserInputError as e:
-        Console(stderr=True).print(f"error: {e}", highlight=False, markup=False, soft_wrap=True)
-        sys.exit(2)
+        _error(str(e), 2)
+    except (typer.Exit, typer.Abort, KeyboardInterrupt) as e:  # before RuntimeError: typer's
+        if isinstance(e, typer.Exit):  # Exit and Abort are RuntimeErrors
+            sys.exit(e.exit_code)
+        _stopped("interrupted (Ctrl-C)", 130)
     except RuntimeError as e:
         from pipedream_impl.runtime.launcher import PipelineFailure
 
         if not isinstance(e, PipelineFailure):
             raise
-        Console(stderr=True).print(f"error: {e}", highlight=False, markup=False, soft_wrap=True)
-        sys.exit(1)
-    except typer.Exit as e:
-        sys.exit(e.exit_code)
+        _error(str(e), 1)
     except Terminated as e:  # SIGTERM during a run (core.interrupts)
         _stopped(str(e), 143)
-    except (KeyboardInterrupt, typer.Abort):
-        _stopped("interrupted (Ctrl-C)", 130)
-    except Exception as e:  # click usage errors (unknown option, missing value)
-        import click
-
-        if isinstance(e, click.ClickException):
-            e.show()
-            sys.exit(2)
-        raise
+    except Exception as e:  # click usage errors (unknown option or command, missing value)
+        if not isinstance(e, _usage_errors()):
+            raise
+        e.show()
+        sys.exit(2)
     if interrupted and code == 130:  # typer turns KeyboardInterrupt into exit code 130
         _stopped("interrupted (Ctrl-C)", 130)
     if isinstance(code, int) and code:
         sys.exit(code)
+
+
+def _error(message: str, code: int) -> None:
+    Console(stderr=True).print(f"error: {message}", highlight=False, markup=False,
+                               soft_wrap=True)
+    sys.exit(code)
+
+
+def _usage_errors() -> tuple[type[Exception], ...]:
+    """click's usage errors: typer 0.2x raises those of its own copy of click."""
+    import click
+
+    kinds: list[type[Exception]] = [click.ClickException]
+    try:
+        from typer._click.exceptions import ClickException
+    except ImportError:  # typer before it vendored click
+        pass
+    else:
+        kinds.append(ClickException)
+    return tuple(kinds)
 
 
 def _count_ctrl_c() -> list[int]:

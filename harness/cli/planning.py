@@ -15,6 +15,7 @@ from core.collectives import Sync
 from core.errors import UserInputError, require_int, require_output
 from harness import systems
 from harness.cli.app import app, console
+from harness.cli.options import Device, Scale, Workload
 from pipedream_impl.runtime import STAGE_EXECUTOR
 
 __all__ = ["plan", "planner_table", "profile", "schedule"]
@@ -87,12 +88,12 @@ def _schedule(system: str, config: str | None, minibatches: int, microbatches: i
 
 @app.command()
 def profile(
-    workload: Annotated[str, typer.Option("--workload", "-w")],
-    scale: Annotated[str, typer.Option(help="tiny, small or full")] = "tiny",
+    workload: Workload,
+    scale: Scale = "tiny",
     batch_size: Annotated[int | None, typer.Option(help="default: the workload's")] = None,
     steps: Annotated[int, typer.Option(help="timed repetitions (after warm-up)")] = 5,
     warmup: Annotated[int, typer.Option(help="untimed repetitions first")] = 2,
-    device: Annotated[str, typer.Option(help="auto, cpu or cuda")] = "auto",
+    device: Device = "auto",
     threads: Annotated[int, typer.Option(help="torch threads")] = 1,
     output: Annotated[str, typer.Option("-o", "--output", help=".json, or .txt for "
                                         "PipeDream's graph.txt")] = "profile.json",
@@ -126,35 +127,37 @@ def profile(
                   f"parameters -> {output}")
 
 
+_Bandwidth = Annotated[str | None, typer.Option(
+    help="bytes/s per level, innermost first: 15.75GB/s,1.25GB/s")]
+_Allreduce = Annotated[str, typer.Option(
+    help="weight sync among machines: ring, ps, ps-colocated or byteps")]
+_BatchSize = Annotated[int | None, typer.Option(
+    help="samples per minibatch of the profile (for bytes per sample)")]
+
+
 @app.command()
 def plan(
     cluster: Annotated[str, typer.Option(help="A:4x4, B:2x8, C:4x1, 4x4 or 16")],
-    profile_path: Annotated[str | None, typer.Option("--profile", help="profile JSON or "
-                                                     "PipeDream graph.txt")] = None,
+    profile_path: Annotated[str | None, typer.Option(
+        "--profile", help="profile JSON or PipeDream graph.txt")] = None,
     workload: Annotated[str | None, typer.Option(help="profile this workload first")] = None,
     scale: Annotated[str, typer.Option(help="with --workload")] = "tiny",
-    bandwidth: Annotated[str | None, typer.Option(help="bytes/s per level, innermost "
-                                                  "first: 15.75GB/s,1.25GB/s")] = None,
+    bandwidth: _Bandwidth = None,
     straight: Annotated[bool, typer.Option(help="no replication")] = False,
     memory_limit: Annotated[str | None, typer.Option(help="per worker, e.g. 16GB")] = None,
     cost_model: Annotated[str, typer.Option(help="pipebench or pipedream-2019")] = "pipebench",
-    allreduce: Annotated[str, typer.Option(help="weight sync among machines: ring, ps, "
-                                           "ps-colocated or byteps")] = "ring",
-    cpu_machines: Annotated[int, typer.Option(help="ps/byteps: CPU-only server machines "
-                                              "(k)")] = 0,
-    batch_size: Annotated[int | None, typer.Option(help="samples per minibatch of the "
-                                                   "profile (for bytes per sample)")] = None,
+    allreduce: _Allreduce = "ring",
+    cpu_machines: Annotated[int, typer.Option(
+        help="ps/byteps: CPU-only server machines (k)")] = 0,
+    batch_size: _BatchSize = None,
     output: Annotated[str | None, typer.Option("-o", "--output", help="plan JSON")] = None,
 ) -> None:
     """Partition a model over a cluster with PipeDream's dynamic program."""
-    from pathlib import Path
-
     from harness.reporting.plans import plan_table
     from harness.reporting.units import parse_bytes
     from pipedream_impl.planner.cluster import parse_cluster
     from pipedream_impl.planner.optimizer import COST_MODELS
     from pipedream_impl.planner.plan import plan_profile
-    from pipedream_impl.profiling.profile import load_profile
 
     if cost_model not in COST_MODELS:
         raise UserInputError(f"unknown cost model {cost_model!r}; choose one of: "
@@ -168,24 +171,30 @@ def plan(
         raise UserInputError(f"--allreduce {allreduce} needs --cost-model pipebench")
     clus = parse_cluster(cluster, bandwidth)
     limit = parse_bytes(memory_limit) if memory_limit is not None else None  # "16GB" -> bytes
-    if profile_path is not None:
-        prof = load_profile(profile_path)
-    else:
-        import torch
-
-        from harness.experiments.training import resolve_device
-        from pipedream_impl.profiling.profiler import profile_workload
-        from workloads import registry
-
-        wl = registry.get(workload)
-        torch.set_num_threads(1)
-        prof = profile_workload(wl, scale, wl.spec(scale).batch_size, resolve_device("auto"))
+    prof = _profile_to_plan(profile_path, workload, scale)
     result = plan_profile(prof, clus, cost_model, straight, limit, batch_size,
                           None if sync.mode == "ring" else sync)
     console.print(plan_table(result))
     if output:
         Path(output).write_text(result.to_json())
         console.print(f"plan -> {output}")
+
+
+def _profile_to_plan(profile_path: str | None, workload: str | None, scale: str):  # noqa: ANN202
+    """``plan``'s profile: read from ``profile_path``, or measured on ``workload`` now."""
+    from pipedream_impl.profiling.profile import load_profile
+
+    if profile_path is not None:
+        return load_profile(profile_path)
+    import torch
+
+    from harness.experiments.training import resolve_device
+    from pipedream_impl.profiling.profiler import profile_workload
+    from workloads import registry
+
+    wl = registry.get(workload)
+    torch.set_num_threads(1)
+    return profile_workload(wl, scale, wl.spec(scale).batch_size, resolve_device("auto"))
 
 
 @app.command("planner-table")

@@ -26,7 +26,9 @@ def sync(
     quiet: Annotated[bool, typer.Option(help="no line per run")] = False,
 ) -> None:
     """Copy runs to a tracking server: params, tags, every metric's history, artifacts,
-    status, times and parent links. Runs already copied there are skipped."""
+    status, times and parent links.
+
+    Runs already copied there are skipped."""
     from rich.console import Console
 
     from harness.reporting.progress import Progress

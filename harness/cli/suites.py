@@ -7,48 +7,55 @@ from typing import Annotated
 
 import typer
 
-from core.errors import require_int, require_output
-from harness import systems as system_registry
+from core.errors import UserInputError, require_int, require_output
+from harness import systems
 from harness.cli.app import app, command_line, console, emit
+from harness.cli.options import Output, Quiet
 
 __all__ = ["bench", "check_cells", "compare", "dashboard", "regressions"]
 
 
+_Suite = Annotated[str | None, typer.Option(
+    help="a suite: smoke, nightly, gpu or a TOML file (default: one ad-hoc group from the "
+         "options below)")]
+_JsonOut = Annotated[str | None, typer.Option(
+    "--json", help="write the suite result (schema pipebench-suite/1) here")]
+_Repeats = Annotated[int | None, typer.Option(
+    help="runs of every cell (default: the suite's; ad hoc 3)")]
+_Systems = Annotated[str, typer.Option("--systems", help="ad hoc: comma-separated systems",
+                                       show_default="every system that needs no schedule "
+                                                    "file")]
+_BatchSize = Annotated[int | None, typer.Option(
+    help="ad hoc: microbatch size b (default: the workload's batch size)")]
+_Microbatches = Annotated[int | None, typer.Option(
+    help="ad hoc: flush pipelines' microbatches (default 4 x stages)")]
+
+
 @app.command()
 def bench(
-    suite: Annotated[str | None, typer.Option(help="a suite: smoke, nightly, gpu or a TOML "
-                                              "file (default: one ad-hoc group from the "
-                                              "options below)")] = None,
-    json_out: Annotated[str | None, typer.Option("--json", help="write the suite result "
-                                                 "(schema pipebench-suite/1) here")] = None,
-    repeats: Annotated[int | None, typer.Option(help="runs of every cell (default: the "
-                                                "suite's; ad hoc 3)")] = None,
-    workload: Annotated[str, typer.Option("--workload", "-w", help="ad hoc: see `pipebench "
-                                          "workloads`")] = "vgg16",
-    workers: Annotated[int, typer.Option(help="ad hoc: workers (stages of the straight "
-                                         "split)")] = 2,
-    systems: Annotated[str, typer.Option(help="ad hoc: comma-separated systems")]
-    = ",".join(system_registry.names(system_registry.SELF_CONTAINED)),
+    suite: _Suite = None,
+    json_out: _JsonOut = None,
+    repeats: _Repeats = None,
+    workload: Annotated[str, typer.Option(
+        "--workload", "-w", help="ad hoc: see `pipebench workloads`")] = "vgg16",
+    workers: Annotated[int, typer.Option(
+        help="ad hoc: workers (stages of the straight split)")] = 2,
+    system_names: _Systems = ",".join(systems.names(systems.SELF_CONTAINED)),
     scale: Annotated[str, typer.Option(help="ad hoc: tiny, small or full")] = "tiny",
-    steps: Annotated[int, typer.Option(help="ad hoc: flush minibatches per epoch (others: "
-                                       "x M)")] = 12,
+    steps: Annotated[int, typer.Option(
+        help="ad hoc: flush minibatches per epoch (others: x M)")] = 12,
     epochs: Annotated[int, typer.Option(help="ad hoc: epochs (throughput: median)")] = 5,
-    batch_size: Annotated[int | None, typer.Option(help="ad hoc: microbatch size b "
-                                                   "(default: the workload's batch size)")]
-    = None,
-    microbatches: Annotated[int | None, typer.Option(help="ad hoc: flush pipelines' "
-                                                     "microbatches (default 4 x stages)")]
-    = None,
+    batch_size: _BatchSize = None,
+    microbatches: _Microbatches = None,
     threads: Annotated[int, typer.Option(help="ad hoc: torch threads per worker")] = 1,
     device: Annotated[str, typer.Option(help="ad hoc: auto, cpu or cuda")] = "auto",
     experiment: Annotated[str, typer.Option(help="MLflow experiment")] = "pipebench-suite",
-    output: Annotated[str | None, typer.Option("--output", "-o", help="markdown report")]
-    = None,
-    quiet: Annotated[bool, typer.Option(help="no progress output")] = False,
+    output: Output = None,
+    quiet: Quiet = False,
 ) -> None:
-    """Run a benchmark suite (repeated, systems interleaved; median and spread) and report
-    it; the numbers are recorded, never asserted."""
-    from core.errors import UserInputError
+    """Run a benchmark suite (repeated, systems interleaved; median and spread) and report it.
+
+    The numbers are recorded, never asserted."""
     from harness.experiments import bench as bench_lib
     from harness.experiments.suite import load_suite
     from harness.experiments.suite_run import run_suite
@@ -62,7 +69,7 @@ def bench(
     if suite:
         spec = load_suite(suite)
     else:
-        names = tuple(s.strip() for s in systems.split(",") if s.strip())
+        names = tuple(s.strip() for s in system_names.split(",") if s.strip())
         if not names:
             raise UserInputError("--systems needs at least one system, e.g. pipedream,gpipe")
         spec = bench_lib.adhoc_suite(workload, names, workers, scale, epochs, steps,
@@ -88,7 +95,7 @@ def check_cells(spec) -> None:  # noqa: ANN001 - a harness.experiments.suite.Sui
         require_int("--epochs", c.epochs)
         require_int("--steps", c.steps)
         registry.get(c.workload).spec(c.scale)
-        one = not system_registry.get(c.system).multi_process
+        one = not systems.get(c.system).multi_process
         RunConfig(system=c.system, workload=c.workload, scale=c.scale, epochs=c.epochs,
                   batch_size=c.batch_size, threads=spec.threads, device=spec.device,
                   workers=1 if one else c.workers, max_steps_per_epoch=c.steps,
@@ -110,12 +117,12 @@ def regressions(
         help="smallest relative move flagged in a noisy metric (default 0.05)")] = None,
     show_all: Annotated[bool, typer.Option("--all", help="also list moves within the "
                                            "noise")] = False,
-    output: Annotated[str | None, typer.Option("--output", "-o", help="markdown report")]
-    = None,
+    output: Output = None,
 ) -> None:
     """Compare suite results: exact counters must match, noisy metrics are flagged beyond
-    a threshold set by their measured spread. Exit code 1 on a regression."""
-    from core.errors import UserInputError
+    a threshold set by their measured spread.
+
+    Exit code 1 on a regression."""
     from core.markdown import markdown_table
     from harness.reporting import regressions as reg
     from harness.reporting.store import load_result_or_run, suite_history
@@ -154,43 +161,27 @@ def regressions(
 
 @app.command()
 def compare(
-    experiment: Annotated[str, typer.Option(help="MLflow experiment")] = "pipebench",
-    filter_string: Annotated[str, typer.Option("--filter", help="MLflow search filter, e.g. "
-                                               "\"params.workload = 'vgg16'\"")] = "",
+    experiment: Annotated[str | None, typer.Option(
+        help="MLflow experiment (default: the one holding the newest training run, suites "
+             "included)")] = None,
+    filter_string: Annotated[str, typer.Option(
+        "--filter", help="MLflow search filter, e.g. \"params.workload = 'vgg16'\"")] = "",
     fmt: Annotated[str, typer.Option("--format", help="md, csv or json")] = "md",
     output: Annotated[str | None, typer.Option("--output", "-o", help="write here")] = None,
 ) -> None:
-    """The comparison table of training runs already in the MLflow store (nothing is
-    re-run)."""
-    import csv
-    import io
-    import json
+    """Tabulate runs already in the MLflow store (see compare-run to run systems first).
 
-    from core.errors import UserInputError
-    from core.markdown import markdown_table
-    from harness.reporting.store import (
-        COMPARE_COLUMNS,
-        compare_records,
-        compare_rows,
-        search_runs,
-    )
+    The comparison table of the training runs of one experiment; nothing is re-run. With
+    no --experiment, the experiment of the newest training run (a line on stderr names it):
+    the runs just made by run, compare-run or bench."""
+    from harness.reporting.store import compare_records, search_runs
 
     if fmt not in ("md", "csv", "json"):
         raise UserInputError(f"--format must be md, csv or json (got {fmt!r})")
     require_output(output)
+    experiment = experiment or _newest_experiment()
     records = compare_records(search_runs(experiment, filter_string))
-    if fmt == "json":
-        text = json.dumps(records, indent=1) + "\n"
-    elif fmt == "csv":
-        buf = io.StringIO()
-        writer = csv.DictWriter(buf, fieldnames=list(records[0]) if records else ["run_id"])
-        writer.writeheader()
-        writer.writerows(records)
-        text = buf.getvalue()
-    else:
-        text = "\n".join([f"# Runs in {experiment}" + (f" where {filter_string}"
-                                                        if filter_string else ""), ""]
-                         + markdown_table(COMPARE_COLUMNS, compare_rows(records))) + "\n"
+    text = _compare_text(records, fmt, experiment, filter_string)
     if output:
         from pathlib import Path
 
@@ -198,6 +189,44 @@ def compare(
         console.print(f"wrote {output}")
     else:
         typer.echo(text, nl=False)
+
+
+def _newest_experiment() -> str:
+    """The experiment of the newest training run, said in one line on stderr."""
+    from rich.console import Console
+
+    from harness.reporting.newest import newest_experiment
+    from harness.reporting.tracking import default_tracking_uri
+
+    name = newest_experiment()
+    if name is None:
+        raise UserInputError(f"no training runs in {default_tracking_uri()} (run, compare-run "
+                             f"and bench make them)")
+    Console(stderr=True).print(f"experiment {name!r}: the newest training run's "
+                               f"(--experiment to choose another)", highlight=False,
+                               markup=False, soft_wrap=True)
+    return name
+
+
+def _compare_text(records: list[dict], fmt: str, experiment: str, filter_string: str) -> str:
+    """The records of ``compare`` as markdown (a titled table), CSV or JSON."""
+    import csv
+    import io
+    import json
+
+    from core.markdown import markdown_table
+    from harness.reporting.store import COMPARE_COLUMNS, compare_rows
+
+    if fmt == "json":
+        return json.dumps(records, indent=1) + "\n"
+    if fmt == "csv":
+        buf = io.StringIO()
+        writer = csv.DictWriter(buf, fieldnames=list(records[0]) if records else ["run_id"])
+        writer.writeheader()
+        writer.writerows(records)
+        return buf.getvalue()
+    title = f"# Runs in {experiment}" + (f" where {filter_string}" if filter_string else "")
+    return "\n".join([title, ""] + markdown_table(COMPARE_COLUMNS, compare_rows(records))) + "\n"
 
 
 @app.command()
@@ -215,12 +244,12 @@ def dashboard(
                                                       "store (oldest first; repeatable)")]
     = None,
 ) -> None:
-    """One self-contained HTML page: time-to-accuracy curves, throughput with spread, bytes
-    per sample, memory and bubble per worker, the suite's history with regressions marked,
-    per-worker timelines."""
+    """One self-contained HTML page of a suite's results, from the store or result files.
+
+    It shows time-to-accuracy curves, throughput with spread, bytes per sample, memory and
+    bubble per worker, the suite's history with regressions marked, per-worker timelines."""
     from pathlib import Path
 
-    from core.errors import UserInputError
     from harness.reporting.dashboard import build_dashboard
     from harness.reporting.results import load_result
     from harness.reporting.store import load_result_or_run, suite_runs

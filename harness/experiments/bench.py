@@ -20,8 +20,7 @@ DDP and the harness's overhead (tracking on vs off) where the suite measured the
 from __future__ import annotations
 
 from core.markdown import markdown_table
-from harness import metrics
-from harness import systems as registry_of_systems
+from harness import metrics, systems
 from harness.experiments.suite import Cell, Suite
 from harness.reporting.results import cell_row, overhead_table
 from pipedream_impl.runtime import SPAWN_LAUNCHER, STAGE_EXECUTOR
@@ -32,22 +31,22 @@ COLUMNS = ("system", "status", "config", "microbatch", "samples/s (median)", "mi
            "spread", "vs single", "time to target", "bytes/sample", "peak mem", "bubble")
 
 
-def adhoc_suite(workload: str, systems: tuple[str, ...], workers: int, scale: str,
+def adhoc_suite(workload: str, system_names: tuple[str, ...], workers: int, scale: str,
                 epochs: int, steps: int, repeats: int, threads: int, device: str,
                 batch_size: int | None, microbatches: int | None) -> Suite:
     """The suite ``bench`` runs when no ``--suite`` is given: one throughput group."""
-    for s in systems:
-        registry_of_systems.get(s)  # unknown names: a clear error before anything runs
+    for s in system_names:
+        systems.get(s)  # unknown names: a clear error before anything runs
     cells = tuple(Cell(workload, s, workers, scale, "throughput", epochs, steps, True,
-                       batch_size, microbatches) for s in systems)
+                       batch_size, microbatches) for s in system_names)
     return Suite("adhoc", f"bench of {workload} ({scale}) on {workers} workers", repeats,
                  threads, device, cells, "command line")
 
 
 def checks(rates: dict[str, float]) -> list[tuple[str, bool | None, str]]:
     """The issue's two throughput targets on one group's median rates: (what, passed, how)."""
-    kinds = {s: registry_of_systems.get(s) for s in rates}
-    gpipe = registry_of_systems.get(registry_of_systems.PAPER["flush"]).schedule
+    kinds = {s: systems.get(s) for s in rates}
+    gpipe = systems.get(systems.PAPER["flush"]).schedule
     ours = next((s for s, k in kinds.items() if k.schedule == gpipe
                  and k.executor == STAGE_EXECUTOR), None)  # our own GPipe
     peer = next((s for s, k in kinds.items() if k.schedule == gpipe
@@ -68,9 +67,9 @@ def checks(rates: dict[str, float]) -> list[tuple[str, bool | None, str]]:
 
 def _dp_ratio(rates: dict[str, float]) -> str | None:
     """Horovod / DDP: the data-parallel baselines on the same math."""
-    dp = [s for s in rates if registry_of_systems.get(s).kind == "data-parallel"]
-    ddp = registry_of_systems.PAPER["data-parallel"]  # in our own launcher's processes
-    hvd = next((s for s in dp if registry_of_systems.get(s).launcher != SPAWN_LAUNCHER), None)
+    dp = [s for s in rates if systems.get(s).kind == "data-parallel"]
+    ddp = systems.PAPER["data-parallel"]  # in our own launcher's processes
+    hvd = next((s for s in dp if systems.get(s).launcher != SPAWN_LAUNCHER), None)
     ddp = ddp if ddp in rates else None
     if hvd and ddp:
         return f"{hvd} / {ddp}: {rates[hvd] / rates[ddp]:.2f}x"
@@ -99,7 +98,7 @@ def markdown(result: dict, command: str = "") -> str:
         rates = {c["system"]: c["metrics"][metrics.THROUGHPUT]["median"]
                  for c in cells if metrics.THROUGHPUT in c.get("metrics", {})}
         single = next((v for s, v in rates.items()
-                       if registry_of_systems.get(s).kind == "one-process"), None)
+                       if systems.get(s).kind == "one-process"), None)
         lines += markdown_table(COLUMNS, [cell_row(c, single) for c in cells])
         notes = [f"- {what}: {'met' if ok else 'NOT met'} ({how})"
                  for what, ok, how in checks(rates)] if mode == "throughput" else []

@@ -27,8 +27,7 @@ from pathlib import Path
 
 from core.errors import UserInputError
 from core.markdown import markdown_table
-from harness import metrics
-from harness import systems as registry_of_systems
+from harness import metrics, systems
 from harness.config import RunConfig
 from harness.experiments.training import RunSummary, resolve_device
 from harness.reporting import tracking
@@ -76,7 +75,7 @@ class Comparison:
     def table(self) -> list[list[str]]:
         dp = self.row(self.dp_system) if self.dp_system else None
         single = next((r for r in self.rows if r.summary
-                       and registry_of_systems.get(r.system).kind == "one-process"), None)
+                       and systems.get(r.system).kind == "one-process"), None)
         out = []
         for r in self.rows:
             if r.summary is None:
@@ -138,15 +137,15 @@ def shared_plans(base: RunConfig, workdir: Path) -> dict[str, str]:
     return out
 
 
-def compare(base: RunConfig, systems: tuple[str, ...], progress: Progress,
+def compare(base: RunConfig, system_names: tuple[str, ...], progress: Progress,
             command: str = "") -> Comparison:
-    for s in systems:
-        registry_of_systems.get(s)  # unknown names: a clear error
+    for s in system_names:
+        systems.get(s)  # unknown names: a clear error
     wl = registry.get(base.workload)
     wl.spec(base.scale)
     cmp = Comparison(base.workload, base.scale, base.workers)
-    cmp.dp_system = next((s for s in systems
-                          if registry_of_systems.get(s).kind == "data-parallel"), None)
+    cmp.dp_system = next((s for s in system_names
+                          if systems.get(s).kind == "data-parallel"), None)
     per_worker = base.threads_per_worker()
     with tempfile.TemporaryDirectory(prefix="pipebench-compare-") as tmp, \
             tracking.tracked_run(base.experiment, f"compare-{wl.name}-{base.scale}-"
@@ -154,13 +153,13 @@ def compare(base: RunConfig, systems: tuple[str, ...], progress: Progress,
         cmp.parent_run_id = parent.run_id
         plans = shared_plans(base, Path(tmp)) if base.workers > 1 else {}
         parent.params({"kind": "comparison", "workload": wl.name, "scale": base.scale,
-                       "workers": base.workers, "systems": ",".join(systems),
+                       "workers": base.workers, "systems": ",".join(system_names),
                        "threads_per_worker": per_worker, "seed": base.seed,
                        "git_sha": tracking.git_sha()})
         for name, path in plans.items():
             parent.text(Path(path).read_text(), f"plan-{name}.json")
-        for i, system in enumerate(systems):
-            progress.note(f"[{i + 1}/{len(systems)}] {system}")
+        for i, system in enumerate(system_names):
+            progress.note(f"[{i + 1}/{len(system_names)}] {system}")
             cmp.rows.append(_run_one(base, system, plans, parent.run_id, progress))
         parent.text(cmp.markdown(command), "comparison.md")
         parent.metrics({metrics.key(metrics.SYSTEM_THROUGHPUT, system=r.system): r.throughput
@@ -174,14 +173,14 @@ def system_config(base: RunConfig, system: str, plan: str | None, **changes) -> 
     with the whole thread budget (workers x threads per worker), the data-parallel systems
     no plan, every other system ``plan`` on ``base.workers`` workers; ``changes`` on top."""
     per_worker = base.threads_per_worker()
-    kind = registry_of_systems.get(system).kind
+    kind = systems.get(system).kind
     if kind == "one-process":
         return dataclasses.replace(base, system=system, workers=1,
                                    threads=per_worker * base.workers, **changes)
     # several stages per worker (torch's interleaved and V schedules): the runtime's
     # balancing splits the model into that many, not the plan's one per worker
     uses_plan = base.workers > 1 and kind != "data-parallel" \
-        and registry_of_systems.get(system).stages_per_rank == 1
+        and systems.get(system).stages_per_rank == 1
     return dataclasses.replace(base, system=system, plan=plan if uses_plan else None,
                                threads=per_worker, **changes)
 
@@ -191,7 +190,7 @@ def _run_one(base: RunConfig, system: str, plans: dict[str, str], parent_id: str
     from harness.experiments.runner import run
     from pipedream_impl.runtime.launcher import PipelineFailure
 
-    replicated = registry_of_systems.get(system).replicated_stages
+    replicated = systems.get(system).replicated_stages
     cfg = system_config(base, system, plans.get("planned" if replicated else "straight"))
     try:
         return Row(system, run(cfg, progress, parent_run_id=parent_id))

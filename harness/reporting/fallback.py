@@ -41,7 +41,7 @@ from harness.paths import RESULTS
 
 __all__ = ["FALLBACK_FROM_TAG", "HTTP_LIMITS", "INTENDED_TAG", "PARENT_TAG", "PROBE_TIMEOUT_S",
            "REASON_TAG", "RESUMED_FROM_TAG", "JournaledRun", "Store", "artifact_dir",
-           "artifact_root", "bound_http_calls", "fallen_back", "forget_fallbacks", "is_outage",
+           "artifact_root", "bound_http_calls", "forget_fallbacks", "is_outage",
            "is_remote", "local_tracking_uri", "outage_reason", "probe"]
 
 INTENDED_TAG = "pipebench.intended_tracking_uri"  # the server a local run was meant for
@@ -87,11 +87,6 @@ def bound_http_calls() -> None:
     """Bound MLflow's HTTP retries and timeouts (``HTTP_LIMITS``) unless already set."""
     for key, value in HTTP_LIMITS.items():
         os.environ.setdefault(key, value)
-
-
-def fallen_back() -> dict[str, str]:
-    """The servers this process left, and why."""
-    return dict(_FALLEN)
 
 
 def forget_fallbacks() -> None:

@@ -42,8 +42,7 @@ import torch
 
 from core.errors import UserInputError, require_int
 from core.markdown import markdown_table
-from harness import metrics
-from harness import systems as registry_of_systems
+from harness import metrics, systems
 from harness.config import RunConfig
 from harness.reporting.progress import Progress
 from harness.sim.costs import MachineModel
@@ -125,9 +124,9 @@ class _Setup:
 
 
 def validate(workloads: tuple[str, ...], worker_counts: tuple[int, ...],
-             systems: tuple[str, ...], steps: int, epochs: int, experiment: str,
+             system_names: tuple[str, ...], steps: int, epochs: int, experiment: str,
              progress: Progress) -> tuple[list[ValidationRow], dict[str, float]]:
-    _check_inputs(workloads, worker_counts, systems, steps, epochs)
+    _check_inputs(workloads, worker_counts, system_names, steps, epochs)
     torch.set_num_threads(1)
     latency, bandwidth = measure_link()
     cores = os.cpu_count() or 1
@@ -136,8 +135,8 @@ def validate(workloads: tuple[str, ...], worker_counts: tuple[int, ...],
                   f"{bandwidth / 1e9:.2f} GB/s")
     # DDP's all-reduce runs while every core computes: measured with the cores kept busy
     allreduce = {w: measure_allreduce(w, load=cores) for w in worker_counts
-                 if w > 1 and any(registry_of_systems.simulated(s).kind == "data-parallel"
-                                  for s in systems)}
+                 if w > 1 and any(systems.simulated(s).kind == "data-parallel"
+                                  for s in system_names)}
     for w, (fixed, per_byte) in allreduce.items():
         machine[f"allreduce_fixed_s.{w}"] = fixed
         machine[f"allreduce_s_per_byte.{w}"] = per_byte
@@ -151,27 +150,27 @@ def validate(workloads: tuple[str, ...], worker_counts: tuple[int, ...],
                            latency, bandwidth, allreduce, Path(tmp))
             prof = profile_workload(wl, "tiny", b, torch.device("cpu"), steps=5)
             for w in worker_counts:
-                for system in systems:
-                    if w == 1 and registry_of_systems.simulated(system).sim != "in-flight-1":
+                for system in system_names:
+                    if w == 1 and systems.simulated(system).sim != "in-flight-1":
                         continue  # one worker: the single-process run, simulated once
                     rows.append(_one(setup, prof, system, w, progress))
     return rows, machine
 
 
 def _check_inputs(workloads: tuple[str, ...], worker_counts: tuple[int, ...],
-                  systems: tuple[str, ...], steps: int, epochs: int) -> None:
+                  system_names: tuple[str, ...], steps: int, epochs: int) -> None:
     """Every name, count and run of the validation, checked before anything is measured
     (each run's RunConfig as ``_one`` will build it, less the plan file made on the way)."""
     require_int("--steps", steps)
     require_int("--epochs", epochs)
-    if not workloads or not systems or not worker_counts:
+    if not workloads or not system_names or not worker_counts:
         raise UserInputError("give at least one workload, system and worker count (e.g. "
                              "--workloads vgg16 --systems pipedream --workers 1,2)")
-    one_process = next(s for s in registry_of_systems.SYSTEMS if not s.multi_process)
+    one_process = next(s for s in systems.SYSTEMS if not s.multi_process)
     for name in workloads:
         registry.get(name)
-        for system in systems:
-            sys_ = registry_of_systems.simulated(system)
+        for system in system_names:
+            sys_ = systems.simulated(system)
             for w in worker_counts:
                 require_int("--workers", w)
                 RunConfig(system=sys_.name if w > 1 else one_process.name, workload=name,
@@ -184,7 +183,7 @@ def _one(setup: _Setup, prof: Profile, system: str, w: int, progress: Progress) 
     from harness.experiments.runner import run
 
     name, b, k = setup.name, setup.batch, setup.steps
-    sys_ = registry_of_systems.simulated(system)
+    sys_ = systems.simulated(system)
     kind = sys_.sim
     wl = registry.get(name)
     cluster = Cluster((Level(w, setup.bandwidth),))
@@ -215,7 +214,7 @@ def _one(setup: _Setup, prof: Profile, system: str, w: int, progress: Progress) 
                          rendezvous=not wl.static_shapes,  # else posted ahead (Comm.recv)
                          allreduce_fit=setup.allreduce.get(w) if kind == "data-parallel" else None,
                          cores=setup.cores)
-    one_process = next(s for s in registry_of_systems.SYSTEMS if not s.multi_process)
+    one_process = next(s for s in systems.SYSTEMS if not s.multi_process)
     cfg = RunConfig(system=sys_.name if w > 1 else one_process.name, workload=name,
                     scale="tiny", epochs=setup.epochs,
                     target=1e9 if wl.higher_is_better else -1e9,

@@ -26,9 +26,9 @@ from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from core.errors import GraphFormatError, read_text
+from core.errors import GraphFormatError
 
-__all__ = ["Graph", "Node", "parse_graph", "parse_node", "read_graph"]
+__all__ = ["Graph", "Node", "parse_graph", "parse_node"]
 
 _META = re.compile(r"forward_compute_time=([^,]+), backward_compute_time=([^,]+), "
                    r"activation_size=(\[[^\]]*\]|[^,]+), parameter_size=([^\s,]+)")
@@ -223,11 +223,3 @@ def parse_graph(text: str) -> Graph:
                                "forward_compute_time=...' (PipeDream's graph.txt)")
     g.check_acyclic()
     return g
-
-
-def read_graph(path: str | Path) -> Graph:
-    text = read_text(path, "profile", "give a graph.txt or a `pipebench profile` JSON")
-    try:
-        return parse_graph(text)
-    except GraphFormatError as e:
-        raise GraphFormatError(f"profile {path}: {e}") from None

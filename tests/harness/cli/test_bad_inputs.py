@@ -144,6 +144,25 @@ def test_bad_flag_values(argv: list[str], message: str, files: dict[str, Path],
     assert not out.exists()
 
 
+@pytest.mark.parametrize("argv, message", [
+    (["run", "--bogus"], "No such option: --bogus"),
+    (["nosuch"], "No such command 'nosuch'"),
+    (["run", "--seed", "x"], "Invalid value for '--seed'"),
+])
+def test_usage_errors_are_clicks_message_and_exit_code_2(argv: list[str], message: str,
+                                                          capsys: pytest.CaptureFixture,
+                                                          monkeypatch: pytest.MonkeyPatch) \
+        -> None:
+    """Unknown options and commands, and values of the wrong type: click's usage message,
+    not a traceback (typer raises the errors of its own copy of click)."""
+    monkeypatch.setattr(sys, "argv", ["pipebench", *argv])
+    with pytest.raises(SystemExit) as exit_info:
+        main()
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2, err
+    assert message in err and "Traceback" not in err
+
+
 def test_an_output_in_a_missing_folder_is_refused_before_any_work(
         files: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture,
         monkeypatch: pytest.MonkeyPatch) -> None:
