@@ -67,8 +67,12 @@ app = _Typer(add_completion=False, no_args_is_help=True,
 console = Console()
 
 
-def emit(text: str, output: str | None) -> None:
-    """Print a generated markdown report and write it to ``output`` when given."""
+def emit(text: str, output: str | None, quiet: bool = False) -> None:
+    """Print a generated markdown report and write it to ``output`` when given; with
+    ``quiet`` and an ``output``, only write it (the file is the result)."""
+    if quiet and output:
+        Path(output).write_text(text)
+        return
     console.print(text, markup=False)
     if output:
         Path(output).write_text(text)

@@ -178,7 +178,7 @@ def reproduce(
                           output, json_path)
     else:  # today: measured full-scale GPU profiles on a current cluster
         text = _today(profiles or h100, minibatches, progress, json_path)
-    emit(text, output)
+    emit(text, output, quiet)
 
 
 def _validation(workloads: str, workers: str, system_names: str, steps: int, epochs: int,

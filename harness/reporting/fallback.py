@@ -339,6 +339,11 @@ class JournaledRun:
             action(self.store.client, self.run_id)
 
     def _start_monitor(self, resumed: bool) -> None:
+        import logging
+
+        # its INFO lines ("Started monitoring system metrics", ...) for every run are noise
+        # between our progress lines, and printed even under --quiet
+        logging.getLogger("mlflow.system_metrics").setLevel(logging.WARNING)
         try:
             from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
 
