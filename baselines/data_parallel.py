@@ -62,6 +62,7 @@ class DataParallelExecutor(Executor):
                 self.begin_action(kind, k, waiting=kind == "A")
                 work()
             self.synchronize()
+            self.straggle(kind, t0)
             t1 = time.perf_counter()
             self.record(report, kind, t0, t1)
             self.progress.leave(f"{kind}{k}")

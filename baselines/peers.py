@@ -115,8 +115,10 @@ class PeerExecutor(Executor):
 
     def _book(self, report: EpochReport, t0: float, t1: float) -> None:
         """Book step ``k``'s span: here all of it busy, as ``step`` (an engine that times
-        its own actions books them and its idle time instead)."""
-        self.record(report, "step", t0, t1)
+        its own actions books them and its idle time instead); a straggler fault on F
+        stretches the whole step."""
+        self.straggle("F", t0)
+        self.record(report, "step", t0, max(t1, time.perf_counter()))
 
     def _links(self) -> dict[tuple[int, int], int]:
         """Bytes per (sender, receiver) rank so far: forward to the next stage's rank,

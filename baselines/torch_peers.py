@@ -216,6 +216,7 @@ class TorchPipeExecutor(PeerExecutor):
                 return inner(*args, **kwargs)
             finally:
                 self.synchronize()
+                self.straggle(kind(kwargs), t0)
                 self._spans.append((kind(kwargs), t0, time.perf_counter()))
 
         setattr(stage, method, timed)

@@ -32,7 +32,8 @@ __all__ = [
     "EPOCHS_TO_TARGET", "EPOCH_METRICS", "EPOCH_SAMPLES_PER_S", "EPOCH_TIME", "EVAL_TIME",
     "FINAL_QUALITY", "IDLE", "LINK_BYTES", "PEAK_MEMORY", "PEAK_MEMORY_MAX", "QUALITY",
     "RUN_METRICS", "SCHEMA", "STASH_ACTIVATIONS", "STASH_WEIGHTS", "SUITE_METRICS",
-    "SYSTEM_THROUGHPUT", "TARGET_METRICS", "THROUGHPUT", "TIME_TO_TARGET", "TOTAL_TIME",
+    "SYSTEM_THROUGHPUT", "TARGET_METRICS", "THROUGHPUT", "THROUGHPUT_PER_REFERENCE",
+    "REFERENCE_SPEED", "DRIFT_PAIRS", "TIME_TO_TARGET", "TOTAL_TIME",
     "TRACE_EVENTS_DROPPED", "TRAIN_LOSS", "Metric", "aggregate", "get", "key", "mean_bubble",
     "parse", "per_worker", "select",
 ]
@@ -44,6 +45,8 @@ TRAIN_LOSS = "train_loss"
 QUALITY = "quality"
 EVAL_TIME = "eval_time_s"
 THROUGHPUT = "throughput_samples_per_s"
+THROUGHPUT_PER_REFERENCE = "throughput_per_reference"
+REFERENCE_SPEED = "reference_iterations_per_s"
 FINAL_QUALITY = "final_quality"
 BEST_QUALITY = "best_quality"
 TOTAL_TIME = "total_time_s"
@@ -67,8 +70,11 @@ CELL_STAT = "cell_stat"
 
 # the run metrics a suite summarises over its repeats (a cell's "metrics"; BUBBLE_FRACTION
 # there is a run's mean over workers, ``mean_bubble``)
-SUITE_METRICS = (THROUGHPUT, TIME_TO_TARGET, EPOCHS_TO_TARGET, PEAK_MEMORY_MAX,
-                 BUBBLE_FRACTION)
+SUITE_METRICS = (THROUGHPUT, THROUGHPUT_PER_REFERENCE, REFERENCE_SPEED, TIME_TO_TARGET,
+                 EPOCHS_TO_TARGET, PEAK_MEMORY_MAX, BUBBLE_FRACTION)
+# the same figure raw and cancelled for the machine's drift: regressions judge whichever
+# was stabler in the baseline (``harness.reporting.regressions``)
+DRIFT_PAIRS = {THROUGHPUT: THROUGHPUT_PER_REFERENCE}
 # a suite cell run logs each of them three times: (the key's stat field, the statistic)
 CELL_STATS = (("", "median"), ("_min", "min"), ("_max", "max"))
 
@@ -208,6 +214,13 @@ SCHEMA: tuple[Metric, ...] = (
     Metric(SYSTEM_THROUGHPUT, "samples/s", "The `throughput_samples_per_s` of that "
            "system's run in the comparison.", runs=_COMPARISON,
            pattern="samples_per_s.{system}", higher_is_better=True),
+    Metric(THROUGHPUT_PER_REFERENCE, "samples per reference iteration", "A suite cell "
+           "repeat's `throughput_samples_per_s` divided by `reference_iterations_per_s` "
+           "measured just before it: the throughput with the machine's drift cancelled.",
+           runs=_CELL, higher_is_better=True),
+    Metric(REFERENCE_SPEED, "iterations/s", "The drift reference "
+           "(`harness.experiments.reference`: a fixed torch loop that runs none of our "
+           "code) timed on the cell's cores just before each repeat.", runs=_CELL),
     Metric(CELL_STAT, "the metric's", "Median (no suffix), min or max over the cell's "
            "repeats of a run metric (`metric`: " + ", ".join(SUITE_METRICS) + "; "
            "`bubble_fraction`: the run's mean over workers).", runs=_CELL,

@@ -37,7 +37,7 @@ KINDS = ("F", "B", "U", "SF", "SB", "RF", "RB")
 
 
 def _config(system: str, workers: int, args: argparse.Namespace) -> RunConfig:
-    return RunConfig(system=system, workload=WORKLOAD, scale="tiny", epochs=args.epochs,
+    return RunConfig.from_flags(system=system, workload=WORKLOAD, scale="tiny", epochs=args.epochs,
                      target=1e9, threads=1, workers=workers, max_steps_per_epoch=args.steps,
                      experiment="pipebench-efficiency",
                      config="1-1" if workers > 1 else None)

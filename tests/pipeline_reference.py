@@ -98,7 +98,7 @@ def single_process_reference(workload: Workload, splits: DataSplits, steps: int)
     from harness.experiments.training import SingleTrainer
     from harness.reporting.progress import quiet
 
-    ref = SingleTrainer(RunConfig(system="single", workload=workload.name, threads=1,
+    ref = SingleTrainer(RunConfig.from_flags(system="single", workload=workload.name, threads=1,
                                   max_steps_per_epoch=steps), workload, splits,
                         torch.device("cpu"), quiet())
     stats = ref.train_epoch(0)
@@ -119,7 +119,7 @@ def train_two_workers(workload: Workload, splits: DataSplits, system: str, steps
     from harness.experiments.pipeline_trainer import PipelineTrainer
     from harness.reporting.progress import quiet
 
-    cfg = RunConfig(system=system, workload=workload.name, scale="tiny", workers=2,
+    cfg = RunConfig.from_flags(system=system, workload=workload.name, scale="tiny", workers=2,
                     threads=1, max_steps_per_epoch=steps, epochs=1, timeout_s=60, **options)
     t = PipelineTrainer(cfg, workload, splits, (1, 1), ((0, 12), (12, 40)),
                         torch.device("cpu"), quiet())

@@ -29,6 +29,23 @@ _BatchSize = Annotated[int | None, typer.Option(
     help="ad hoc: microbatch size b (default: the workload's batch size)")]
 _Microbatches = Annotated[int | None, typer.Option(
     help="ad hoc: flush pipelines' microbatches (default 4 x stages)")]
+_Plant = Annotated[str | None, typer.Option(
+    help="a planted regression, to measure the detector: SYSTEM=FAULT, e.g. "
+         "pipedream=slow:*:*:1.1 (every compute action of every rank of pipedream's runs "
+         "takes 1.1x as long); recorded in the result")]
+
+
+def planted(text: str | None) -> dict:
+    """``--plant SYSTEM=FAULT`` as {system: Fault} (empty without one)."""
+    from pipedream_impl.runtime.faults import Fault
+
+    if not text:
+        return {}
+    name, sep, fault = text.partition("=")
+    if not sep:
+        raise UserInputError(f"--plant {text!r}: expected SYSTEM=FAULT, e.g. "
+                             "pipedream=slow:*:*:1.1")
+    return {systems.get(name.strip()).name: Fault.parse(fault)}
 
 
 @app.command()
@@ -50,6 +67,7 @@ def bench(
     threads: Annotated[int, typer.Option(help="ad hoc: torch threads per worker")] = 1,
     device: Annotated[str, typer.Option(help="ad hoc: auto, cpu or cuda")] = "auto",
     experiment: Annotated[str, typer.Option(help="MLflow experiment")] = "pipebench-suite",
+    plant: _Plant = None,
     output: Output = None,
     quiet: Quiet = False,
 ) -> None:
@@ -75,11 +93,12 @@ def bench(
         spec = bench_lib.adhoc_suite(workload, names, workers, scale, epochs, steps,
                                      repeats or 3, threads, device, batch_size, microbatches)
     check_cells(spec)
-    result = run_suite(spec, Progress(enabled=not quiet), experiment, repeats)
+    result = run_suite(spec, Progress(enabled=not quiet), experiment, repeats,
+                       planted(plant))
     if json_out:
         write_result(result, json_out)
         console.print(f"wrote {json_out}")
-    emit(bench_lib.markdown(result, command_line()), output)
+    emit(bench_lib.markdown(result, command_line()), output, quiet)
     if result["mlflow"]:
         console.print(f"MLflow parent run {result['mlflow']['parent_run_id']} "
                       f"({result['mlflow']['tracking_uri']})", highlight=False)
@@ -89,6 +108,7 @@ def check_cells(spec) -> None:  # noqa: ANN001 - a harness.experiments.suite.Sui
     """Every cell's settings as its runs will use them (a RunConfig each, less the plan the
     suite computes on the way), before the suite's MLflow run or any worker starts."""
     from harness.config import RunConfig
+    from harness.experiments.layout import check_run
     from workloads import registry
 
     for c in spec.cells:
@@ -96,10 +116,11 @@ def check_cells(spec) -> None:  # noqa: ANN001 - a harness.experiments.suite.Sui
         require_int("--steps", c.steps)
         registry.get(c.workload).spec(c.scale)
         one = not systems.get(c.system).multi_process
-        RunConfig(system=c.system, workload=c.workload, scale=c.scale, epochs=c.epochs,
-                  batch_size=c.batch_size, threads=spec.threads, device=spec.device,
-                  workers=1 if one else c.workers, max_steps_per_epoch=c.steps,
-                  microbatches=c.microbatches)
+        check_run(RunConfig.from_flags(
+            system=c.system, workload=c.workload, scale=c.scale, epochs=c.epochs,
+            batch_size=c.batch_size, threads=spec.threads, device=spec.device,
+            workers=1 if one else c.workers, max_steps_per_epoch=c.steps,
+            microbatches=c.microbatches))
 
 
 @app.command()
@@ -113,14 +134,15 @@ def regressions(
                                                 "in the MLflow store")] = None,
     experiment: Annotated[str | None, typer.Option(help="MLflow experiment of the history "
                                                    "(default: the current result's)")] = None,
-    min_threshold: Annotated[float | None, typer.Option(
-        help="smallest relative move flagged in a noisy metric (default 0.05)")] = None,
+    alpha: Annotated[float | None, typer.Option(
+        help="false-alarm rate per metric of the test that judges noisy metrics "
+             "(default: harness.reporting.verdicts.ALPHA)")] = None,
     show_all: Annotated[bool, typer.Option("--all", help="also list moves within the "
                                            "noise")] = False,
     output: Output = None,
 ) -> None:
-    """Compare suite results: exact counters must match, noisy metrics are flagged beyond
-    a threshold set by their measured spread.
+    """Compare suite results: exact counters must match, noisy metrics are judged by a test
+    with a stated false-alarm rate, and each says the smallest change it could detect.
 
     Exit code 1 on a regression."""
     from core.markdown import markdown_table
@@ -132,9 +154,11 @@ def regressions(
     require_output(output)
     if history is not None and history < 1:
         raise UserInputError(f"--history must be at least 1 (got {history})")
-    min_threshold = reg.MIN_THRESHOLD if min_threshold is None else min_threshold
-    if not 0 <= min_threshold < 1:
-        raise UserInputError(f"--min-threshold must be in [0, 1) (got {min_threshold})")
+    from harness.reporting import verdicts
+
+    alpha = verdicts.ALPHA if alpha is None else alpha
+    if not 0 < alpha < 0.5:
+        raise UserInputError(f"--alpha must be in (0, 0.5) (got {alpha})")
     cur = load_result_or_run(current)
     if baseline is not None:
         bases, against = [load_result_or_run(baseline)], baseline
@@ -146,12 +170,13 @@ def regressions(
                  f"on machine {cur['environment']['machine']!r}: nothing to compare.\n",
                  output)
             return
-    changes = reg.compare_results(bases, cur, min_threshold)
-    lines = [f"# Regressions: {current} against {against}", ""]
+    changes = reg.compare_results(bases, cur, alpha)
+    lines = [f"# Regressions: {current} against {against}", "",
+             f"Rule: {verdicts.rule_text(alpha)}.", ""]
     table = reg.rows(changes, show_all)
-    lines += markdown_table(("verdict", "cell", "what", "baseline", "current", "change",
-                             "threshold"), table) if table else ["Nothing moved beyond "
-                                                                 "the noise."]
+    lines += markdown_table(reg.COLUMNS, table) if table else ["Nothing moved beyond "
+                                                               "the noise."]
+    lines += ["", reg.detectability(changes)]
     verdict = "REGRESSION" if reg.has_regression(changes) else "no regression"
     lines += ["", f"Verdict: {verdict}."]
     emit("\n".join(lines) + "\n", output)

@@ -12,6 +12,7 @@ from core.errors import UserInputError, require_output
 from harness import systems
 from harness.cli.app import app, command_line, console
 from harness.cli.options import Device, Epochs, MaxSteps, Quiet, Scale, Seed, Workload
+from harness.config import FailureOptions, PipelineOptions, RunConfig
 
 __all__ = ["compare_run", "run", "workloads"]
 
@@ -53,15 +54,16 @@ _Resume = Annotated[str | None, typer.Option(
     help="continue the run checkpointed in this directory (its settings; --epochs may "
          "extend it)")]
 _InjectFault = Annotated[str | None, typer.Option(
-    help="fault injection for tests, off by default: KIND:RANK:ACTION or "
-         "KIND:RANK:ACTION@EPOCH, KIND raise|kill|stall, e.g. kill:1:F3")]
+    help="fault injection, off by default: KIND:RANK:ACTION or KIND:RANK:ACTION@EPOCH, "
+         "KIND raise|kill|stall, e.g. kill:1:F3; or a straggler, slow:RANK:ACTION:FACTOR "
+         "(every ACTION of RANK takes FACTOR times as long), e.g. slow:1:F:1.2")]
 
 
 @app.command()
 def run(
     workload: _RunWorkload = None,
     system: _System = systems.SYSTEMS[0].name,
-    scale: Scale = "tiny",
+    scale: Scale = RunConfig.scale,
     epochs: Epochs = None,
     target: Annotated[float | None, typer.Option(help="quality target (default: workload's)")]
     = None,
@@ -69,26 +71,30 @@ def run(
     = None,
     batch_size: Annotated[int | None, typer.Option(help="minibatch size")] = None,
     lr: Annotated[float | None, typer.Option(help="learning rate (default: workload's)")] = None,
-    seed: Seed = 0,
+    seed: Seed = RunConfig.seed,
     threads: Annotated[int | None, typer.Option(help="torch threads per worker")] = None,
-    device: Device = "auto",
+    device: Device = RunConfig.device,
     max_steps: MaxSteps = None,
-    warmup_steps: _WarmupSteps = 2,
-    experiment: Annotated[str, typer.Option(help="MLflow experiment")] = "pipebench",
+    warmup_steps: _WarmupSteps = RunConfig.warmup_steps,
+    experiment: Annotated[str, typer.Option(help="MLflow experiment")] = RunConfig.experiment,
     quiet: Quiet = False,
-    workers: Annotated[int, typer.Option(help="worker processes (pipeline systems)")] = 1,
+    workers: Annotated[int, typer.Option(help="worker processes (pipeline systems)")]
+    = RunConfig.workers,
     plan: Annotated[str | None, typer.Option(help="plan JSON from `pipebench plan -o`")] = None,
     config: Annotated[str | None, typer.Option(help="replicas per stage, e.g. 2-1-1")] = None,
-    weights: Annotated[str, typer.Option(help="stash, vertical-sync or none")] = "stash",
+    weights: Annotated[str, typer.Option(help="stash, vertical-sync or none")]
+    = PipelineOptions.weights,
     in_flight: _InFlight = None,
-    timeout: Annotated[float, typer.Option(help="seconds any receive may wait")] = 120.0,
+    timeout: Annotated[float, typer.Option(help="seconds any receive may wait")]
+    = FailureOptions.timeout_s,
     microbatches: _Microbatches = None,
     recompute: _Recompute = False,
     schedule_file: _ScheduleFile = None,
     stage_lr: _StageLr = None,
     stall_timeout: _StallTimeout = None,
     checkpoint_dir: _CheckpointDir = None,
-    checkpoint_every_epochs: Annotated[int, typer.Option(help="checkpoint period")] = 1,
+    checkpoint_every_epochs: Annotated[int, typer.Option(help="checkpoint period")]
+    = FailureOptions.checkpoint_every_epochs,
     resume: _Resume = None,
     inject_fault: _InjectFault = None,
 ) -> None:
@@ -105,23 +111,21 @@ def run(
 
 def _run_config(f: SimpleNamespace):  # noqa: ANN202 - a harness.config.RunConfig
     """The settings of a new run from ``run``'s flags."""
-    from harness.config import RunConfig
     from pipedream_impl.runtime.faults import Fault
 
     if f.workload is None:
         raise UserInputError("--workload is required (or --resume DIR to continue a run)")
-    return RunConfig(system=f.system, workload=f.workload, scale=f.scale, epochs=f.epochs,
-                     target=f.target, data=f.data, batch_size=f.batch_size, lr=f.lr,
-                     seed=f.seed, threads=f.threads, device=f.device,
-                     max_steps_per_epoch=f.max_steps, experiment=f.experiment,
-                     warmup_steps=f.warmup_steps, workers=f.workers, plan=f.plan,
-                     config=f.config, weights=f.weights, in_flight=f.in_flight,
-                     timeout_s=f.timeout, microbatches=f.microbatches,
-                     recompute=f.recompute, schedule_file=f.schedule_file,
-                     stage_lr=f.stage_lr or "replicas",
-                     fault=Fault.parse(f.inject_fault) if f.inject_fault else None,
-                     stall_timeout_s=f.stall_timeout, checkpoint_dir=f.checkpoint_dir,
-                     checkpoint_every_epochs=f.checkpoint_every_epochs)
+    return RunConfig.from_flags(
+        system=f.system, workload=f.workload, scale=f.scale, epochs=f.epochs, target=f.target,
+        data=f.data, batch_size=f.batch_size, lr=f.lr, seed=f.seed, threads=f.threads,
+        device=f.device, max_steps_per_epoch=f.max_steps, experiment=f.experiment,
+        warmup_steps=f.warmup_steps, workers=f.workers, plan=f.plan, config=f.config,
+        weights=f.weights, in_flight=f.in_flight, timeout_s=f.timeout, microbatches=f.microbatches,
+        recompute=f.recompute, schedule_file=f.schedule_file,
+        stage_lr=f.stage_lr or PipelineOptions.stage_lr,
+        fault=Fault.parse(f.inject_fault) if f.inject_fault else None,
+        stall_timeout_s=f.stall_timeout, checkpoint_dir=f.checkpoint_dir,
+        checkpoint_every_epochs=f.checkpoint_every_epochs)
 
 
 def _resumed(f: SimpleNamespace) -> tuple:
@@ -153,19 +157,19 @@ def compare_run(
         "--systems", help="comma-separated systems, in run order",
         show_default="every system that needs no schedule file")]
     = ",".join(systems.names(systems.SELF_CONTAINED)),
-    scale: Scale = "tiny",
+    scale: Scale = RunConfig.scale,
     epochs: Epochs = None,
     target: Annotated[float | None, typer.Option(help="quality target")] = None,
     data: Annotated[str | None, typer.Option(help="path of a real dataset")] = None,
     batch_size: Annotated[int | None, typer.Option(help="global minibatch size")] = None,
-    seed: Seed = 0,
+    seed: Seed = RunConfig.seed,
     threads: Annotated[int | None, typer.Option(
         help="torch threads per worker (default cores / workers)")] = None,
     microbatches: Annotated[int | None, typer.Option(
         help="flush pipelines' microbatches (default 4 x stages)")] = None,
     max_steps: MaxSteps = None,
-    device: Device = "auto",
-    experiment: Annotated[str, typer.Option(help="MLflow experiment")] = "pipebench",
+    device: Device = RunConfig.device,
+    experiment: Annotated[str, typer.Option(help="MLflow experiment")] = RunConfig.experiment,
     output: Annotated[str | None, typer.Option(
         "--output", "-o", help="write the table as markdown here")] = None,
     quiet: Quiet = False,
@@ -177,7 +181,6 @@ def compare_run(
     and the runs are one MLflow parent run with a child run per system."""
     from pathlib import Path
 
-    from harness.config import RunConfig
     from harness.experiments.compare import compare
     from harness.reporting.progress import Progress
 
@@ -185,7 +188,7 @@ def compare_run(
     names = tuple(s.strip() for s in system_names.split(",") if s.strip())
     if not names:
         raise UserInputError("--systems needs at least one system, e.g. pipedream,gpipe")
-    base = RunConfig(system=systems.PAPER["planned"], workload=workload, scale=scale,
+    base = RunConfig.from_flags(system=systems.PAPER["planned"], workload=workload, scale=scale,
                      epochs=epochs, target=target, data=data, batch_size=batch_size,
                      seed=seed, threads=threads, device=device, max_steps_per_epoch=max_steps,
                      experiment=experiment, workers=workers, microbatches=microbatches)

@@ -174,7 +174,7 @@ def resume_config(ckpt: Checkpoint, **overrides: object) -> RunConfig:
     fields.setdefault("stage_lr", "same")  # saved before the per-stage rule: one lr then
     fields.update({k: v for k, v in overrides.items() if v is not None})
     try:
-        cfg = RunConfig(**fields)
+        cfg = RunConfig.from_flags(**fields)
     except TypeError as e:
         raise UserInputError(f"--resume: the checkpoint's config does not fit this version "
                              f"of pipebench ({e})") from None
@@ -191,7 +191,7 @@ def resume_config(ckpt: Checkpoint, **overrides: object) -> RunConfig:
 def _config_dict(cfg: RunConfig) -> dict:
     """The config as ``run.json`` keeps it: an injected fault is not carried over (a
     resumed run is a new attempt)."""
-    d = dataclasses.asdict(cfg)
+    d = cfg.flat()
     d["fault"] = None
     return d
 

@@ -18,7 +18,6 @@ is a row that says so, and the command exits non-zero after the table.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import statistics
 import tempfile
@@ -126,7 +125,7 @@ def shared_plans(base: RunConfig, workdir: Path) -> dict[str, str]:
     from pipedream_impl.profiling.profiler import profile_workload
 
     wl = registry.get(base.workload)
-    batch = base.batch_size or wl.spec(base.scale).batch_size
+    batch = base.data.batch_size or wl.spec(base.scale).batch_size
     prof = profile_workload(wl, base.scale, batch, resolve_device(base.device), steps=3)
     cluster = Cluster((Level(base.workers, LOCAL_BANDWIDTH),))
     out = {}
@@ -175,14 +174,14 @@ def system_config(base: RunConfig, system: str, plan: str | None, **changes) -> 
     per_worker = base.threads_per_worker()
     kind = systems.get(system).kind
     if kind == "one-process":
-        return dataclasses.replace(base, system=system, workers=1,
-                                   threads=per_worker * base.workers, **changes)
+        return base.replace(system=system, workers=1, threads=per_worker * base.workers,
+                            **changes)
     # several stages per worker (torch's interleaved and V schedules): the runtime's
     # balancing splits the model into that many, not the plan's one per worker
     uses_plan = base.workers > 1 and kind != "data-parallel" \
         and systems.get(system).stages_per_rank == 1
-    return dataclasses.replace(base, system=system, plan=plan if uses_plan else None,
-                               threads=per_worker, **changes)
+    return base.replace(system=system, plan=plan if uses_plan else None,
+                        threads=per_worker, **changes)
 
 
 def _run_one(base: RunConfig, system: str, plans: dict[str, str], parent_id: str,

@@ -1,28 +1,32 @@
-"""Turn --plan / --config / --workers into stage replicas and layer ranges for the runtime.
-The rule, for the runtime: a plan file if given, else a config (layers balanced on a quick
-local profile: forward + backward + the optimizer step, each measured per layer here),
-else the planner on a local profile; straight pipelines default to one stage per worker,
-data parallelism to one stage replicated on every worker. A split that puts a tied
+"""Turn --plan / --config / --workers into stage replicas and layer ranges for the runtime,
+and check a run's files and layout before it starts (``check_run``).
+Which layout (``harness.layouts.choose``, shared with the simulator): a plan file if given,
+else a config, else the planner; straight pipelines default to one stage per worker, data
+parallelism to one stage replicated on every worker. Here a config's layers are balanced
+on a quick local profile (forward + backward + the optimizer step, each measured per
+layer here) and the planner runs on that profile. A split that puts a tied
 parameter on two stages runs on our runtime (``pipedream_impl.runtime.ties`` keeps the
 copies equal) and is refused for the other engines.
 """
 
 from __future__ import annotations
 
+import functools
+from pathlib import Path
+
 import torch
 
-from core.errors import WorkloadError
-from harness import systems
+from core.errors import UserInputError, WorkloadError
+from harness import layouts, systems
 from harness.config import RunConfig
 from pipedream_impl.planner.cluster import Cluster, Level
 from pipedream_impl.planner.plan import balanced_bounds, load_plan, plan_profile
 from pipedream_impl.profiling.profiler import profile_workload, update_ms
 from pipedream_impl.runtime import STAGE_EXECUTOR
 from pipedream_impl.runtime.ties import check_ties, find_ties
-from pipedream_impl.schedule import Layout
 from workloads.base import Workload
 
-__all__ = ["LOCAL_BANDWIDTH", "pipeline_layout"]
+__all__ = ["LOCAL_BANDWIDTH", "check_run", "layer_count", "pipeline_layout"]
 
 LOCAL_BANDWIDTH = 1e9  # bytes/s assumed between local worker processes when planning
 
@@ -38,46 +42,78 @@ def _updates(workload: Workload, cfg: RunConfig, device: torch.device) -> list[f
     return update_ms(model, lambda ps: make_optimizer(spec, ps, cfg.lr), device)
 
 
+def check_run(cfg: RunConfig) -> None:
+    """What ``RunConfig`` leaves to the edge, before a run starts: the files it names exist
+    (a plan is read) and its layout fits the model (built on the meta device: no memory,
+    no data) by the one layout rule, ``harness.layouts.choose``."""
+    p, f = cfg.pipeline, cfg.failures
+    for flag, path in (("--schedule-file", p.schedule_file), ("plan", p.plan),
+                       ("data path", cfg.data.path)):
+        if path is not None and not Path(path).exists():
+            raise UserInputError(f"{flag} {path} does not exist")
+    if f.checkpoint_dir is not None and Path(f.checkpoint_dir).is_file():
+        raise UserInputError(f"--checkpoint-dir {f.checkpoint_dir} is a file; give a "
+                             f"directory (created if missing)")
+    plan = load_plan(p.plan) if p.plan is not None else None
+    layouts.choose(cfg.definition, cfg.workers, config=p.config,
+                   plan=tuple(s.replicas for s in plan.stages) if plan else None,
+                   plan_layers=plan.stages[-1].layers[1] if plan else None,
+                   layers=layer_count(cfg.workload, cfg.scale),
+                   model=f"{cfg.workload}/{cfg.scale}")
+
+
+@functools.lru_cache(maxsize=32)
+def layer_count(workload: str, scale: str) -> int | None:
+    """Layers of ``workload`` at ``scale``, built on the meta device; None where a model
+    cannot be built that way (``pipeline_layout`` checks the real model again)."""
+    from workloads import registry
+
+    wl = registry.get(workload)  # unknown names and scales: a clear error
+    wl.spec(scale)
+    try:
+        with torch.device("meta"):
+            return len(wl.build(scale, {}).layers)
+    except Exception:  # noqa: BLE001 - only a shortcut; the run checks again
+        return None
+
+
 def pipeline_layout(cfg: RunConfig, workload: Workload, batch_size: int,
                     device: torch.device) \
         -> tuple[tuple[int, ...], tuple[tuple[int, int], ...], str]:
     """(replicas per stage, layer range per stage, how it was chosen); a system that holds
-    several stages per worker gets workers x that many unreplicated stages.
-    ``RunConfig`` has already checked --plan/--config against --workers and the system
-    (no layout for data parallelism, no replicas for straight pipelines)."""
-    system = cfg.definition
-    if system.kind == "data-parallel":  # one stage, every worker a replica of the whole model
-        n = len(workload.build(cfg.scale, {}).layers)
-        return (cfg.workers,), ((0, n),), "data parallel (whole model on every worker)"
-    if cfg.plan is not None:
-        plan = load_plan(cfg.plan)
-        replicas = tuple(s.replicas for s in plan.stages)
+    several stages per worker gets workers x that many unreplicated stages. Which layout
+    is ``harness.layouts.choose``'s decision; here the layers are split on a local
+    profile (forward + backward + each layer's optimizer step)."""
+    system, p = cfg.definition, cfg.pipeline
+    plan = load_plan(p.plan) if p.plan is not None else None
+    model = workload.build(cfg.scale, {})
+    choice = layouts.choose(system, cfg.workers, config=p.config,
+                            plan=tuple(s.replicas for s in plan.stages) if plan else None,
+                            plan_layers=plan.stages[-1].layers[1] if plan else None,
+                            layers=len(model.layers), model=f"{workload.name}/{cfg.scale}")
+    if choice.source == layouts.DATA_PARALLEL:  # every worker a replica of the whole model
+        return choice.replicas, ((0, len(model.layers)),), \
+            "data parallel (whole model on every worker)"
+    if choice.source == layouts.PLAN:
+        replicas = choice.replicas
         bounds = tuple(tuple(s.layers) for s in plan.stages)
-        how = f"plan {cfg.plan} ({plan.config})"
+        how = f"plan {p.plan} ({plan.config})"
     else:
         prof = profile_workload(workload, cfg.scale, batch_size, device, steps=3)
-        config = cfg.config
-        if config is None and system.straight:
-            config = "-".join(["1"] * cfg.workers)  # straight: these systems don't replicate
-        if config is not None:
-            replicas = Layout.from_config(config).replicas
-            per = system.stages_per_rank  # torch's interleaved/V schedules: v stages a rank
+        if choice.source == layouts.PLANNER:
+            planned = plan_profile(prof, Cluster((Level(cfg.workers, LOCAL_BANDWIDTH),)))
+            replicas = tuple(s.replicas for s in planned.stages)
+            bounds = tuple(tuple(s.layers) for s in planned.stages)
+            how = f"planned here ({planned.config}) from a local profile"
+        else:  # --config, or a straight pipeline: one stage per worker
+            replicas, per = choice.replicas, choice.stages_per_rank
             bounds = balanced_bounds([n.forward_ms + n.backward_ms + u for n, u in
                                       zip(prof.layers, _updates(workload, cfg, device),
                                           strict=True)],
-                                     (1,) * (len(replicas) * per) if per > 1 else replicas)
-            how = f"config {config}, layers balanced on a local profile" + (
-                f" into {len(bounds)} stages ({per} per worker)" if per > 1 else "")
-        else:
-            plan = plan_profile(prof, Cluster((Level(cfg.workers, LOCAL_BANDWIDTH),)))
-            replicas = tuple(s.replicas for s in plan.stages)
-            bounds = tuple(tuple(s.layers) for s in plan.stages)
-            how = f"planned here ({plan.config}) from a local profile"
-    model = workload.build(cfg.scale, {})
-    if bounds[-1][1] != len(model.layers):  # RunConfig checks it too, where its meta-device
-        # model could be built
-        raise WorkloadError(f"plan covers {bounds[-1][1]} layers, {workload.name}/{cfg.scale} "
-                            f"has {len(model.layers)}: was it made for another workload?")
+                                     (1,) * choice.stages if per > 1 else replicas)
+            how = f"config {'-'.join(map(str, replicas))}, layers balanced on a local " \
+                "profile" + (f" into {len(bounds)} stages ({per} per worker)"
+                             if per > 1 else "")
     ties = find_ties(model, bounds)
     if ties and system.executor != STAGE_EXECUTOR:
         ours = ", ".join(s.name for s in systems.SYSTEMS if s.executor == STAGE_EXECUTOR)

@@ -66,10 +66,10 @@ def system_settings(cfg: RunConfig, replicas: tuple[int, ...],
     system = cfg.definition
     params: dict = dict(system.params)
     if system.executor == STAGE_EXECUTOR:  # every pipeline of our runtime
-        params["recompute"] = cfg.recompute
+        params["recompute"] = cfg.pipeline.recompute
     order = schedule_file_order(cfg, len(replicas))
     if system.microbatched:
-        micro = schedules.microbatches(system.schedule, len(replicas), cfg.microbatches) \
+        micro = schedules.microbatches(system.schedule, len(replicas), cfg.pipeline.microbatches) \
             if order is None else microbatches_of(order)
         params.update(microbatches=micro, microbatch_size=batch_size // max(1, micro))
     elif system.kind == "data-parallel":
@@ -77,36 +77,38 @@ def system_settings(cfg: RunConfig, replicas: tuple[int, ...],
         params["per_worker_batch"] = batch_size // cfg.workers
     else:
         micro = 1
-    in_flight = system.in_flight or cfg.in_flight
+    in_flight = system.in_flight or cfg.pipeline.in_flight
     if system.weight_modes:
-        params.update(weights=cfg.weights, in_flight=in_flight or "noam")
+        params.update(weights=cfg.pipeline.weights, in_flight=in_flight or "noam")
     if system.replicated_stages:
-        params["stage_lr"] = cfg.stage_lr
-    settings = SystemSettings(replicas, bounds, system.executor,
-                              system.schedule or schedules.DEFAULT, cfg.weights, in_flight,
-                              micro, cfg.recompute, stage_lr=cfg.stage_lr, order=order)
+        params["stage_lr"] = cfg.pipeline.stage_lr
+    p = cfg.pipeline
+    settings = SystemSettings(replicas=replicas, bounds=bounds, executor=system.executor,
+                              schedule=system.schedule or schedules.DEFAULT,
+                              weights=p.weights, in_flight=in_flight, microbatches=micro,
+                              recompute=p.recompute, stage_lr=p.stage_lr, order=order)
     if order is not None:
-        params["schedule_file"] = cfg.schedule_file
+        params["schedule_file"] = cfg.pipeline.schedule_file
     return settings, params
 
 
 def schedule_file_order(cfg: RunConfig, stages: int) -> tuple | None:
     """The compute order of ``--schedule-file`` (None without one), checked against the run:
     one stage per worker, stage s on rank s, and --microbatches, if given, as in the file."""
-    if cfg.schedule_file is None:
+    if cfg.pipeline.schedule_file is None:
         return None
-    order = read_csv(cfg.schedule_file)
+    order = read_csv(cfg.pipeline.schedule_file)
     held = sorted({s for row in order for _, s, _ in row})
     if len(order) != stages or held != list(range(stages)) or any(
             s != rank for rank, row in enumerate(order) for _, s, _ in row):
-        raise UserInputError(f"--schedule-file {cfg.schedule_file}: {len(order)} rows and "
+        raise UserInputError(f"--schedule-file {cfg.pipeline.schedule_file}: {len(order)} rows and "
                              f"stages {held}; this run has {stages} workers holding one stage "
                              "each (row r lists stage r's actions; schedule files with several "
                              "stages per rank are not supported here)")
     m = microbatches_of(order)
-    if cfg.microbatches is not None and cfg.microbatches != m:
-        raise UserInputError(f"--microbatches {cfg.microbatches}: the schedule file has {m} "
-                             "microbatches per step; drop --microbatches")
+    if cfg.pipeline.microbatches is not None and cfg.pipeline.microbatches != m:
+        raise UserInputError(f"--microbatches {cfg.pipeline.microbatches}: the schedule file "
+                             f"has {m} microbatches per step; drop --microbatches")
     return tuple(tuple(row) for row in order)
 
 
@@ -117,7 +119,7 @@ class PipelineTrainer:
         self.cfg, self.workload, self.splits = cfg, workload, splits
         self.replicas, self.bounds = replicas, bounds
         self.spec = workload.spec(cfg.scale)
-        self.batch_size = cfg.batch_size or self.spec.batch_size
+        self.batch_size = cfg.data.batch_size or self.spec.batch_size
         self.progress = progress
         self.settings, self.params = system_settings(cfg, replicas, bounds, self.batch_size)
         self.microbatches = self.settings.microbatches
@@ -131,10 +133,13 @@ class PipelineTrainer:
             raise UserInputError(f"--microbatches {self.microbatches}: {refused}")
         self.model = workload.build(cfg.scale, {**splits.train.meta, "init_seed": cfg.seed})
         self.metrics = PipelineMetrics()
-        run = RunSettings(workload.name, cfg.scale, cfg.seed, self.batch_size, cfg.lr,
-                          cfg.data, cfg.max_steps_per_epoch, cfg.threads_per_worker(),
-                          device.type, cfg.warmup_steps, cfg.timeout_s, fault=cfg.fault,
-                          checkpoint=cfg.checkpoint_dir is not None)
+        f = cfg.failures
+        run = RunSettings(workload=workload.name, scale=cfg.scale, seed=cfg.seed,
+                          batch_size=self.batch_size, lr=cfg.lr, data=cfg.data.path,
+                          max_steps=cfg.data.max_steps_per_epoch,
+                          threads=cfg.threads_per_worker(), device=device.type,
+                          warmup_steps=cfg.warmup_steps, timeout_s=f.timeout_s, fault=f.fault,
+                          checkpoint=f.checkpoint_dir is not None)
         init = f"tcp://127.0.0.1:{free_port()}"
         specs = [WorkerSpec(rank, run, self.settings, init) for rank in range(sum(replicas))]
         self.held: list[dict] = []  # every rank's checkpoint state at the last epoch's end

@@ -18,6 +18,7 @@ from harness import metrics
 from harness.config import RunConfig
 from harness.experiments import checkpoint
 from harness.experiments.checkpoint import Checkpoint
+from harness.experiments.layout import check_run
 from harness.experiments.training import (
     EpochStats,
     RunSummary,
@@ -40,6 +41,7 @@ def run(cfg: RunConfig, progress: Progress | None = None,
     """Train ``cfg.system`` on ``cfg.workload`` as one MLflow run (a child of
     ``parent_run_id`` when given: ``compare-run``). ``resume``: continue that checkpoint's
     run (its config is ``cfg``; see ``harness.experiments.checkpoint``)."""
+    check_run(cfg)  # its files and layout, before any worker or MLflow run starts
     progress = progress or Progress()
     workload = registry.get(cfg.workload)
     spec = workload.spec(cfg.scale)
@@ -47,19 +49,20 @@ def run(cfg: RunConfig, progress: Progress | None = None,
         cfg = dataclasses.replace(cfg, epochs=spec.epochs)
     target = cfg.target
     if target is None:
-        target = spec.real_target if (cfg.data and spec.real_target is not None) else spec.target
+        real = cfg.data.path and spec.real_target is not None
+        target = spec.real_target if real else spec.target
     device = resolve_device(cfg.device)
     # resolved, so that a checkpoint resumes with the same threads and device elsewhere
     cfg = dataclasses.replace(cfg, threads=cfg.threads_per_worker(), device=device.type)
-    if cfg.checkpoint_dir is not None:
-        checkpoint.prepare(cfg.checkpoint_dir, resuming=resume is not None)
+    if cfg.failures.checkpoint_dir is not None:
+        checkpoint.prepare(cfg.failures.checkpoint_dir, resuming=resume is not None)
     torch.set_num_threads(cfg.threads_per_worker())
     torch.manual_seed(cfg.seed)
 
     t0 = time.perf_counter()
-    splits = load_splits(workload, cfg.scale, cfg.data, cfg.seed)
+    splits = load_splits(workload, cfg.scale, cfg.data.path, cfg.seed)
     progress.note(f"data: {splits.description} (loaded in {time.perf_counter() - t0:.1f}s)")
-    batch_size = cfg.batch_size or spec.batch_size
+    batch_size = cfg.data.batch_size or spec.batch_size
     own_state = resume.trainer_state() if resume is not None else None
     trainer, layout_params = _trainer(cfg, workload, splits, device, progress, batch_size,
                                       own_state)
@@ -105,9 +108,10 @@ def _train_tracked(cfg: RunConfig, workload: Workload, target: float, splits: Da
             with on_sigterm():
                 summary = run_training(cfg, workload, target, trainer.train_epoch,
                                        trainer.evaluate, log_epoch, progress, resumed,
-                                       saver.after_epoch if cfg.checkpoint_dir else None)
+                                       saver.after_epoch if cfg.failures.checkpoint_dir
+                                       else None)
         except Terminated:  # the newest finished epoch, if not on disk yet (the caller
-            if cfg.checkpoint_dir:  # then stops the workers)
+            if cfg.failures.checkpoint_dir:  # then stops the workers)
                 saver.save_newest()
             raise
         if cfg.definition.multi_process:
@@ -158,7 +162,7 @@ class _Saver:
         workers, own = self.trainer.checkpoint_states()
         self.newest = (_history(summary), workers, own)
         done = len(summary.epochs)
-        if done % self.cfg.checkpoint_every_epochs == 0 or summary.reached \
+        if done % self.cfg.failures.checkpoint_every_epochs == 0 or summary.reached \
                 or done == self.cfg.epochs:
             self.save_newest()
 
@@ -167,7 +171,7 @@ class _Saver:
             return
         t0 = time.perf_counter()
         summary, workers, own = self.newest
-        path = checkpoint.save(self.cfg.checkpoint_dir, self.cfg, summary,
+        path = checkpoint.save(self.cfg.failures.checkpoint_dir, self.cfg, summary,
                                self.tracker.run_id, workers, own)
         self.saved = len(summary.epochs)
         self.progress.note(f"checkpoint of epoch {self.saved} written to {path} "

@@ -30,6 +30,7 @@ from pathlib import Path
 from core.errors import UserInputError
 from harness import metrics, systems
 from harness.config import RunConfig
+from harness.experiments import reference
 from harness.experiments.compare import shared_plans, system_config
 from harness.experiments.suite import Cell, Suite
 from harness.reporting import tracking
@@ -92,7 +93,7 @@ class _Group:
     """What cells of one group share: the plans, and the bench's minibatch shape."""
 
     def __init__(self, cell: Cell, suite: Suite, experiment: str, workdir: Path) -> None:
-        self.base = RunConfig(system=systems.PAPER["planned"], workload=cell.workload,
+        self.base = RunConfig.from_flags(system=systems.PAPER["planned"], workload=cell.workload,
                               scale=cell.scale, batch_size=cell.batch_size,
                               threads=suite.threads, device=suite.device,
                               experiment=experiment, workers=cell.workers,
@@ -110,8 +111,8 @@ class _Group:
                                  max_steps_per_epoch=cell.steps)
         plan = self.plans.get("straight")
         stages = len(json.loads(Path(plan).read_text())["stages"]) if plan else 1
-        m = self.base.microbatches or schedules.MICROBATCHES_PER_STAGE * stages
-        b = self.base.batch_size or self.workload.spec(cell.scale).batch_size
+        m = self.base.pipeline.microbatches or schedules.MICROBATCHES_PER_STAGE * stages
+        b = self.base.data.batch_size or self.workload.spec(cell.scale).batch_size
         k = min(cell.steps or 1, self.n_train // (m * b))
         if k < 1:
             raise UserInputError(f"{cell.key}: the training set ({self.n_train} samples) "
@@ -124,9 +125,14 @@ class _Group:
                              max_steps_per_epoch=k * m, batch_size=b)
 
 
-def _measure(summary) -> tuple[dict, dict]:  # noqa: ANN001 - a RunSummary
+def _measure(summary, speed: float) -> tuple[dict, dict]:  # noqa: ANN001 - a RunSummary
+    """A repeat's figures (``speed``: the drift reference measured just before it) and its
+    exact counters."""
     m = summary.final_metrics
-    measured = {metrics.THROUGHPUT: summary.throughput,
+    thr = summary.throughput
+    measured = {metrics.THROUGHPUT: thr,
+                metrics.REFERENCE_SPEED: speed,
+                metrics.THROUGHPUT_PER_REFERENCE: thr / speed if thr and speed > 0 else None,
                 metrics.TIME_TO_TARGET: summary.time_to_target_s,
                 metrics.EPOCHS_TO_TARGET: summary.epochs_to_target,
                 metrics.PEAK_MEMORY_MAX: m.get(metrics.PEAK_MEMORY_MAX),
@@ -167,8 +173,11 @@ def _order(cells: list[Cell], repeat: int) -> list[Cell]:
 
 
 def run_suite(suite: Suite, progress: Progress, experiment: str = "pipebench-suite",
-              repeats: int | None = None) -> dict:
-    """Run ``suite`` and return its result document (schema in ``results``)."""
+              repeats: int | None = None, plant: dict | None = None) -> dict:
+    """Run ``suite`` and return its result document (schema in ``results``); ``plant``:
+    {system: a straggler ``Fault``} injected into that system's runs (a planted
+    regression, recorded in the result's ``suite.plant``)."""
+    plant = plant or {}
     from harness.experiments.runner import run
     from pipedream_impl.runtime.launcher import PipelineFailure
 
@@ -197,6 +206,11 @@ def run_suite(suite: Suite, progress: Progress, experiment: str = "pipebench-sui
                         group_setups[cell.group] = _Group(cell, suite, experiment,
                                                           Path(tmp) / str(len(group_setups)))
                     cfg = group_setups[cell.group].config(cell)
+                    if cell.system in plant:
+                        cfg = cfg.replace(fault=plant[cell.system])
+                    # the drift reference, on the cores the run is about to use
+                    speed = reference.measure(cfg.threads_per_worker() * cfg.workers,
+                                              env["device"])
                     with _tracking(cell.tracking):
                         summary = run(cfg, progress, parent_run_id=cell_runs[cell.key].run_id)
                 except UserInputError as e:
@@ -211,7 +225,7 @@ def run_suite(suite: Suite, progress: Progress, experiment: str = "pipebench-sui
                     progress.note(f"{cell.key}: FAILED\n{traceback.format_exc()}")
                     rec.update(status="failed", note=f"{type(e).__name__}: {e}".splitlines()[0])
                     continue
-                measured, counters = _measure(summary)
+                measured, counters = _measure(summary, speed)
                 rec["values"].append(measured)
                 rec["counters"].append(counters)
                 rec["run_ids"].append(summary.run_id)
@@ -229,7 +243,8 @@ def run_suite(suite: Suite, progress: Progress, experiment: str = "pipebench-sui
                   "created": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
                   "suite": {"name": suite.name, "description": suite.description,
                             "source": suite.source, "repeats": repeats,
-                            "threads": suite.threads, "device": suite.device},
+                            "threads": suite.threads, "device": suite.device,
+                            "plant": {k: str(v) for k, v in plant.items()}},
                   "environment": env, "rule": RULE,
                   "mlflow": parent.describe(), "cells": out_cells,
                   # untracked cells measure nothing when tracking is off everywhere

@@ -160,7 +160,7 @@ class SingleTrainer:
                  device: torch.device, progress: Progress) -> None:
         self.cfg, self.workload, self.splits, self.device = cfg, workload, splits, device
         self.spec = workload.spec(cfg.scale)
-        self.batch_size = cfg.batch_size or self.spec.batch_size
+        self.batch_size = cfg.data.batch_size or self.spec.batch_size
         reset_peak_memory(device)  # this run's peak, model included
         meta = {**splits.train.meta, "init_seed": cfg.seed}
         self.model = workload.build(cfg.scale, meta).to(device)
@@ -173,8 +173,8 @@ class SingleTrainer:
         self.model.train()
         stats = EpochStats()
         n_steps = len(self.splits.train) // self.batch_size
-        if self.cfg.max_steps_per_epoch is not None:
-            n_steps = min(n_steps, self.cfg.max_steps_per_epoch)
+        if self.cfg.data.max_steps_per_epoch is not None:
+            n_steps = min(n_steps, self.cfg.data.max_steps_per_epoch)
         torch.manual_seed(dropout_seed(self.cfg.seed, epoch))
         batches = minibatches(self.splits.train, self.workload, self.batch_size, self.cfg.seed,
                               epoch, n_steps)
@@ -197,7 +197,7 @@ class SingleTrainer:
                 advance(loss)
                 t0 = time.perf_counter()
         stats.time_s = time.perf_counter() - epoch_start
-        if self.cfg.checkpoint_dir is not None:
+        if self.cfg.failures.checkpoint_dir is not None:
             self.held = {"model": cpu_copy(self.model.state_dict()),
                          "optimizer": cpu_copy(self.optimizer.state_dict()),
                          "global_step": self.global_step}

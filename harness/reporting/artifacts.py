@@ -74,8 +74,8 @@ def log_artifacts(tracker, cfg, summary, trainer, workload) -> None:  # noqa: AN
                                    f"{cfg.system}: measured timeline"), "timeline.png")
     tracker.table(worker_table(summary.final_metrics, placement), "workers.json")
     tracker.table(_stage_table(summary.layout_params, placement), "stages.json")
-    if cfg.plan:
-        tracker.text(Path(cfg.plan).read_text(), "plan.json")
+    if cfg.pipeline.plan:
+        tracker.text(Path(cfg.pipeline.plan).read_text(), "plan.json")
     else:
         tracker.json({k: summary.layout_params.get(k) for k in ("config", "stages",
                                                                  "layout_source")},

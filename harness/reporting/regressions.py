@@ -6,28 +6,34 @@ that something got worse, and does not cry wolf over the noise of a shared machi
 Rules (the cell key matches cells across results; see ``results`` for the statistics):
 - counters (``results.COUNTERS``: bytes per sample, parameter count, steps and actions per
   epoch) must be identical: any difference, however small, is a regression;
-- a noisy metric (``results.METRICS``) regresses when its median moved in the bad
-  direction by more than ``max(min_threshold, spread_baseline + spread_current)``, spreads
-  being (max - min) / median of each side's repeats: the medians must leave the band the
-  two runs' own scatter allows. The same move in the good direction is an improvement;
+- a noisy metric (``results.METRICS``) is judged by ``verdicts.test``: a one-sided t-test
+  of the repeats' logs against one or two baselines, or of the result against the
+  prediction interval of a history of results, at a false-alarm rate ``alpha`` per metric
+  (``verdicts.ALPHA`` unless given); each change carries the smallest move the cell could
+  have flagged (``threshold``) and its minimum detectable change (``mdc``); of a figure
+  measured raw and cancelled for the machine's drift (``metrics.DRIFT_PAIRS``) only the
+  one whose baseline was stabler is judged (so the false-alarm rate stays ``alpha``),
+  the other is listed as not judged;
 - a cell that ran before and now fails or is refused is a regression, and so is a
   time-to-target cell whose share of repeats reaching the target fell, or a metric that
   was measured before and no longer is; cells only in one result are listed (``missing``
   / ``new``) but are not regressions.
-Against history (several baseline results) the baselines' repeats are pooled into one
-sample per metric; counters compare with the newest baseline in which the cell ran.
+Counters compare with the newest baseline in which the cell ran.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from harness import metrics
+from harness.reporting import verdicts
 from harness.reporting.results import COUNTERS, METRICS, summarise
 
-__all__ = ["MIN_THRESHOLD", "Change", "compare_results", "has_regression", "rows"]
+__all__ = ["COLUMNS", "Change", "compare_results", "detectability", "has_regression", "rows"]
 
-MIN_THRESHOLD = 0.05
+COLUMNS = ("verdict", "cell", "what", "baseline", "current", "change", "flagged beyond",
+           "MDC")
 
 
 @dataclass(frozen=True)
@@ -38,7 +44,8 @@ class Change:
     baseline: float | str | None = None
     current: float | str | None = None
     change: float | None = None  # relative, current / baseline - 1
-    threshold: float | None = None
+    threshold: float | None = None  # the relative move the rule flags at (0: any)
+    mdc: float | None = None  # minimum detectable change (verdicts.POWER, alpha)
 
 
 def _cells(result: dict) -> dict[str, dict]:
@@ -46,7 +53,7 @@ def _cells(result: dict) -> dict[str, dict]:
 
 
 def compare_results(baselines: list[dict], current: dict,
-                    min_threshold: float = MIN_THRESHOLD) -> list[Change]:
+                    alpha: float = verdicts.ALPHA) -> list[Change]:
     """Every difference worth a line; ``baselines`` oldest first (one or the history)."""
     if not baselines:
         return []
@@ -72,7 +79,7 @@ def compare_results(baselines: list[dict], current: dict,
         if not ran_before:
             continue
         out += _counter_changes(key, pooled[key][-1], c)  # the newest baseline that ran
-        out += _metric_changes(key, pooled[key], c, min_threshold)
+        out += _metric_changes(key, pooled[key], c, alpha)
         out += _reach_changes(key, pooled[key], c)
     out += [Change(k, "cell", "new") for k in sorted(set(cur) - set(newest) - set(pooled))]
     return out
@@ -107,29 +114,61 @@ def _reach_changes(key: str, base_cells: list[dict], cur: dict) -> list[Change]:
     return []
 
 
+def _not_judged(base_cells: list[dict]) -> dict[str, str]:
+    """Of each figure measured raw and drift-cancelled (``metrics.DRIFT_PAIRS``), the one
+    not judged (its baseline was the noisier) -> the one judged instead."""
+    out = {}
+    for raw, cancelled in metrics.DRIFT_PAIRS.items():
+        sds = {n: verdicts.noise([c["metrics"][n]["values"] for c in base_cells
+                                  if n in c.get("metrics", {})]) for n in (raw, cancelled)}
+        if not any(math.isnan(v) for v in sds.values()):
+            quiet, loud = sorted((raw, cancelled), key=sds.get)
+            out[loud] = quiet
+    return out
+
+
 def _metric_changes(key: str, base_cells: list[dict], cur: dict,
-                    min_threshold: float) -> list[Change]:
+                    alpha: float) -> list[Change]:
     out = []
+    skip = _not_judged(base_cells)
     for name, higher_better in METRICS.items():
         if name not in cur.get("metrics", {}):
             if all(name in c.get("metrics", {}) for c in base_cells) and \
                     name not in metrics.TARGET_METRICS:
                 out.append(Change(key, name, "regression", "measured", "missing"))
             continue  # (a target no longer reached: _reach_changes)
-        base = summarise(v for c in base_cells for v in c.get("metrics", {}).get(name, {})
-                         .get("values", []))
+        groups = [c["metrics"][name]["values"] for c in base_cells
+                  if name in c.get("metrics", {})]
+        base = summarise(v for g in groups for v in g)
         now = summarise(cur["metrics"][name]["values"])
         if base is None or now is None or base.median == 0:
             continue
-        change = now.median / base.median - 1
-        threshold = max(min_threshold, base.rel_spread + now.rel_spread)
-        worse = change < 0 if higher_better else change > 0
-        if abs(change) <= threshold:
-            verdict = "changed-within-noise"
-        else:
-            verdict = "regression" if worse else "improvement"
-        out.append(Change(key, name, verdict, base.median, now.median, change, threshold))
+        if higher_better is None:  # not a figure of merit (the reference itself)
+            continue
+        r = verdicts.test(groups, cur["metrics"][name]["values"], higher_better, alpha)
+        verdict = r.verdict if r.broke else (
+            "too-few-repeats" if r.verdict == "too-few-repeats" else "changed-within-noise")
+        if name in skip:  # the stabler twin is judged; this one is shown, not judged
+            verdict = f"not judged ({skip[name]} stabler)"
+        out.append(Change(key, name, verdict, base.median, now.median, r.change,
+                          r.flag_at, r.mdc))
     return out
+
+
+def detectability(changes: list[Change]) -> str:
+    """One line: how many judged metrics can see a ``verdicts.TARGET_MDC`` change, and
+    which throughput cells cannot."""
+    judged = [c for c in changes if c.mdc is not None
+              and not c.verdict.startswith("not judged")]
+    throughput = (metrics.THROUGHPUT, *metrics.DRIFT_PAIRS.values())
+    blind = sorted({c.cell for c in judged if c.name in throughput
+                    and not c.mdc <= verdicts.TARGET_MDC})
+    can = sum(1 for c in judged if c.mdc <= verdicts.TARGET_MDC)
+    line = (f"{can} of {len(judged)} judged metrics can detect a "
+            f"{verdicts.TARGET_MDC:.0%} change")
+    if blind:
+        line += (f"; throughput cells that cannot ({len(blind)}): " + ", ".join(blind))
+    return line + "."
 
 
 def has_regression(changes: list[Change]) -> bool:
@@ -143,7 +182,13 @@ def rows(changes: list[Change], everything: bool = False) -> list[tuple]:
             return f"{v:.4g}"
         return "" if v is None else str(v)
 
+    def pct(v: float | None, sign: str = "") -> str:
+        if v is None or math.isnan(v):
+            return ""
+        return "inf" if math.isinf(v) else f"{100 * v:{sign}.1f}%"
+
+    quiet = ("changed-within-noise", "too-few-repeats")
     return [(c.verdict, c.cell, c.name, fmt(c.baseline), fmt(c.current),
-             "" if c.change is None else f"{100 * c.change:+.1f}%",
-             "" if c.threshold is None else f"{100 * c.threshold:.1f}%")
-            for c in changes if everything or c.verdict != "changed-within-noise"]
+             pct(c.change, "+"), pct(c.threshold), pct(c.mdc))
+            for c in changes if everything or not (
+                c.verdict in quiet or c.verdict.startswith("not judged"))]

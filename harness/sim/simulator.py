@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 
 from core.collectives import Sync
 from core.errors import UserInputError, require_int, require_number
-from harness import systems
+from harness import layouts, systems
 from harness.sim import multistage
 from harness.sim.costs import (
     AllReduceModel,
@@ -323,73 +323,47 @@ def _check_plan_nodes(profile: Profile, groups: list[tuple[str, ...]]) -> None:
 
 def layout_for(profile: Profile, cluster: Cluster, system: str, config: str | None = None,
                plan: Plan | None = None, stages: int | None = None) -> SimLayout:
-    """The layout of a simulated system.
-
-    pipedream: ``plan``, else ``config``, else the planner on this profile and cluster.
-    gpipe, mp: unreplicated; ``config``/``plan`` if given, else the planner's straight
-    pipeline over ``stages`` workers (default: every worker). dp: one stage, every worker.
+    """The layout of a simulated system: which one is ``harness.layouts.choose``'s decision
+    (the same as a run's, except that a simulation may leave some of the cluster's workers
+    idle); here a config's layers are split on the profile and cluster (``config_groups``)
+    and the planner plans for the cluster (a straight pipeline over ``stages`` workers).
     """
     from pipedream_impl.planner.cluster import Level
     from pipedream_impl.planner.plan import plan_profile
 
     sim = systems.simulated(system)
-    if sim.kind == "data-parallel":
+    choice = layouts.choose(sim, cluster.workers, config=config, exact=False, stages=stages,
+                            plan=tuple(s.replicas for s in plan.stages) if plan else None)
+    if choice.source == layouts.DATA_PARALLEL:
         nodes = tuple(profile.graph().nodes)
-        return SimLayout([nodes], (cluster.workers,), None,
+        return SimLayout([nodes], choice.replicas, None,
                          "data parallel: whole model per worker")
-    if sim.stages_per_rank > 1:
-        return _multistage_layout(profile, cluster, sim, config, plan, stages)
-    if plan is not None:
+    if choice.stages_per_rank > 1:  # p workers x v stages, split as one straight pipeline
+        k = choice.stages  # of p x v stages on the cluster's innermost bandwidth
+        flat = Cluster((Level(k, cluster.levels[0].bandwidth),))
+        groups = config_groups(profile, (1,) * k, flat)
+        p = len(choice.replicas)
+        return SimLayout(groups, choice.replicas, None, f"{p} workers x "
+                         f"{choice.stages_per_rank} stages, split on the profile")
+    if choice.source == layouts.PLAN:
         groups, replicas, placement = plan_groups(plan)
         _check_plan_nodes(profile, groups)
         if max(placement) >= cluster.workers:
             raise UserInputError(f"the plan uses {max(placement) + 1} workers; the cluster has "
                                  f"{cluster.workers}: plan for this cluster")
         how = f"plan ({plan.config})"
-    elif config is not None:
-        replicas = Layout.from_config(config).replicas
-        if sum(replicas) > cluster.workers:
-            raise UserInputError(f"config {config} needs {sum(replicas)} workers; the "
-                                 f"cluster has {cluster.workers}")
+    elif choice.source == layouts.CONFIG:
+        replicas = choice.replicas
         groups, placement = config_groups(profile, replicas, cluster), None
         how = f"config {config}, split chosen on the profile and cluster"
-    else:
-        straight = sim.straight
+    else:  # the planner's (straight: over ``stages`` workers) for this cluster
+        straight = choice.source == layouts.STRAIGHT
         target = cluster
-        require_int("--stages", stages, high=cluster.workers,
-                    why=f"the cluster has {cluster.workers} workers")
         if straight and stages is not None and stages != cluster.workers:
             target = Cluster((Level(stages, cluster.levels[0].bandwidth),))
         p = plan_profile(profile, target, straight=straight)
         groups, replicas, placement = plan_groups(p)
         how = f"planned ({p.config}{', straight' if straight else ''})"
-    if sim.straight and any(r != 1 for r in replicas):
-        raise UserInputError(f"{system} runs unreplicated stages; got "
-                             f"{'-'.join(map(str, replicas))}")
     return SimLayout(groups, replicas, placement, how)
 
 
-def _multistage_layout(profile: Profile, cluster: Cluster, sim: systems.System,
-                       config: str | None, plan: Plan | None,
-                       stages: int | None) -> SimLayout:
-    """p workers (``stages``, a config's stage count, or every worker) holding
-    p x v stages, split with ``config_groups`` as one straight pipeline of p x v stages
-    on the cluster's innermost bandwidth."""
-    from pipedream_impl.planner.cluster import Level
-
-    if plan is not None:
-        raise UserInputError(f"{sim.name} runs {sim.stages_per_rank} stages per worker; a "
-                             "plan has one: give --stages N (workers) or --config 1-1-...")
-    if config is not None:
-        replicas = Layout.from_config(config).replicas
-        if any(r != 1 for r in replicas):
-            raise UserInputError(f"{sim.name} runs unreplicated stages; got {config}")
-        stages = len(replicas)
-    require_int("--stages", stages, high=cluster.workers,
-                why=f"the cluster has {cluster.workers} workers")
-    p = stages or cluster.workers
-    k = p * sim.stages_per_rank
-    flat = Cluster((Level(k, cluster.levels[0].bandwidth),))
-    groups = config_groups(profile, (1,) * k, flat)
-    return SimLayout(groups, (1,) * p, None, f"{p} workers x {sim.stages_per_rank} stages, "
-                     "split on the profile")

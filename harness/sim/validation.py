@@ -161,6 +161,8 @@ def _check_inputs(workloads: tuple[str, ...], worker_counts: tuple[int, ...],
                   system_names: tuple[str, ...], steps: int, epochs: int) -> None:
     """Every name, count and run of the validation, checked before anything is measured
     (each run's RunConfig as ``_one`` will build it, less the plan file made on the way)."""
+    from harness.experiments.layout import check_run
+
     require_int("--steps", steps)
     require_int("--epochs", epochs)
     if not workloads or not system_names or not worker_counts:
@@ -173,9 +175,10 @@ def _check_inputs(workloads: tuple[str, ...], worker_counts: tuple[int, ...],
             sys_ = systems.simulated(system)
             for w in worker_counts:
                 require_int("--workers", w)
-                RunConfig(system=sys_.name if w > 1 else one_process.name, workload=name,
-                          scale="tiny", epochs=epochs, threads=1, workers=w,
-                          max_steps_per_epoch=steps)
+                check_run(RunConfig.from_flags(
+                    system=sys_.name if w > 1 else one_process.name, workload=name,
+                    scale="tiny", epochs=epochs, threads=1, workers=w,
+                    max_steps_per_epoch=steps))
 
 
 def _one(setup: _Setup, prof: Profile, system: str, w: int, progress: Progress) \
@@ -215,12 +218,12 @@ def _one(setup: _Setup, prof: Profile, system: str, w: int, progress: Progress) 
                          allreduce_fit=setup.allreduce.get(w) if kind == "data-parallel" else None,
                          cores=setup.cores)
     one_process = next(s for s in systems.SYSTEMS if not s.multi_process)
-    cfg = RunConfig(system=sys_.name if w > 1 else one_process.name, workload=name,
-                    scale="tiny", epochs=setup.epochs,
-                    target=1e9 if wl.higher_is_better else -1e9,
-                    threads=1, workers=w, max_steps_per_epoch=k, experiment=setup.experiment,
-                    plan=str(plan_path) if (w > 1 and kind != "data-parallel") else None,
-                    microbatches=m if sys_.microbatched else None)
+    cfg = RunConfig.from_flags(
+        system=sys_.name if w > 1 else one_process.name, workload=name, scale="tiny",
+        epochs=setup.epochs, target=1e9 if wl.higher_is_better else -1e9, threads=1,
+        workers=w, max_steps_per_epoch=k, experiment=setup.experiment,
+        plan=str(plan_path) if (w > 1 and kind != "data-parallel") else None,
+        microbatches=m if sys_.microbatched else None)
     progress.note(f"validation: {name} {cfg.system} on {w} worker(s)")
     summary = run(cfg, progress)
     sim = simulate_system(prof, cluster, system, SimLayout(groups, replicas, placement),

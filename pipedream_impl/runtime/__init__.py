@@ -9,3 +9,8 @@ without importing them (and torch): ``module:Class`` strings, loaded with
 
 STAGE_EXECUTOR = "pipedream_impl.runtime.stage_executor:StageExecutor"
 SPAWN_LAUNCHER = "pipedream_impl.runtime.launcher:Launcher"
+
+# The runtime's defaults, here so that they are light to import: ``contract``'s settings
+# and ``harness.config`` (whose classes the CLI's flags read) take them from here.
+TIMEOUT_S = 120.0  # every receive / all-reduce waits at most this long
+WARMUP_STEPS = 2  # first minibatches of a run, excluded from throughput

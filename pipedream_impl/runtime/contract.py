@@ -46,9 +46,10 @@ import torch
 import torch.distributed as dist
 
 from core.imports import load
-from pipedream_impl.runtime import STAGE_EXECUTOR
+from pipedream_impl.runtime import STAGE_EXECUTOR, TIMEOUT_S, WARMUP_STEPS
 from pipedream_impl.runtime.faults import Fault, Progress, board_path
-from pipedream_impl.schedule import Layout
+from pipedream_impl.runtime.stage_lr import STAGE_LR_RULES
+from pipedream_impl.schedule import WEIGHT_MODES, Layout
 from pipedream_impl.schedule import registry as schedules
 from workloads import registry
 from workloads.base import DataSplits, LayerModel, ScaleSpec, Workload
@@ -100,8 +101,8 @@ class RunSettings:
     max_steps: int | None = None  # cap on minibatches per epoch
     threads: int = 1  # torch threads per worker
     device: str = "cpu"  # "cpu" or "cuda"
-    warmup_steps: int = 2  # first minibatches of the run, excluded from throughput
-    timeout_s: float = 120.0  # every receive / all-reduce waits at most this long
+    warmup_steps: int = WARMUP_STEPS  # first minibatches of the run, left out of throughput
+    timeout_s: float = TIMEOUT_S  # every receive / all-reduce waits at most this long
     fault: Fault | None = None  # injected fault (tests): see faults.py
     checkpoint: bool = False  # every epoch's report carries the executor's checkpoint state
 
@@ -113,11 +114,11 @@ class SystemSettings:
     bounds: tuple[tuple[int, int], ...]  # layer range [a, b) of each stage
     executor: str = STAGE_EXECUTOR  # module:Class every worker runs
     schedule: str = schedules.DEFAULT  # a name in the schedule registry
-    weights: str = "stash"  # stash | vertical-sync | none
+    weights: str = WEIGHT_MODES[0]  # stash | vertical-sync | none
     in_flight: int | None = None  # None: PipeDream's NOAM; 1: model parallelism
     microbatches: int = 1  # per minibatch (flush pipelines; data parallelism: ranks)
     recompute: bool = False  # flush: re-materialise activations in the backward
-    stage_lr: str = "replicas"  # replicas: PipeDream's per-stage rate; same: one rate
+    stage_lr: str = STAGE_LR_RULES[0]  # replicas: PipeDream's per-stage rate; same: one
     order: tuple | None = None  # a schedule file's compute order (``schedule.torch_csv``)
 
 
@@ -222,6 +223,16 @@ class Executor:
         fault = self.run.fault
         if fault is not None and fault.hits(self.rank, self.epoch, kind, minibatch):
             fault.fire()
+
+    def straggle(self, kind: str, t0: float) -> None:
+        """A straggler fault (``slow``) on this rank's ``kind``: spin until the action,
+        begun at ``t0`` (``time.perf_counter``), has taken FACTOR times as long."""
+        fault = self.run.fault
+        factor = 1.0 if fault is None else fault.slowdown(self.rank, kind)
+        if factor > 1.0:
+            end = t0 + factor * (time.perf_counter() - t0)
+            while time.perf_counter() < end:
+                pass
 
     def start_epoch(self, epoch: int, stage: int, replica: int) -> EpochReport:
         """Seed this rank's epoch, set its sample order and open its report."""

@@ -9,6 +9,15 @@ minibatch: ``F3`` is the forward of minibatch 3, ``B0`` a backward, ``U2`` an up
 - ``kill``: SIGKILL itself (no report: the launcher sees a dead process);
 - ``stall``: stop making progress forever (only the watchdog can end the run).
 
+A straggler, ``--inject-fault slow:RANK:ACTION:FACTOR`` (e.g. ``slow:1:F:1.2``), makes
+every ACTION of rank RANK, in every minibatch and epoch, take FACTOR times as long (``*``
+for RANK: every rank; for ACTION: every compute action, F B I W U, so ``slow:*:*:1.1``
+is a machine 10% slower at computing, the benchmark's planted regression): the
+rank spins on its core for (FACTOR - 1) x the action's own time right after it, before
+the action is booked (so its busy time grows too, as a slower device's would). It is a
+feature for straggler studies and the benchmark's planted regressions (``scripts/
+nightly_power.py``).
+
 Data-parallel executors act F, B, A (all-reduce wait) and U per minibatch; the peer engines
 one ``step`` per minibatch, so only ``F`` (checked at the step's start) hits them.
 
@@ -23,6 +32,7 @@ in, even when the rank was killed before it could say anything.
 from __future__ import annotations
 
 import json
+import math
 import mmap
 import os
 import re
@@ -32,45 +42,76 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from core.errors import UserInputError
+from pipedream_impl.schedule import BACKWARDS
 
-__all__ = ["BOARD_BYTES", "FAULT_KINDS", "Fault", "Progress", "board_path", "read_board"]
+__all__ = ["BOARD_BYTES", "COMPUTE_KINDS", "EVERY", "FAULT_KINDS", "Fault", "Progress",
+           "board_path", "read_board"]
 
 BOARD_BYTES = 512  # one JSON record per rank, newline-terminated, space-padded
 
-FAULT_KINDS = ("raise", "kill", "stall")
+FAULT_KINDS = ("raise", "kill", "stall", "slow")
 _SPEC = re.compile(r"^(?P<kind>[a-z]+):(?P<rank>\d+):(?P<action>[A-Za-z]+)(?P<mb>\d+)"
                    r"(?:@(?P<epoch>\d+))?$")
+_SLOW = re.compile(r"^slow:(?P<rank>\d+|\*):(?P<action>[A-Za-z]+|\*):(?P<factor>[0-9.]+)$")
+EVERY = "*"  # slow: every rank, or every compute action
+COMPUTE_KINDS = ("F", *BACKWARDS, "U")  # what ``*`` slows (not waits or transfers)
 
 
 @dataclass(frozen=True)
 class Fault:
-    kind: str  # raise | kill | stall
+    kind: str  # raise | kill | stall | slow
     rank: int
     action: str  # action kind: F, B, U, A, SF, RB, ...
-    minibatch: int
+    minibatch: int = -1  # -1: every minibatch (slow)
     epoch: int = 0
+    factor: float = 1.0  # slow: how many times as long the action takes
 
     def __post_init__(self) -> None:
         if self.kind not in FAULT_KINDS:
             raise UserInputError(f"--inject-fault: unknown kind {self.kind!r}; choose one of "
                                  f"{', '.join(FAULT_KINDS)}")
+        if self.kind == "slow" and not (math.isfinite(self.factor) and self.factor >= 1):
+            raise UserInputError(f"--inject-fault slow: FACTOR must be a number >= 1 (got "
+                                 f"{self.factor})")
 
     @classmethod
     def parse(cls, text: str) -> Fault:
+        slow = _SLOW.match(text.strip())
+        if slow is not None:
+            try:
+                factor = float(slow["factor"])
+            except ValueError:
+                factor = math.nan
+            rank = -1 if slow["rank"] == EVERY else int(slow["rank"])
+            return cls("slow", rank, slow["action"], factor=factor)
         m = _SPEC.match(text.strip())
         if m is None:
             raise UserInputError(f"--inject-fault {text!r}: expected KIND:RANK:ACTION[@EPOCH], "
                                  f"e.g. kill:1:F3 (rank 1 at the forward of minibatch 3) or "
-                                 f"stall:0:B2@1 (epoch 1)")
+                                 f"stall:0:B2@1 (epoch 1), or slow:RANK:ACTION:FACTOR, e.g. "
+                                 f"slow:1:F:1.2 (every forward of rank 1 takes 1.2x as long)")
+        if m["kind"] == "slow":
+            raise UserInputError(f"--inject-fault {text!r}: a straggler is "
+                                 f"slow:RANK:ACTION:FACTOR, e.g. slow:1:F:1.2")
         return cls(m["kind"], int(m["rank"]), m["action"], int(m["mb"]),
                    int(m["epoch"] or 0))
 
     def __str__(self) -> str:
+        if self.kind == "slow":
+            rank = EVERY if self.rank < 0 else self.rank
+            return f"slow:{rank}:{self.action}:{self.factor:g}"
         return f"{self.kind}:{self.rank}:{self.action}{self.minibatch}@{self.epoch}"
 
     def hits(self, rank: int, epoch: int, action: str, minibatch: int) -> bool:
-        return (rank, epoch, action, minibatch) == (self.rank, self.epoch, self.action,
-                                                    self.minibatch)
+        return self.kind != "slow" and (rank, epoch, action, minibatch) == (
+            self.rank, self.epoch, self.action, self.minibatch)
+
+    def slowdown(self, rank: int, action: str) -> float:
+        """How many times as long ``action`` of ``rank`` takes (1: not slowed)."""
+        if self.kind != "slow" or self.rank not in (-1, rank):
+            return 1.0
+        hit = action in COMPUTE_KINDS if self.action == EVERY else action == self.action
+        return self.factor if hit else 1.0
 
     def fire(self) -> None:
         where = f"{self.action}{self.minibatch} of epoch {self.epoch}"

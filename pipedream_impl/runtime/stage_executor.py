@@ -132,6 +132,7 @@ class StageExecutor(Executor):
         t0 = time.perf_counter()
         waited = self.handlers[act.kind](act, pos)
         self.synchronize()
+        self.straggle(act.kind, t0)
         self.record(self.report, act.kind, t0, time.perf_counter(), busy=not waited)
         self.progress.leave(f"{act.kind}{act.mb}")
 

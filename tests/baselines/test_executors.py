@@ -43,7 +43,7 @@ def _assert_same(a: torch.nn.Module, b: torch.nn.Module) -> None:
 def test_data_parallel_equals_single_process_on_the_global_batch_and_counts_ring_bytes(
         splits, sequential, system: str) -> None:
     n_layers = len(WL.build("tiny", splits.train.meta).layers)
-    cfg = RunConfig(system=system, workload="vgg16", workers=2, threads=1,
+    cfg = RunConfig.from_flags(system=system, workload="vgg16", workers=2, threads=1,
                     max_steps_per_epoch=STEPS, epochs=1, timeout_s=60)
     dp = PipelineTrainer(cfg, WL, splits, (2,), ((0, n_layers),), torch.device("cpu"),
                          quiet())
@@ -67,7 +67,7 @@ def test_horovod_worker_error_reaches_the_launcher(splits) -> None:
     from pipedream_impl.runtime.launcher import PipelineFailure
 
     n_layers = len(WL.build("tiny", splits.train.meta).layers)
-    cfg = RunConfig(system="horovod", workload="vgg16", workers=2, threads=1,
+    cfg = RunConfig.from_flags(system="horovod", workload="vgg16", workers=2, threads=1,
                     max_steps_per_epoch=STEPS, epochs=1, timeout_s=30,
                     fault=Fault("raise", 1, "F", 2))
     hvd = PipelineTrainer(cfg, WL, splits, (2,), ((0, n_layers),), torch.device("cpu"),
@@ -85,7 +85,7 @@ def test_peer_engine_equals_single_process_on_whole_minibatches(splits, sequenti
     STEPS minibatches its weights equal single-process training (so its loss goes down
     exactly as the reference's), and its bytes are the boundary tensors, both ways."""
     bounds = ((0, 12), (12, 40))
-    cfg = RunConfig(system=system, workload="vgg16", workers=2, threads=1,
+    cfg = RunConfig.from_flags(system=system, workload="vgg16", workers=2, threads=1,
                     max_steps_per_epoch=STEPS, epochs=1, timeout_s=60, microbatches=4)
     pipe = PipelineTrainer(cfg, WL, splits, (1, 1), bounds, torch.device("cpu"), quiet())
     stats = _one_epoch(pipe)

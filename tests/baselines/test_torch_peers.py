@@ -72,7 +72,7 @@ def test_boundary_metadata_keeps_token_ids_int64_up_to_the_largest_vocabulary() 
 
 
 def _run(system: str, workload: str, bounds, splits, micro: int = 4) -> PipelineTrainer:
-    cfg = RunConfig(system=system, workload=workload, workers=2, threads=1,
+    cfg = RunConfig.from_flags(system=system, workload=workload, workers=2, threads=1,
                     max_steps_per_epoch=STEPS, epochs=1, timeout_s=60, microbatches=micro)
     pipe = PipelineTrainer(cfg, get(workload), splits, (1, 1), bounds, torch.device("cpu"),
                            quiet())
@@ -185,10 +185,13 @@ def test_too_few_layers_for_two_stages_per_worker_is_refused_in_one_line(tmp_pat
     from core.errors import UserInputError
 
     # S2VT tiny has 4 layers: 3 workers x 2 stages = 6 stages cannot be cut from it
+    from harness.experiments.layout import check_run
+
     with pytest.raises(UserInputError, match="only 4 layers; use at most 2 workers"):
-        RunConfig(system="torch-zbv", workload="s2vt", workers=3)
-    RunConfig(system="torch-zbv", workload="s2vt", workers=2)  # 4 stages: fine
+        check_run(RunConfig.from_flags(system="torch-zbv", workload="s2vt", workers=3))
+    check_run(RunConfig.from_flags(system="torch-zbv", workload="s2vt", workers=2))  # fine
     plan = tmp_path / "plan.json"
     plan.write_text("{}")
     with pytest.raises(UserInputError, match="drop --plan"):
-        RunConfig(system="torch-interleaved-1f1b", workload="vgg16", workers=2, plan=str(plan))
+        check_run(RunConfig.from_flags(
+            system="torch-interleaved-1f1b", workload="vgg16", workers=2, plan=str(plan)))

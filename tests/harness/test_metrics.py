@@ -99,7 +99,9 @@ def test_the_lists_derived_from_the_schema() -> None:
     assert (tracking.EPOCH_METRICS, tracking.RUN_METRICS) == (metrics.EPOCH_METRICS,
                                                               metrics.RUN_METRICS)
     assert tracking.peak_memory_key(2) == "peak_memory_bytes_worker_2"
-    assert results.METRICS == {"throughput_samples_per_s": True, "time_to_target_s": False,
+    assert results.METRICS == {"throughput_samples_per_s": True,
+                               "throughput_per_reference": True,
+                               "reference_iterations_per_s": None, "time_to_target_s": False,
                                "epochs_to_target": False, "peak_memory_bytes_max": False,
                                "bubble_fraction": False}
     per_worker = {m.name: m.aggregate for m in metrics.SCHEMA if m.per_worker}

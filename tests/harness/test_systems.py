@@ -52,18 +52,18 @@ def test_named_choices_are_registered_systems() -> None:
 def test_run_config_checks_come_from_the_registry(tmp_path) -> None:
     one = next(s for s in systems.SYSTEMS if not s.multi_process)
     with pytest.raises(UserInputError, match="runs one worker"):
-        RunConfig(system=one.name, workload="vgg16", workers=2)
+        RunConfig.from_flags(system=one.name, workload="vgg16", workers=2)
     csv = tmp_path / "step.csv"
     csv.write_text("0F0,0B0\n1F0,1B0\n")
     for s in systems.SYSTEMS:
         if s.multi_process:
             extra = {"schedule_file": str(csv)} if s.rules and s.rules.from_file else {}
-            assert RunConfig(system=s.name, workload="vgg16", workers=2,
+            assert RunConfig.from_flags(system=s.name, workload="vgg16", workers=2,
                              **extra).definition is s
             if extra:  # a schedule file's system asks for its file
                 with pytest.raises(UserInputError, match="give --schedule-file"):
-                    RunConfig(system=s.name, workload="vgg16", workers=2)
+                    RunConfig.from_flags(system=s.name, workload="vgg16", workers=2)
             else:
                 with pytest.raises(UserInputError, match="runs its own schedule"):
-                    RunConfig(system=s.name, workload="vgg16", workers=2,
+                    RunConfig.from_flags(system=s.name, workload="vgg16", workers=2,
                               schedule_file=str(csv))

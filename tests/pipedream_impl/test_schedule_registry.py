@@ -71,7 +71,7 @@ def _config(system: systems.System, tmp_path, **kw) -> RunConfig:  # noqa: ANN00
         csv = tmp_path / "step.csv"
         csv.write_text("0F0,0B0\n1F0,1B0\n")
         kw["schedule_file"] = str(csv)
-    return RunConfig(system=system.name, workload="vgg16", workers=2, **kw)
+    return RunConfig.from_flags(system=system.name, workload="vgg16", workers=2, **kw)
 
 
 def test_recompute_is_refused_where_an_update_falls_between_forward_and_backward(
@@ -80,10 +80,11 @@ def test_recompute_is_refused_where_an_update_falls_between_forward_and_backward
     live weights (weight stashing silently dropped). Now one line, naming why."""
     for name in ("pipedream", "pipedream-2bw"):
         with pytest.raises(UserInputError, match=f"--recompute: {name}'s .* schedule updates"):
-            RunConfig(system=name, workload="vgg16", workers=2, recompute=True)
+            RunConfig.from_flags(system=name, workload="vgg16", workers=2, recompute=True)
     # one minibatch in flight: 1F1B updates after the backward, the forward's weights
-    RunConfig(system="pipedream", workload="vgg16", workers=2, recompute=True, in_flight=1)
-    RunConfig(system="model-parallel", workload="vgg16", workers=2, recompute=True)
+    RunConfig.from_flags(
+        system="pipedream", workload="vgg16", workers=2, recompute=True, in_flight=1)
+    RunConfig.from_flags(system="model-parallel", workload="vgg16", workers=2, recompute=True)
     for s in systems.SYSTEMS:  # every flush schedule of our runtime allows it
         if s.flushes and s.executor == systems.STAGE_EXECUTOR:
             _config(s, tmp_path, recompute=True)

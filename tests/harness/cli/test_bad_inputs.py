@@ -18,6 +18,7 @@ import pytest
 from core.errors import UserInputError
 from harness.cli import main
 from harness.config import RunConfig
+from harness.experiments.layout import check_run
 from harness.reporting.units import parse_bytes
 from pipedream_impl.planner.cluster import parse_bandwidth, parse_cluster
 from pipedream_impl.planner.plan import load_plan
@@ -278,46 +279,7 @@ def test_sizes_and_bandwidths_use_their_own_units() -> None:
         parse_cluster("0x4")
 
 
-# ---- RunConfig (run, compare-run, bench, reproduce validation) ------------------------
-
-RUN_CASES = [
-    ({"lr": -1.0}, "--lr must be a positive number (got -1.0)"),
-    ({"lr": float("nan")}, "--lr must be a positive number (got nan)"),
-    ({"lr": float("inf")}, "(got inf)"),
-    ({"timeout_s": 0.0}, "--timeout must be a positive number (got 0.0)"),
-    ({"timeout_s": float("nan")}, "--timeout must be a positive number"),
-    ({"target": float("nan")}, "--target must be a finite number"),
-    ({"seed": -1}, "--seed must be 0 or more"),
-    ({"max_steps_per_epoch": 0}, "--max-steps must be at least 1"),
-    ({"system": "gpipe", "workers": 2, "microbatches": 0}, "--microbatches must be at least"),
-    ({"system": "pipedream", "workers": 2, "in_flight": 0}, "--in-flight must be at least"),
-    ({"system": "pipedream", "workers": 1000}, "--workers 1000 would start 1000 worker "
-                                               "processes"),
-    ({"system": "gpipe", "workers": 5, "workload": "s2vt"}, "s2vt/tiny has only 4 layers"),
-    ({"system": "pipedream", "workers": 6, "config": "1-1-1-1-1-1", "workload": "s2vt"},
-     "--config 1-1-1-1-1-1 asks for 6 pipeline stages"),
-    ({"system": "pipedream", "workers": 2, "config": "2-1"},
-     "needs 3 workers but --workers is 2"),
-    ({"system": "pipedream", "workers": 2, "config": "0-2"}, "every stage needs >= 1"),
-    ({"system": "horovod", "workers": 2, "config": "1-1"}, "replicates the whole model"),
-]
-
-
-@pytest.mark.parametrize("changes, message", RUN_CASES)
-def test_run_configs_out_of_range(changes: dict, message: str) -> None:
-    kw = {"system": "single", "workload": "vgg16", **changes}
-    with pytest.raises(UserInputError) as e:
-        RunConfig(**kw)
-    assert message in str(e.value)
-
-
-def test_the_worker_cap_says_how_to_override_it(monkeypatch: pytest.MonkeyPatch) -> None:
-    cap = 8 * (os.cpu_count() or 1)
-    with pytest.raises(UserInputError, match=f"the limit is {cap}.*PIPEBENCH_MAX_WORKERS="):
-        RunConfig(system="horovod", workload="vgg16", workers=cap + 1)
-    monkeypatch.setenv("PIPEBENCH_MAX_WORKERS", str(cap + 1))
-    assert RunConfig(system="horovod", workload="vgg16", workers=cap + 1).workers == cap + 1
-
+# ---- RunConfig: more cases in tests/harness/test_config.py --------------------------
 
 def test_a_plan_for_another_workload_is_refused(files: dict[str, Path],
                                                 capsys: pytest.CaptureFixture,
@@ -328,10 +290,11 @@ def test_a_plan_for_another_workload_is_refused(files: dict[str, Path],
     main()
     capsys.readouterr()
     with pytest.raises(UserInputError, match="plan covers 4 layers, vgg16/tiny has 40"):
-        RunConfig(system="pipedream", workload="vgg16", workers=2, plan=str(plan))
+        check_run(RunConfig.from_flags(system="pipedream", workload="vgg16", workers=2,
+                                       plan=str(plan)))
     with pytest.raises(UserInputError, match='no "stages" key'):
-        RunConfig(system="pipedream", workload="vgg16", workers=2,
-                  plan=str(files["wrongkeys.json"]))
+        check_run(RunConfig.from_flags(system="pipedream", workload="vgg16", workers=2,
+                                       plan=str(files["wrongkeys.json"])))
 
 
 # ---- through the installed entry point --------------------------------------------------

@@ -63,9 +63,9 @@ def test_resumed_run_equals_uninterrupted_bit_for_bit(case: str, tmp_path: Path,
     base = {"system": system, "workload": "vgg16", "workers": 2, "threads": 1,
             "max_steps_per_epoch": 4, "seed": 1, "target": 2.0, **extra}  # target: never
     whole, part = tmp_path / "whole", tmp_path / "part"
-    run(RunConfig(epochs=2, checkpoint_dir=str(whole), **base), quiet())
+    run(RunConfig.from_flags(epochs=2, checkpoint_dir=str(whole), **base), quiet())
     if case == "pipedream":  # a run that really stopped after epoch 1
-        run(RunConfig(epochs=1, checkpoint_dir=str(part), **base), quiet())
+        run(RunConfig.from_flags(epochs=1, checkpoint_dir=str(part), **base), quiet())
     else:
         _copy_epoch(whole, part, "epoch-0001")
     ckpt = checkpoint.load(part)
@@ -84,7 +84,7 @@ def test_resumed_run_equals_uninterrupted_bit_for_bit(case: str, tmp_path: Path,
 
 
 def _summary(epochs: int) -> RunSummary:
-    cfg = RunConfig(system="single", workload="vgg16", epochs=5)
+    cfg = RunConfig.from_flags(system="single", workload="vgg16", epochs=5)
     s = RunSummary(cfg, "top1", 0.9)
     s.epochs = [EpochStats(loss_sum=1.0, steps=1, samples=32) for _ in range(epochs)]
     s.qualities = [0.1 * (e + 1) for e in range(epochs)]
@@ -93,7 +93,8 @@ def _summary(epochs: int) -> RunSummary:
 
 
 def test_checkpoints_are_atomic_and_the_two_newest_are_kept(tmp_path: Path) -> None:
-    cfg = RunConfig(system="single", workload="vgg16", epochs=5, checkpoint_dir=str(tmp_path))
+    cfg = RunConfig.from_flags(
+        system="single", workload="vgg16", epochs=5, checkpoint_dir=str(tmp_path))
     for done in (1, 2, 3):
         checkpoint.save(tmp_path, cfg, _summary(done), "run-1", [{"w": torch.ones(2) * done}],
                         {})
@@ -118,7 +119,7 @@ def test_resume_errors_are_one_clear_line(tmp_path: Path) -> None:
         checkpoint.load(tmp_path / "missing")
     with pytest.raises(UserInputError, match="no checkpoint there"):
         checkpoint.load(tmp_path)
-    cfg = RunConfig(system="single", workload="vgg16", epochs=5)
+    cfg = RunConfig.from_flags(system="single", workload="vgg16", epochs=5)
     checkpoint.save(tmp_path, cfg, _summary(3), None, [{}], {})
     for epochs in (2, 3):  # nothing left to train
         with pytest.raises(UserInputError, match=f"3 epochs done, the budget is {epochs}"):

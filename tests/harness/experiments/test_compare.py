@@ -33,13 +33,14 @@ def test_one_rule_gives_every_compared_system_its_config(tmp_path) -> None:  # n
         {"layers": [0, 20], "replicas": 1, "ranks": [0], "predicted_time_s": 0},
         {"layers": [20, 40], "replicas": 1, "ranks": [1], "predicted_time_s": 0}]}))
     plan = str(plan)
-    base = RunConfig(system="pipedream", workload="vgg16", scale="tiny", workers=2, threads=1)
+    base = RunConfig.from_flags(
+        system="pipedream", workload="vgg16", scale="tiny", workers=2, threads=1)
     single = system_config(base, "single", plan, batch_size=8)
-    assert (single.workers, single.threads, single.batch_size) == (1, 2, 8)
-    assert system_config(base, "ddp", plan).plan is None
+    assert (single.workers, single.threads, single.data.batch_size) == (1, 2, 8)
+    assert system_config(base, "ddp", plan).pipeline.plan is None
     for system in ("gpipe", "torch-1f1b", "pipedream", "horovod"):
         cfg = system_config(base, system, plan)
         assert (cfg.workers, cfg.threads) == (2, 1)
-        assert cfg.plan == (None if system == "horovod" else plan)
+        assert cfg.pipeline.plan == (None if system == "horovod" else plan)
     with pytest.raises(UserInputError, match="unknown system 'mystery'"):
         system_config(base, "mystery", None)

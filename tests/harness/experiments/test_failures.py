@@ -45,7 +45,7 @@ def test_a_fault_ends_the_run_naming_the_rank(system: str, kind: str, mlflow_uri
 
     before = _children()
     experiment = f"fault-{system}-{kind}"
-    cfg = RunConfig(system=system, workload="vgg16", workers=2, threads=1, epochs=1,
+    cfg = RunConfig.from_flags(system=system, workload="vgg16", workers=2, threads=1, epochs=1,
                     max_steps_per_epoch=6, config=None if system == "horovod" else "1-1",
                     fault=Fault(kind, 1, "F", 3), stall_timeout_s=5.0, timeout_s=60.0,
                     experiment=experiment)

@@ -4,11 +4,14 @@ is not, exact counters are flagged at any size, moves inside the noise are not."
 from __future__ import annotations
 
 import copy
+import math
 
 import pytest
+from scipy import stats
 
 from harness.reporting.regressions import compare_results, has_regression
 from harness.reporting.results import SCHEMA, summarise
+from harness.reporting.verdicts import ALPHA, POWER
 
 
 def _cell(key: str, thr: list[float], bytes_per_sample: float = 1000.0,
@@ -32,7 +35,7 @@ BASE = _result([_cell("vgg16/tiny/w2/pipedream/throughput", [100.0, 102.0, 98.0]
 
 def _verdicts(changes) -> dict:  # noqa: ANN001
     return {(c.cell.split("/")[3], c.name): c.verdict for c in changes
-            if c.verdict != "changed-within-noise"}
+            if c.verdict != "changed-within-noise" and not c.verdict.startswith("not judged")}
 
 
 def test_an_identical_result_is_no_regression() -> None:
@@ -50,8 +53,15 @@ def test_a_planted_throughput_drop_is_flagged_and_a_rise_is_an_improvement() -> 
     assert _verdicts(changes) == {("pipedream", "throughput_samples_per_s"): "regression",
                                   ("ddp", "throughput_samples_per_s"): "improvement"}
     drop = next(c for c in changes if c.verdict == "regression")
-    assert drop.change == pytest.approx(-0.2)
-    assert drop.threshold == pytest.approx(max(0.05, 0.04 + 2 / 80))
+    # geometric means: (80 x 81 x 79)^(1/3) / (100 x 102 x 98)^(1/3) - 1
+    assert drop.change == pytest.approx((80 * 81 * 79 / (100 * 102 * 98)) ** (1 / 3) - 1)
+    # the move flagged at alpha: t(1 - alpha, 4 df) standard errors of the pooled logs
+    logs = [[math.log(v) for v in g] for g in ([100.0, 102.0, 98.0], [80.0, 81.0, 79.0])]
+    ss = sum((x - sum(g) / 3) ** 2 for g in logs for x in g)
+    se = math.sqrt(ss / 4) * math.sqrt(2 / 3)
+    assert drop.threshold == pytest.approx(math.exp(stats.t.ppf(1 - ALPHA, 4) * se) - 1)
+    assert drop.mdc == pytest.approx(
+        math.exp((stats.t.ppf(1 - ALPHA, 4) + stats.t.ppf(POWER, 4)) * se) - 1)
 
 
 def test_a_move_inside_the_measured_spread_is_not_flagged() -> None:
@@ -85,9 +95,9 @@ def test_a_cell_that_ran_and_now_fails_is_a_regression_a_new_one_is_not() -> Non
 
 
 def test_history_pools_the_repeats_of_every_baseline() -> None:
-    """Three nights at 100, 110 and 90 give a baseline spread of 20%: a night at 85 is
-    inside max(5%, spread + spread) of the pooled median; against the single night at 100
-    alone it is a regression."""
+    """Three nights at 100, 110 and 90: from three results on each is one value, and a
+    night at 85 lies inside their prediction interval; against the single night at 100
+    alone (whose repeats agree exactly) it is a regression."""
     nights = [_result([_cell("k/x/w2/pipedream/throughput", [v, v, v])]) for v in
               (100.0, 110.0, 90.0)]
     cur = _result([_cell("k/x/w2/pipedream/throughput", [85.0, 85.0, 85.0])])
@@ -110,3 +120,32 @@ def test_reaching_the_target_less_often_is_a_regression() -> None:
     changes = compare_results([_result([ttt(3)])], _result([ttt(1)]))
     assert _verdicts(changes) == {("ddp", "target reached"): "regression"}
     assert not has_regression(compare_results([_result([ttt(1)])], _result([ttt(3)])))
+
+
+def _drift_cell(key: str, thr: list[float], ref: list[float]) -> dict:
+    c = _cell(key, thr)
+    c["metrics"]["reference_iterations_per_s"] = summarise(ref).to_json()
+    c["metrics"]["throughput_per_reference"] = summarise(
+        [t / r for t, r in zip(thr, ref, strict=True)]).to_json()
+    return c
+
+
+def test_a_slower_machine_is_not_a_regression_of_ours_but_a_slower_system_is() -> None:
+    """The machine drifts by up to 15% between repeats; the reference drifts with it, so
+    throughput per reference is the stabler figure and is judged: a night on which the
+    whole machine is 20% slower passes, a system 20% slower on a steady machine does not."""
+    key = "vgg16/tiny/w2/pipedream/throughput"
+    speed = [1.0, 0.85, 1.1, 0.95]
+    base = _result([_drift_cell(key, [100 * s * f for s, f in zip(speed, (1, 1.01, 0.99, 1),
+                                                                  strict=True)],
+                                [50 * s for s in speed])])
+    slow_machine = _result([_drift_cell(key, [80 * s for s in speed[:3]],
+                                        [40 * s for s in speed[:3]])])
+    changes = compare_results([base], slow_machine)
+    assert not has_regression(changes)
+    raw = next(c for c in changes if c.name == "throughput_samples_per_s")
+    assert raw.verdict == "not judged (throughput_per_reference stabler)"
+    slow_system = _result([_drift_cell(key, [80 * s for s in speed[:3]],
+                                       [50 * s for s in speed[:3]])])
+    assert _verdicts(compare_results([base], slow_system)) == {
+        ("pipedream", "throughput_per_reference"): "regression"}

@@ -174,8 +174,9 @@ def test_replicated_stage_across_two_hosts_follows_the_reference(monkeypatch) ->
     wl, steps = get("vgg16"), 6
     replicas, bounds = (3, 1), ((0, 20), (20, 40))
     splits = wl.default_data("tiny", 0)
-    cfg = RunConfig(system="pipedream", workload="vgg16", scale="tiny", workers=4, threads=1,
-                    max_steps_per_epoch=steps, epochs=1, timeout_s=60)
+    cfg = RunConfig.from_flags(
+        system="pipedream", workload="vgg16", scale="tiny", workers=4, threads=1,
+        max_steps_per_epoch=steps, epochs=1, timeout_s=60)
     t = PipelineTrainer(cfg, wl, splits, replicas, bounds, torch.device("cpu"), quiet())
     try:
         reports = t.launcher.epoch(0)

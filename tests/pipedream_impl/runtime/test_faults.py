@@ -52,8 +52,9 @@ def test_a_board_says_where_a_worker_is(tmp_path: Path) -> None:
 def test_fault_specs_a_system_cannot_reach_are_refused(system: str, spec: str,
                                                         message: str) -> None:
     with pytest.raises(UserInputError, match=message):
-        RunConfig(system=system, workload="vgg16", workers=1 if system == "single" else 2,
-                  fault=Fault.parse(spec))
+        RunConfig.from_flags(
+            system=system, workload="vgg16", workers=1 if system == "single" else 2,
+            fault=Fault.parse(spec))
 
 
 def test_a_worker_exits_when_its_launcher_is_gone() -> None:
@@ -74,9 +75,73 @@ def test_a_worker_exits_when_its_launcher_is_gone() -> None:
 
 
 def test_stall_timeout_defaults_per_scale() -> None:
-    cfg = RunConfig(system="pipedream", workload="vgg16", workers=2)
+    cfg = RunConfig.from_flags(system="pipedream", workload="vgg16", workers=2)
     assert cfg.stall_timeout() == 20.0
-    assert RunConfig(system="pipedream", workload="vgg16", scale="full", workers=2,
+    assert RunConfig.from_flags(system="pipedream", workload="vgg16", scale="full", workers=2,
                      stall_timeout_s=7.5).stall_timeout() == 7.5
     with pytest.raises(UserInputError, match="--stall-timeout must be a positive"):
-        RunConfig(system="pipedream", workload="vgg16", workers=2, stall_timeout_s=0)
+        RunConfig.from_flags(system="pipedream", workload="vgg16", workers=2, stall_timeout_s=0)
+
+
+def test_a_straggler_spec_parses_and_slows_only_its_rank_and_action(monkeypatch) -> None:  # noqa: ANN001
+    """``slow:RANK:ACTION:FACTOR``: the action of that rank takes FACTOR times as long
+    (checked on a fake clock: the spin ends FACTOR x the action's own time after it began);
+    nothing else waits."""
+    from types import SimpleNamespace
+
+    from pipedream_impl.runtime import contract
+
+    f = Fault.parse("slow:1:F:2.5")
+    assert (f.kind, f.rank, f.action, f.factor) == ("slow", 1, "F", 2.5)
+    assert str(f) == "slow:1:F:2.5" and not f.hits(1, 0, "F", -1)
+    every = Fault.parse("slow:*:*:1.5")  # every rank's compute: a slower machine
+    assert str(every) == "slow:*:*:1.5"
+    assert [every.slowdown(r, k) for r, k in ((0, "F"), (3, "W"), (1, "U"), (1, "RB"),
+                                               (0, "A"))] == [1.5, 1.5, 1.5, 1.0, 1.0]
+    for bad in ("slow:1:F", "slow:1:F:0.5", "slow:1:F3@1"):
+        with pytest.raises(UserInputError, match="inject-fault"):
+            Fault.parse(bad)
+    now = [10.0]
+
+    def clock() -> float:
+        now[0] += 0.001
+        return now[0]
+
+    monkeypatch.setattr(contract.time, "perf_counter", clock)
+    for rank, kind, factor in ((1, "F", 2.5), (0, "F", 1.0), (1, "B", 1.0)):
+        worker = SimpleNamespace(run=SimpleNamespace(fault=f), rank=rank)
+        now[0] = 11.0  # the action began at 10 and took 1 s
+        contract.Executor.straggle(worker, kind, 10.0)
+        assert now[0] == pytest.approx(10.0 + factor * 1.001 if factor > 1 else 11.001,
+                                       abs=0.002)
+
+
+@pytest.mark.multiprocess
+@pytest.mark.parametrize("system", ["pipedream", "ddp"])
+def test_a_straggler_slows_its_rank_s_action_in_a_real_run(system: str) -> None:
+    """Two real 2-process runs, with and without ``slow:1:F:10``: rank 1's forwards take
+    about ten times as long, rank 0's forwards and rank 1's backwards do not (wide
+    margins: this checks where the fault acts, not a speed)."""
+    import torch
+
+    from harness.experiments.pipeline_trainer import PipelineTrainer
+    from harness.reporting.progress import quiet
+    from workloads import registry
+
+    wl = registry.get("vgg16")
+    splits = wl.default_data("tiny", 0)
+    seconds = []
+    for fault in (None, Fault.parse("slow:1:F:10")):
+        cfg = RunConfig.from_flags(system=system, workload="vgg16", workers=2, threads=1,
+                                   max_steps_per_epoch=6, epochs=1, fault=fault)
+        layout = ((2,), ((0, 40),)) if system == "ddp" else ((1, 1), ((0, 12), (12, 40)))
+        t = PipelineTrainer(cfg, wl, splits, *layout, torch.device("cpu"), quiet())
+        try:
+            t.train_epoch(0)
+        finally:
+            t.close()
+        seconds.append(t.metrics.action_s)
+    plain, slow = seconds
+    assert slow[1]["F"] > 5 * plain[1]["F"]
+    assert slow[0]["F"] < 3 * plain[0]["F"]
+    assert slow[1]["B"] < 3 * plain[1]["B"]

@@ -30,7 +30,7 @@ def splits():
 
 def _cfg(workers: int, **kw) -> RunConfig:
     kw = {"system": "pipedream", "timeout_s": 60, **kw}
-    return RunConfig(workload="vgg16", scale="tiny", workers=workers, threads=1,
+    return RunConfig.from_flags(workload="vgg16", scale="tiny", workers=workers, threads=1,
                      max_steps_per_epoch=STEPS, epochs=1, **kw)
 
 
@@ -144,7 +144,7 @@ def test_sgd_momentum_and_batchnorm_follow_the_rule_too() -> None:
     assert wl.spec("tiny").optimizer == "sgd"
     data = wl.default_data("tiny", 0)
     replicas, bounds = (1, 1), ((0, 10), (10, 23))
-    cfg = RunConfig(system="pipedream", workload="resnet50", scale="tiny", workers=2,
+    cfg = RunConfig.from_flags(system="pipedream", workload="resnet50", scale="tiny", workers=2,
                     threads=1, max_steps_per_epoch=STEPS, epochs=1, timeout_s=60)
     t = _trainer(cfg, data, replicas, bounds, wl)
     try:

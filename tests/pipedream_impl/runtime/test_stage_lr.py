@@ -50,16 +50,16 @@ def test_unknown_rule_is_refused() -> None:
     with pytest.raises(ValueError, match="replicas, same"):
         stage_lr_scale((2, 1), 1, "sqrt")
     with pytest.raises(UserInputError, match="--stage-lr"):
-        RunConfig(system="pipedream", workload="vgg16", workers=3, config="2-1",
+        RunConfig.from_flags(system="pipedream", workload="vgg16", workers=3, config="2-1",
                   stage_lr="sqrt")
 
 
 def test_run_config_reaches_the_executor_and_is_logged() -> None:
-    cfg = RunConfig(system="pipedream", workload="vgg16", workers=3, config="2-1")
-    assert cfg.stage_lr == "replicas"
+    cfg = RunConfig.from_flags(system="pipedream", workload="vgg16", workers=3, config="2-1")
+    assert cfg.pipeline.stage_lr == "replicas"
     for rule in STAGE_LR_RULES:
-        settings, params = system_settings(RunConfig(system="pipedream", workload="vgg16",
-                                                     workers=3, config="2-1", stage_lr=rule),
+        settings, params = system_settings(RunConfig.from_flags(
+            system="pipedream", workload="vgg16", workers=3, config="2-1", stage_lr=rule),
                                            REPLICAS, BOUNDS, 32)
         assert settings.stage_lr == rule and params["stage_lr"] == rule
 
@@ -85,9 +85,10 @@ def splits():
 
 
 def _trainer(splits, tmp_path, rule: str) -> PipelineTrainer:
-    cfg = RunConfig(system="pipedream", workload="vgg16", scale="tiny", workers=3, threads=1,
-                    max_steps_per_epoch=STEPS, epochs=2, timeout_s=60, stage_lr=rule,
-                    checkpoint_dir=str(tmp_path))  # reports carry the optimizer's state
+    cfg = RunConfig.from_flags(
+        system="pipedream", workload="vgg16", scale="tiny", workers=3, threads=1,
+        max_steps_per_epoch=STEPS, epochs=2, timeout_s=60, stage_lr=rule,
+        checkpoint_dir=str(tmp_path))  # reports carry the optimizer's state
     return PipelineTrainer(cfg, WL, splits, REPLICAS, BOUNDS, torch.device("cpu"), quiet())
 
 

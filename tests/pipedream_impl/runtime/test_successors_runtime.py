@@ -118,5 +118,5 @@ def test_2bw_refuses_recompute() -> None:
     from core.errors import UserInputError
 
     with pytest.raises(UserInputError, match="--recompute: pipedream-2bw's 2bw schedule"):
-        RunConfig(system="pipedream-2bw", workload="vgg16", workers=2, recompute=True)
-    RunConfig(system="pipedream-flush", workload="vgg16", workers=2, recompute=True)
+        RunConfig.from_flags(system="pipedream-2bw", workload="vgg16", workers=2, recompute=True)
+    RunConfig.from_flags(system="pipedream-flush", workload="vgg16", workers=2, recompute=True)

@@ -244,7 +244,7 @@ def test_two_workers_train_awd_lm_by_the_rule(splits, system: str) -> None:
     from harness.experiments.pipeline_trainer import PipelineTrainer
     from harness.reporting.progress import quiet
 
-    cfg = RunConfig(system=system, workload="awd-lm", scale="tiny", workers=2, threads=1,
+    cfg = RunConfig.from_flags(system=system, workload="awd-lm", scale="tiny", workers=2, threads=1,
                     max_steps_per_epoch=STEPS, epochs=1, timeout_s=60, **MULTI[system])
     trainer = PipelineTrainer(cfg, WL, splits, (1, 1), SPLIT, torch.device("cpu"), quiet())
     try:

@@ -146,8 +146,9 @@ def test_replicated_run_reports_the_hand_count() -> None:
     """2-1 on gloo processes: each stage-0 replica holds 2 snapshots at its peak (see the
     hand count above), the last stage none."""
     splits = WL.default_data("tiny", 0)
-    cfg = RunConfig(workload="vgg16", scale="tiny", workers=3, threads=1, system="pipedream",
-                    timeout_s=60, max_steps_per_epoch=STEPS, epochs=1)
+    cfg = RunConfig.from_flags(
+        workload="vgg16", scale="tiny", workers=3, threads=1, system="pipedream", timeout_s=60,
+        max_steps_per_epoch=STEPS, epochs=1)
     bounds = ((0, 20), (20, 40))
     t = PipelineTrainer(cfg, WL, splits, (2, 1), bounds, torch.device("cpu"), quiet())
     try:

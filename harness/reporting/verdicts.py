@@ -1,0 +1,165 @@
+"""Verdicts with a known error rate: did a cell's metric move, and what could we have seen?
+
+Why: the old rule ("the medians moved by more than the two spreads added") had no error
+rate: on one commit it flagged 23 regressions in a pair of smoke runs, and on noisy cells
+its threshold widened to 50-100%, so a real 30% slowdown passed. A verdict is worth what
+its false-alarm rate and its power are worth, so both are set here and stated.
+
+The rule (one metric of one cell; the values are its repeats, higher or lower better):
+- Work on logarithms: a relative change is a shift, and noise on this machine is roughly
+  multiplicative.
+- Against one or two baseline results (a pair, A/A or before/after): a one-sided
+  two-sample t-test of the repeats' logs, the deviation pooled with each result's repeats
+  about their own mean: ``t = (mean_c - mean_b) / (s * sqrt(1/n_b + 1/n_c))``.
+- Against a history of ``HISTORY_RESULTS`` or more results (the nightly): each result is
+  one value, its mean log, because results differ by more than their repeats do (the
+  machine drifts between nights); the current result is tested against the prediction
+  interval of the earlier ones: ``t = (m_c - mean(m)) / (s_m * sqrt(1 + 1/N))`` with
+  N - 1 degrees of freedom (exact for normal noise: this is where drift counts).
+- Either way the false-alarm rate per metric and comparison is ``ALPHA`` (one-sided);
+  beyond the critical value in the bad direction is ``regression``, in the good one
+  ``improvement``, else ``within-noise``; no degree of freedom is ``too-few-repeats``.
+- Minimum detectable change (MDC): the smallest relative change this cell would flag
+  with probability ``POWER`` at ``ALPHA``, from its own measured noise:
+  ``exp((t_{1-ALPHA,df} + t_{POWER,df}) * se) - 1``. A cell whose MDC exceeds
+  ``TARGET_MDC`` says so: it cannot see a 10% regression.
+- Over nights (PyTorch's benchmark HUD): one night beyond the threshold is ``suspicious``;
+  a ``regression`` needs two consecutive nights beyond it in the same direction; fewer
+  than ``MIN_HISTORY`` earlier results is ``insufficient data``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from scipy import stats
+
+__all__ = ["ALPHA", "HISTORY_RESULTS", "MIN_HISTORY", "POWER", "TARGET_MDC", "Test", "mdc",
+           "night_label", "noise", "rule_text", "test"]
+
+ALPHA = 0.001  # false alarms per metric per comparison, one-sided
+POWER = 0.9  # the probability at which the minimum detectable change is stated
+TARGET_MDC = 0.10  # what every throughput cell should be able to see
+MIN_HISTORY = 2  # earlier results needed for a verdict over nights
+HISTORY_RESULTS = 3  # from this many baseline results on, results (not repeats) are units
+
+
+
+def rule_text(alpha: float = ALPHA) -> str:
+    """The rule in one sentence, for reports (its numbers read from the code)."""
+    return (f"one-sided t-test on log values at a false-alarm rate of {alpha:g} per metric: "
+            f"repeats against repeats for one or two baseline results, the result against "
+            f"the prediction interval of {HISTORY_RESULTS} or more earlier results; MDC = "
+            f"the smallest change detected with {POWER:.0%} probability, from each cell's "
+            f"own noise")
+
+
+@dataclass(frozen=True)
+class Test:
+    change: float  # relative change of the geometric means, current / baseline - 1
+    t: float  # the statistic (signed: positive = current higher)
+    critical: float  # |t| beyond this breaks the rule at ALPHA
+    sd: float  # pooled standard deviation of the logs (the cell's noise)
+    df: int
+    mdc: float  # minimum detectable relative change at POWER
+    verdict: str  # regression | improvement | within-noise | too-few-repeats
+    flag_at: float = math.nan  # the relative move at the critical value
+
+    @property
+    def broke(self) -> bool:
+        return self.verdict in ("regression", "improvement")
+
+
+def _logs(values) -> list[float]:  # noqa: ANN001 - numbers
+    return [math.log(v) for v in values if v is not None and v > 0 and math.isfinite(v)]
+
+
+def _centred(groups: list[list[float]]) -> tuple[float, int]:
+    """Sum of squares about each group's mean, and its degrees of freedom."""
+    ss, df = 0.0, 0
+    for g in groups:
+        if len(g) > 1:
+            m = sum(g) / len(g)
+            ss += sum((x - m) ** 2 for x in g)
+            df += len(g) - 1
+    return ss, df
+
+
+def mdc(sd: float, n_base: int, n_cur: int, df: int, alpha: float = ALPHA,
+        power: float = POWER) -> float:
+    """The smallest relative change flagged with probability ``power`` (normal-noise
+    approximation to the noncentral t)."""
+    if df < 1 or not math.isfinite(sd):
+        return math.inf
+    k = stats.t.ppf(1 - alpha, df) + stats.t.ppf(power, df)
+    return math.exp(k * sd * math.sqrt(1 / n_base + 1 / n_cur)) - 1
+
+
+def test(baseline: list[list[float]], current: list[float], higher_is_better: bool = True,
+         alpha: float = ALPHA) -> Test:
+    """The rule above: ``baseline`` is one list of repeats per earlier result (oldest
+    first); from ``HISTORY_RESULTS`` results on, the night-level test."""
+    base = [g for g in (_logs(g) for g in baseline) if g]
+    cur = _logs(current)
+    if not base or not cur:
+        return _too_few(math.nan)
+    mean_c = sum(cur) / len(cur)
+    if len(base) >= HISTORY_RESULTS:  # each result one value: its mean
+        means = [sum(g) / len(g) for g in base]
+        n = len(means)
+        centre = sum(means) / n
+        ss, df = _centred([means])
+        factor = math.sqrt(1 + 1 / n)  # a prediction interval for one more result
+        n_b, n_c = n, 1
+    else:  # repeats against repeats, each result's repeats about their own mean
+        n_b, n_c = sum(len(g) for g in base), len(cur)
+        centre = sum(x for g in base for x in g) / n_b
+        ss, df = _centred([*base, cur])
+        factor = math.sqrt(1 / n_b + 1 / n_c)
+    change = math.exp(mean_c - centre) - 1
+    if df < 1:
+        return _too_few(change)
+    sd = math.sqrt(ss / df)
+    se = sd * factor
+    diff = mean_c - centre
+    t = diff / se if se > 0 else (0.0 if diff == 0 else math.copysign(math.inf, diff))
+    critical = float(stats.t.ppf(1 - alpha, df))
+    worse = t < -critical if higher_is_better else t > critical
+    better = t > critical if higher_is_better else t < -critical
+    verdict = "regression" if worse else "improvement" if better else "within-noise"
+    k = stats.t.ppf(1 - alpha, df) + stats.t.ppf(POWER, df)
+    return Test(change, t, critical, sd, df, math.exp(k * se) - 1, verdict,
+                math.exp(critical * se) - 1)
+
+
+def noise(baseline: list[list[float]]) -> float:
+    """The baseline's own noise as ``test`` would measure it (the deviation of the logs:
+    of the results' means from a history on, else of the repeats about each result's
+    mean); NaN where it has no degree of freedom. Which of two figures to judge is decided
+    on this, from the baseline alone, so that the choice does not look at the current
+    result."""
+    base = [g for g in (_logs(g) for g in baseline) if g]
+    if len(base) >= HISTORY_RESULTS:
+        ss, df = _centred([[sum(g) / len(g) for g in base]])
+    else:
+        ss, df = _centred(base)
+    return math.sqrt(ss / df) if df else math.nan
+
+
+def _too_few(change: float) -> Test:
+    return Test(change, math.nan, math.nan, math.nan, 0, math.inf, "too-few-repeats")
+
+
+def night_label(tests: list[Test], history: int) -> str:
+    """The verdict over nights for the newest night: ``tests`` oldest first, each night
+    judged against the nights before it; ``history``: earlier results the newest had."""
+    if history < MIN_HISTORY or not tests or tests[-1].verdict == "too-few-repeats":
+        return "insufficient data"
+    last = tests[-1]
+    if not last.broke:
+        return "ok"
+    prev = tests[-2] if len(tests) > 1 else None
+    if prev is not None and prev.verdict == last.verdict:
+        return last.verdict  # two consecutive nights beyond the threshold, same way
+    return "suspicious" if last.verdict == "regression" else "improvement (one night)"

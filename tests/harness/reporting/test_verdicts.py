@@ -1,0 +1,110 @@
+"""The decision rule (harness/reporting/verdicts.py) against simulated samples with known
+shifts: its false-alarm rate is the one it states, its power the noncentral t's, and
+its minimum detectable change is detected at the stated power."""
+
+from __future__ import annotations
+
+import math
+import random
+
+import pytest
+from scipy import stats
+
+from harness.reporting import verdicts
+
+TRIALS = 4000
+
+
+def _sample(rng: random.Random, n: int, shift: float, sd: float) -> list[float]:
+    return [1000 * math.exp(shift + rng.gauss(0, sd)) for _ in range(n)]
+
+
+def _rate(shift: float, sd: float, n_b: int, n_c: int, alpha: float, seed: int) -> float:
+    rng = random.Random(seed)
+    hits = 0
+    for _ in range(TRIALS):
+        r = verdicts.test([_sample(rng, n_b, 0, sd)], _sample(rng, n_c, shift, sd),
+                          higher_is_better=True, alpha=alpha)
+        hits += r.verdict == "regression"
+    return hits / TRIALS
+
+
+def _binomial_tol(p: float) -> float:
+    return 4 * math.sqrt(p * (1 - p) / TRIALS) + 1e-3
+
+
+@pytest.mark.parametrize("n_b, n_c", [(3, 3), (15, 3), (5, 5)])
+def test_false_alarm_rate_is_alpha(n_b: int, n_c: int) -> None:
+    alpha = 0.05  # large enough to measure in a few thousand trials
+    rate = _rate(0.0, 0.08, n_b, n_c, alpha, seed=n_b * 100 + n_c)
+    assert abs(rate - alpha) < _binomial_tol(alpha)
+
+
+@pytest.mark.parametrize("shift", [-0.05, -0.10, -0.20])
+def test_power_is_the_noncentral_t(shift: float) -> None:
+    sd, n_b, n_c, alpha = 0.06, 9, 3, 0.01
+    df = n_b + n_c - 2
+    delta = -shift / (sd * math.sqrt(1 / n_b + 1 / n_c))
+    analytic = stats.nct.sf(stats.t.ppf(1 - alpha, df), df, delta)
+    rate = _rate(shift, sd, n_b, n_c, alpha, seed=int(-shift * 1000))
+    assert abs(rate - analytic) < _binomial_tol(analytic)
+
+
+def test_the_stated_mdc_is_detected_at_the_stated_power() -> None:
+    sd, n_b, n_c, alpha = 0.05, 12, 4, 0.01
+    change = verdicts.mdc(sd, n_b, n_c, n_b + n_c - 2, alpha=alpha, power=0.9)
+    rate = _rate(-math.log1p(change), sd, n_b, n_c, alpha, seed=7)
+    assert 0.85 < rate < 0.95  # the MDC's normal approximation to the noncentral t
+
+
+def test_direction_noise_and_labels() -> None:
+    base = [[100.0, 101.0, 99.0], [110.0, 111.0, 109.0]]  # two nights, drifted by 10%
+    same = verdicts.test(base, [105.0, 104.0, 106.0])
+    assert same.verdict == "within-noise"
+    # the night-to-night drift is not noise: deviations are taken about each night's mean
+    assert same.sd == pytest.approx(math.sqrt(sum(
+        (math.log(x) - sum(map(math.log, g)) / 3) ** 2 for g in
+        [*base, [105.0, 104.0, 106.0]] for x in g) / 6))
+    slow = verdicts.test(base, [80.0, 81.0, 79.0])
+    assert slow.verdict == "regression" and slow.change < -0.2
+    assert verdicts.test(base, [80.0, 81.0, 79.0], higher_is_better=False).verdict == \
+        "improvement"
+    assert verdicts.test([[1.0]], [1.0]).verdict == "too-few-repeats"
+    ok, bad = slow, verdicts.test(base, [105.0, 104.0, 106.0])
+    assert verdicts.night_label([bad, slow], history=5) == "suspicious"
+    assert verdicts.night_label([slow, slow], history=5) == "regression"
+    assert verdicts.night_label([slow], history=1) == "insufficient data"
+    assert verdicts.night_label([ok, bad], history=5) == "ok"
+
+
+def _drifting_nights(rng: random.Random, nights: int, repeats: int, drift: float,
+                     sd: float, shift: float = 0.0) -> list[list[float]]:
+    out = []
+    for i in range(nights):
+        level = rng.gauss(0, drift) + (shift if i == nights - 1 else 0.0)
+        out.append([1000 * math.exp(level + rng.gauss(0, sd)) for _ in range(repeats)])
+    return out
+
+
+def test_over_a_history_drift_between_nights_is_noise_and_alpha_holds() -> None:
+    """Nights drift by 8% while repeats agree to 1%: the night-level test keeps its
+    false-alarm rate; the repeats-only test, blind to drift, would cry wolf."""
+    alpha, rng = 0.05, random.Random(11)
+    history = pairwise = 0
+    for _ in range(TRIALS):
+        *base, cur = _drifting_nights(rng, 6, 3, drift=0.08, sd=0.01)
+        history += verdicts.test(base, cur, alpha=alpha).verdict == "regression"
+        pairwise += verdicts.test(base[-1:], cur, alpha=alpha).verdict == "regression"
+    assert abs(history / TRIALS - alpha) < _binomial_tol(alpha)
+    assert pairwise / TRIALS > 5 * alpha
+
+
+def test_over_a_history_power_is_the_noncentral_t() -> None:
+    alpha, rng, n, shift, drift = 0.05, random.Random(5), 8, -0.10, 0.04
+    hits = 0
+    for _ in range(TRIALS):
+        *base, cur = _drifting_nights(rng, n + 1, 3, drift=drift, sd=0.0, shift=shift)
+        hits += verdicts.test(base, cur, alpha=alpha).verdict == "regression"
+    delta = -shift / (drift * math.sqrt(1 + 1 / n))
+    analytic = stats.nct.sf(stats.t.ppf(1 - alpha, n - 1), n - 1, delta)
+    assert abs(hits / TRIALS - analytic) < _binomial_tol(analytic)
