@@ -84,6 +84,7 @@ def bench(
         raise UserInputError(f"--repeats must be at least 1 (got {repeats})")
     require_output(json_out, "--json")
     require_output(output)
+    plants = planted(plant)
     if suite:
         spec = load_suite(suite)
     else:
@@ -93,8 +94,7 @@ def bench(
         spec = bench_lib.adhoc_suite(workload, names, workers, scale, epochs, steps,
                                      repeats or 3, threads, device, batch_size, microbatches)
     check_cells(spec)
-    result = run_suite(spec, Progress(enabled=not quiet), experiment, repeats,
-                       planted(plant))
+    result = run_suite(spec, Progress(enabled=not quiet), experiment, repeats, plants)
     if json_out:
         write_result(result, json_out)
         console.print(f"wrote {json_out}")
