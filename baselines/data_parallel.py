@@ -85,6 +85,6 @@ class DataParallelExecutor(Executor):
                            self.run.batch_size, self.world).to(self.device)
             loss = self._step(b, report, k)
             report.losses.append(loss)
-            self.mark_warm(report, k)
+            self.mark_done(report, k)
         report.allreduce_bytes = self.sent
         return self.close_report(report, self.model)

@@ -108,7 +108,7 @@ class PeerExecutor(Executor):
             self.progress.leave(f"F{k}")
             if self.last:
                 report.losses.extend(losses)
-                self.mark_warm(report, k)
+                self.mark_done(report, k)
         self.done += self.n_steps * self.m
         report.payload = self._links()
         return self.close_report(report, self.module.inner)

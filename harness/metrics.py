@@ -33,7 +33,8 @@ __all__ = [
     "FINAL_QUALITY", "IDLE", "LINK_BYTES", "PEAK_MEMORY", "PEAK_MEMORY_MAX", "QUALITY",
     "RUN_METRICS", "SCHEMA", "STASH_ACTIVATIONS", "STASH_WEIGHTS", "SUITE_METRICS",
     "SYSTEM_THROUGHPUT", "TARGET_METRICS", "THROUGHPUT", "THROUGHPUT_PER_REFERENCE",
-    "REFERENCE_SPEED", "DRIFT_PAIRS", "TIME_TO_TARGET", "TOTAL_TIME",
+    "REFERENCE_SPEED", "DRIFT_PAIRS", "TIME_TO_TARGET", "TOTAL_TIME", "STEADY_THROUGHPUT",
+    "STEADY_SPREAD", "STEADY_WINDOWS", "STEADY_PER_REFERENCE", "CPU_PER_SAMPLE",
     "TRACE_EVENTS_DROPPED", "TRAIN_LOSS", "Metric", "aggregate", "get", "key", "mean_bubble",
     "parse", "per_worker", "select",
 ]
@@ -46,6 +47,11 @@ QUALITY = "quality"
 EVAL_TIME = "eval_time_s"
 THROUGHPUT = "throughput_samples_per_s"
 THROUGHPUT_PER_REFERENCE = "throughput_per_reference"
+STEADY_THROUGHPUT = "steady_samples_per_s"
+STEADY_SPREAD = "steady_window_spread"
+STEADY_WINDOWS = "steady_windows"
+STEADY_PER_REFERENCE = "steady_per_reference"
+CPU_PER_SAMPLE = "cpu_s_per_sample"
 REFERENCE_SPEED = "reference_iterations_per_s"
 FINAL_QUALITY = "final_quality"
 BEST_QUALITY = "best_quality"
@@ -70,13 +76,16 @@ CELL_STAT = "cell_stat"
 
 # the run metrics a suite summarises over its repeats (a cell's "metrics"; BUBBLE_FRACTION
 # there is a run's mean over workers, ``mean_bubble``)
-SUITE_METRICS = (THROUGHPUT, THROUGHPUT_PER_REFERENCE, REFERENCE_SPEED, TIME_TO_TARGET,
-                 EPOCHS_TO_TARGET, PEAK_MEMORY_MAX, BUBBLE_FRACTION)
+SUITE_METRICS = (THROUGHPUT, THROUGHPUT_PER_REFERENCE, STEADY_THROUGHPUT, STEADY_PER_REFERENCE,
+                 REFERENCE_SPEED, CPU_PER_SAMPLE, TIME_TO_TARGET, EPOCHS_TO_TARGET,
+                 PEAK_MEMORY_MAX, BUBBLE_FRACTION)
 # the same figure raw and cancelled for the machine's drift: regressions judge whichever
 # was stabler in the baseline (``harness.reporting.regressions``)
-DRIFT_PAIRS = {THROUGHPUT: THROUGHPUT_PER_REFERENCE}
+DRIFT_PAIRS = {THROUGHPUT: THROUGHPUT_PER_REFERENCE, STEADY_THROUGHPUT: STEADY_PER_REFERENCE}
 # a suite cell run logs each of them three times: (the key's stat field, the statistic)
-CELL_STATS = (("", "median"), ("_min", "min"), ("_max", "max"))
+# (the interval: ``harness.reporting.verdicts.interval``, for MLflow's error bars)
+CELL_STATS = (("", "median"), ("_min", "min"), ("_max", "max"), ("_spread", "rel_spread"),
+              ("_ci_low", "ci_low"), ("_ci_high", "ci_high"))
 
 # when a metric is logged
 EPOCH = "each epoch"
@@ -165,6 +174,18 @@ SCHEMA: tuple[Metric, ...] = (
     # at the end, every training run
     Metric(THROUGHPUT, "samples/s", "Median over epochs of `samples_per_s`.",
            higher_is_better=True),
+    Metric(STEADY_THROUGHPUT, "samples/s", "Steady-state throughput: the median over "
+           "windows of consecutive minibatch completions (one round of the ranks that "
+           "complete minibatches) of samples/s, the run's warm-up excluded; fill, drain and "
+           "evaluation fall outside the windows (`harness.experiments.steady`).",
+           higher_is_better=True),
+    Metric(STEADY_SPREAD, "fraction", "Interquartile range over median of those windows' "
+           "rates (NaN under 4 windows): the run's own noise."),
+    Metric(STEADY_WINDOWS, "count", "How many windows `steady_samples_per_s` is the "
+           "median of."),
+    Metric(CPU_PER_SAMPLE, "s", "User + system CPU seconds of every process training "
+           "(all workers; evaluation excluded) per training sample.",
+           higher_is_better=False),
     Metric(FINAL_QUALITY, "the workload's metric", "Quality after the last epoch."),
     Metric(BEST_QUALITY, "the workload's metric", "Best quality over the epochs."),
     Metric(TOTAL_TIME, "s", "From the first training step to the end, evaluations "
@@ -218,11 +239,17 @@ SCHEMA: tuple[Metric, ...] = (
            "repeat's `throughput_samples_per_s` divided by `reference_iterations_per_s` "
            "measured just before it: the throughput with the machine's drift cancelled.",
            runs=_CELL, higher_is_better=True),
+    Metric(STEADY_PER_REFERENCE, "samples per reference iteration", "A suite cell "
+           "repeat's `steady_samples_per_s` divided by `reference_iterations_per_s`.",
+           runs=_CELL, higher_is_better=True),
     Metric(REFERENCE_SPEED, "iterations/s", "The drift reference "
            "(`harness.experiments.reference`: a fixed torch loop that runs none of our "
            "code) timed on the cell's cores just before each repeat.", runs=_CELL),
-    Metric(CELL_STAT, "the metric's", "Median (no suffix), min or max over the cell's "
-           "repeats of a run metric (`metric`: " + ", ".join(SUITE_METRICS) + "; "
+    Metric(CELL_STAT, "the metric's", "Median (no suffix), min, max or spread "
+           "((max - min) / median) over the cell's repeats of a run metric, or an end of "
+           "the confidence interval of their geometric mean "
+           "(`harness.reporting.verdicts.interval`, at `verdicts.INTERVAL`: MLflow's error "
+           "bars) (`metric`: " + ", ".join(SUITE_METRICS) + "; "
            "`bubble_fraction`: the run's mean over workers).", runs=_CELL,
            pattern="{metric}{stat}"),
 )

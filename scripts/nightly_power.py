@@ -3,15 +3,17 @@ planted slowdown, into results/nightly-power.md.
 
 Why: a verdict is worth its error rates, and those are measured, not assumed. This runs
 ``pipebench bench --suite SUITE`` several times on the same commit (A/A: every flag is a
-false alarm) and once per planted slowdown (``--plant SYSTEM=slow:*:*:FACTOR``: every
-compute action of that system's ranks takes FACTOR times as long), then judges each run
+false alarm) and once per planted slowdown (``--plant SYSTEM=slow:*:*:FACTOR`` for each
+system named: every compute action of those systems' ranks takes FACTOR times as long;
+the systems not planted in a run are its controls), then judges each run
 against the first A run with ``pipebench regressions``' own code
 (``harness.reporting.regressions``) and tabulates: false alarms per cell and per suite,
 which cells the planted slowdown was flagged in (it must be the planted system's cells
 only), and each cell's minimum detectable change.
 
     python scripts/nightly_power.py --suite suites/power.toml --aa 2 \\
-        --plant pipedream=1.1 --plant pipedream=1.2 -o results/nightly-power.md
+        --plant pipedream,ddp=1.1 --plant gpipe,torch-1f1b=1.1 \\
+        --plant pipedream,gpipe,ddp,torch-1f1b=1.2 -o results/nightly-power.md
 
 Suite runs are kept in --workdir (default results/power-runs/) and reused when present,
 so a report can be rewritten without running again (--reuse).
@@ -21,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import math
 import subprocess
 import sys
 from pathlib import Path
@@ -34,11 +37,11 @@ from harness.reporting import regressions, verdicts  # noqa: E402
 from harness.reporting.results import load_result  # noqa: E402
 
 
-def _bench(suite: str, out: Path, plant: str | None, reuse: bool) -> dict:
+def _bench(suite: str, out: Path, plants: list[str], reuse: bool) -> dict:
     if not (reuse and out.exists()):
         cmd = [sys.executable, "-m", "harness.cli", "bench", "--suite", suite, "--json",
                str(out), "--quiet", "--experiment", "pipebench-power"]
-        if plant:
+        for plant in plants:
             cmd += ["--plant", plant]
         print("+", " ".join(cmd[2:]), file=sys.stderr, flush=True)
         subprocess.run(cmd, cwd=ROOT, check=True, stdout=subprocess.DEVNULL)
@@ -50,9 +53,80 @@ def _flags(base: dict, cur: dict) -> list[regressions.Change]:
             if c.verdict in ("regression", "improvement")]
 
 
-def _throughput(cell: dict) -> float | None:
-    m = cell.get("metrics", {}).get(metrics.THROUGHPUT)
+# the throughput figures: epoch-based and steady-state, each raw and drift-cancelled; the
+# regression rule judges the stabler of each pair (``metrics.DRIFT_PAIRS``)
+THROUGHPUTS = tuple(n for pair in metrics.DRIFT_PAIRS.items() for n in pair)
+
+
+def _median(cell: dict, name: str) -> float | None:
+    m = cell.get("metrics", {}).get(name)
     return m["median"] if m else None
+
+
+def _spread(cell: dict, name: str) -> str:
+    """The repeats' noise as the rule sees it: deviation of the logs, in percent."""
+    m = cell.get("metrics", {}).get(name)
+    sd = verdicts.noise([m["values"]]) if m else math.nan
+    return "-" if math.isnan(sd) else f"{100 * sd:.1f}%"
+
+
+def _system(key: str) -> str:
+    return key.split("/")[3]
+
+
+def _aa_section(base: dict, runs: list[dict]) -> list[str]:
+    pairs = [(i, regressions.compare_results([base], r)) for i, r in enumerate(runs[1:], 1)]
+    rows = []
+    for cell in base["cells"]:
+        key = cell["key"]
+        judged = [c for _, ch in pairs for c in ch if c.cell == key and c.name in THROUGHPUTS
+                  and c.mdc is not None and not c.verdict.startswith("not judged")]
+        false = sum(1 for _, ch in pairs for c in ch if c.cell == key
+                    and c.verdict in ("regression", "improvement"))
+        rows.append((key, f"{_median(cell, metrics.STEADY_THROUGHPUT) or 0:.0f}",
+                     *(_spread(cell, n) for n in THROUGHPUTS),
+                     ", ".join(sorted({c.name for c in judged})) or "-",
+                     ", ".join(f"{100 * c.mdc:.1f}%" for c in judged) or "-",
+                     f"{false} of {len(pairs)}"))
+    flagged = [c for _, ch in pairs for c in ch if c.verdict in ("regression", "improvement")]
+    suites = sum(1 for _, ch in pairs if any(c.verdict in ("regression", "improvement")
+                                             for c in ch))
+    return ["## A/A: the same commit twice (every flag is a false alarm)", "",
+            "Spreads: the deviation of the repeats' logs (the rule's noise) of each "
+            "throughput figure; `judged on`: the stabler of each raw / drift-cancelled pair "
+            "in the baseline; MDC: the smallest change each judged figure would flag with "
+            f"{verdicts.POWER:.0%} probability; false alarms: flags on any metric of the "
+            "cell.", "",
+            *markdown_table(("cell", "steady samples/s (A1)",
+                             *(f"spread {n}" for n in THROUGHPUTS), "judged on", "MDC",
+                             "false alarms"), rows),
+            "", f"Suites with at least one false alarm: {suites} of {len(pairs)} A/A pairs "
+            f"({len(flagged)} flags in all" + (": " + ", ".join(
+                f"{c.cell} {c.name} {c.change:+.1%}" for c in flagged) if flagged else "")
+            + ").", ""]
+
+
+def _planted_section(base: dict, res: dict, systems: list[str], factor: float) -> list[str]:
+    flags = _flags(base, res)
+    rows, hits = [], 0
+    for cell in base["cells"]:
+        key = cell["key"]
+        if _system(key) not in systems:
+            continue
+        now = next(c for c in res["cells"] if c["key"] == key)
+        hit = [c for c in flags if c.cell == key and c.verdict == "regression"
+               and c.name in THROUGHPUTS]
+        hits += bool(hit)
+        b, p = (_median(c, metrics.STEADY_THROUGHPUT) or 0 for c in (cell, now))
+        rows.append((key, f"{b:.0f}", f"{p:.0f}", f"{100 * (p / (b or 1) - 1):+.1f}%",
+                     ", ".join(c.name for c in hit) or "missed"))
+    other = [c for c in flags if _system(c.cell) not in systems]
+    return [f"## Planted: every compute action of {', '.join(systems)} {factor:g}x as long",
+            "", *markdown_table(("cell", "steady samples/s before", "planted", "change",
+                                 "flagged on"), rows),
+            "", f"Planted cells flagged: {hits} of {len(rows)}. Other cells flagged: "
+            + (", ".join(f"{c.cell} {c.name} ({c.verdict})" for c in other) or "none")
+            + ".", ""]
 
 
 def main() -> None:
@@ -60,73 +134,31 @@ def main() -> None:
     ap.add_argument("--suite", default="suites/power.toml")
     ap.add_argument("--aa", type=int, default=2, help="runs on one commit (>= 2)")
     ap.add_argument("--plant", action="append", default=[],
-                    help="SYSTEM=FACTOR: one planted run each")
+                    help="SYSTEM[,SYSTEM...]=FACTOR: one planted run each")
     ap.add_argument("--workdir", default="results/power-runs")
     ap.add_argument("--reuse", action="store_true", help="reuse suite runs in --workdir")
     ap.add_argument("-o", "--output", default="results/nightly-power.md")
     args = ap.parse_args()
     work = ROOT / args.workdir
     work.mkdir(parents=True, exist_ok=True)
-    runs = [_bench(args.suite, work / f"aa-{i}.json", None, args.reuse)
+    runs = [_bench(args.suite, work / f"aa-{i}.json", [], args.reuse)
             for i in range(args.aa)]
     planted = []
     for spec in args.plant:
-        system, factor = spec.split("=")
-        plant = f"{system}=slow:*:*:{factor}"
-        planted.append((system, float(factor), _bench(
-            args.suite, work / f"plant-{system}-{factor}.json", plant, args.reuse)))
+        names, factor = spec.split("=")
+        chosen = names.split(",")
+        plants = [f"{s}=slow:*:*:{factor}" for s in chosen]
+        out = work / f"plant-{'+'.join(chosen)}-{factor}.json"
+        planted.append((chosen, float(factor), _bench(args.suite, out, plants, args.reuse)))
     base = runs[0]
     lines = [f"# The regression detector, measured ({base['suite']['name']} suite)", "",
              f"Generated by `python scripts/nightly_power.py {' '.join(sys.argv[1:])}` on "
              f"{datetime.date.today()}; {base['environment']['hardware']}, git "
              f"{base['environment']['git_sha']}. Every run is judged against the first "
              f"A run by `pipebench regressions`' rule: {verdicts.rule_text()}.", ""]
-    aa = [(i, _flags(base, r)) for i, r in enumerate(runs[1:], start=1)]
-    cells = [c["key"] for c in base["cells"]]
-    lines += ["## A/A: the same commit twice (every flag is a false alarm)", ""]
-    rows = []
-    for key in cells:
-        bc = next(c for c in base["cells"] if c["key"] == key)
-        mdcs = [c.mdc for i, flags in aa for c in regressions.compare_results(
-            [base], runs[i]) if c.cell == key and c.name in (
-                metrics.THROUGHPUT, metrics.THROUGHPUT_PER_REFERENCE)
-            and not c.verdict.startswith("not judged")]
-        judged = [c.name for c in regressions.compare_results([base], runs[1])
-                  if c.cell == key and c.mdc is not None
-                  and not c.verdict.startswith("not judged")
-                  and c.name in (metrics.THROUGHPUT, metrics.THROUGHPUT_PER_REFERENCE)]
-        false = sum(1 for _, flags in aa for c in flags if c.cell == key)
-        sp = bc.get("metrics", {}).get(metrics.THROUGHPUT, {}).get("rel_spread")
-        rows.append((key, f"{_throughput(bc) or 0:.0f}",
-                     "-" if sp is None else f"{100 * sp:.1f}%",
-                     judged[0] if judged else "-",
-                     ", ".join(f"{100 * m:.1f}%" for m in mdcs) or "-",
-                     f"{false} of {len(aa)}"))
-    lines += markdown_table(("cell", "samples/s (A1)", "spread (A1)", "judged on",
-                             "MDC at 90% power", "false alarms"), rows)
-    total = sum(1 for _, flags in aa if flags)
-    lines += ["", f"Suites with at least one false alarm: {total} of {len(aa)} A/A pairs "
-              f"({sum(len(f) for _, f in aa)} flags in all).", ""]
-    for system, factor, res in planted:
-        flags = _flags(base, res)
-        mine = [c for c in flags if c.cell.split("/")[3] == system]
-        other = [c for c in flags if c.cell.split("/")[3] != system]
-        lines += [f"## Planted: every compute action of {system} {factor:g}x as long", ""]
-        rows = []
-        for key in cells:
-            if key.split("/")[3] != system:
-                continue
-            b = next(c for c in base["cells"] if c["key"] == key)
-            p = next(c for c in res["cells"] if c["key"] == key)
-            hit = [c for c in mine if c.cell == key and c.verdict == "regression"]
-            rows.append((key, f"{_throughput(b) or 0:.0f}", f"{_throughput(p) or 0:.0f}",
-                         f"{100 * ((_throughput(p) or 0) / (_throughput(b) or 1) - 1):+.1f}%",
-                         "flagged" if hit else "missed"))
-        lines += markdown_table(("cell", "samples/s before", "planted", "change",
-                                 "verdict"), rows)
-        lines += ["", "Other cells flagged: " + (", ".join(f"{c.cell} {c.name} ({c.verdict})"
-                                                          for c in other) or "none") + ".",
-                  ""]
+    lines += _aa_section(base, runs)
+    for chosen, factor, res in planted:
+        lines += _planted_section(base, res, chosen, factor)
     Path(args.output).write_text("\n".join(lines) + "\n")
     print(f"wrote {args.output}", file=sys.stderr)
 

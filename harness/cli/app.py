@@ -85,6 +85,11 @@ def command_line() -> str:
 
 
 def main() -> None:
+    import logging
+
+    # MLflow's INFO lines when it creates a store's tables ("Creating initial MLflow
+    # database tables...") are noise on a first run, and printed even under --quiet
+    logging.getLogger("mlflow.store.db.utils").setLevel(logging.WARNING)
     interrupted = _count_ctrl_c()
     try:
         code = app(standalone_mode=False)  # click returns typer.Exit's code here

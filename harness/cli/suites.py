@@ -29,23 +29,27 @@ _BatchSize = Annotated[int | None, typer.Option(
     help="ad hoc: microbatch size b (default: the workload's batch size)")]
 _Microbatches = Annotated[int | None, typer.Option(
     help="ad hoc: flush pipelines' microbatches (default 4 x stages)")]
-_Plant = Annotated[str | None, typer.Option(
+_Plant = Annotated[list[str] | None, typer.Option(
     help="a planted regression, to measure the detector: SYSTEM=FAULT, e.g. "
          "pipedream=slow:*:*:1.1 (every compute action of every rank of pipedream's runs "
-         "takes 1.1x as long); recorded in the result")]
+         "takes 1.1x as long); repeat it to plant several systems; recorded in the result")]
 
 
-def planted(text: str | None) -> dict:
-    """``--plant SYSTEM=FAULT`` as {system: Fault} (empty without one)."""
+def planted(texts: list[str] | None) -> dict:
+    """``--plant SYSTEM=FAULT`` (each given) as {system: Fault} (empty without one)."""
     from pipedream_impl.runtime.faults import Fault
 
-    if not text:
-        return {}
-    name, sep, fault = text.partition("=")
-    if not sep:
-        raise UserInputError(f"--plant {text!r}: expected SYSTEM=FAULT, e.g. "
-                             "pipedream=slow:*:*:1.1")
-    return {systems.get(name.strip()).name: Fault.parse(fault)}
+    out = {}
+    for text in texts or ():
+        name, sep, fault = text.partition("=")
+        if not sep:
+            raise UserInputError(f"--plant {text!r}: expected SYSTEM=FAULT, e.g. "
+                                 "pipedream=slow:*:*:1.1")
+        system = systems.get(name.strip()).name
+        if system in out:
+            raise UserInputError(f"--plant {text!r}: {system} is planted twice")
+        out[system] = Fault.parse(fault)
+    return out
 
 
 @app.command()
@@ -162,15 +166,17 @@ def regressions(
     cur = load_result_or_run(current)
     if baseline is not None:
         bases, against = [load_result_or_run(baseline)], baseline
-    else:
-        bases = suite_history(cur, history, experiment)
-        against = f"the last {len(bases)} {cur['suite']['name']} result(s) on this machine"
+        changes = reg.compare_results(bases, cur, alpha)
+    else:  # one result more: the night before is judged against its own history
+        bases = suite_history(cur, history + 1, experiment)
+        against = (f"the last {len(bases[-history:])} {cur['suite']['name']} result(s) on "
+                   "this machine, labelled over nights")
         if not bases:
             emit(f"# Regressions: {current}\n\nNo earlier {cur['suite']['name']} result "
                  f"on machine {cur['environment']['machine']!r}: nothing to compare.\n",
                  output)
             return
-    changes = reg.compare_results(bases, cur, alpha)
+        changes = reg.over_nights(bases, cur, history, alpha)
     lines = [f"# Regressions: {current} against {against}", "",
              f"Rule: {verdicts.rule_text(alpha)}.", ""]
     table = reg.rows(changes, show_all)

@@ -10,7 +10,12 @@ microbatches of ``b``, so every pipeline moves units of the same size; data para
 and ``single`` use global minibatches of ``b``. Every system trains the same samples per
 epoch: K flush minibatches (K = ``steps``, at most what the training set holds) or
 K x M minibatches of ``b``; a repeat's throughput is the median over its epochs, warm-up
-steps excluded; a cell's is the median over repeats (``harness.reporting.results``).
+steps excluded, and its steady-state throughput the median over windows of minibatch
+completions (``harness.experiments.steady``: fill, drain and evaluation excluded); a
+cell's is the median over repeats (``harness.reporting.results``), shown with the
+interval of the repeats' geometric mean and the cell's minimum detectable change
+(``results.cell_mdc``). Time-to-target cells run seed r in repeat r, and each pair of
+systems is tested for "reaches the target faster" over those seeds (``seed_claims``).
 
 Targets (from the baselines issue), reported, never asserted: our gpipe >= 0.95x
 torch-gpipe; pipedream faster than every flush pipeline. The report also gives Horovod /
@@ -19,16 +24,20 @@ DDP and the harness's overhead (tracking on vs off) where the suite measured the
 
 from __future__ import annotations
 
+import math
+
 from core.markdown import markdown_table
 from harness import metrics, systems
 from harness.experiments.suite import Cell, Suite
+from harness.reporting import verdicts
 from harness.reporting.results import cell_row, overhead_table
 from pipedream_impl.runtime import SPAWN_LAUNCHER, STAGE_EXECUTOR
 
-__all__ = ["COLUMNS", "adhoc_suite", "checks", "markdown"]
+__all__ = ["COLUMNS", "adhoc_suite", "checks", "markdown", "seed_claims"]
 
 COLUMNS = ("system", "status", "config", "microbatch", "samples/s (median)", "min-max",
-           "spread", "vs single", "time to target", "bytes/sample", "peak mem", "bubble")
+           "spread", "steady samples/s [CI]", "MDC", "vs single", "time to target",
+           "bytes/sample", "peak mem", "bubble")
 
 
 def adhoc_suite(workload: str, system_names: tuple[str, ...], workers: int, scale: str,
@@ -76,6 +85,30 @@ def _dp_ratio(rates: dict[str, float]) -> str | None:
     return None
 
 
+def seed_claims(cells: list[dict]) -> list[str]:
+    """Time to target over seeds (a time-to-target cell's repeat r runs seed r), each pair
+    of systems: the ratio of geometric means with its interval, and the one-sided test that
+    the faster-looking one is faster (``verdicts.faster``)."""
+    times = {c["system"]: c["metrics"][metrics.TIME_TO_TARGET]["values"] for c in cells
+             if metrics.TIME_TO_TARGET in c.get("metrics", {})}
+    out = []
+    names = sorted(times)
+    for i, a in enumerate(names):
+        for b in names[i + 1:]:
+            f = verdicts.faster(times[a], times[b])
+            if math.isnan(f.ratio):
+                out.append(f"- {a} vs {b}: fewer than 2 seeds reached the target on a side")
+                continue
+            if f.ratio > 1:  # state it as the faster-looking one's claim
+                a, b, f = b, a, verdicts.faster(times[b], times[a])
+            out.append(f"- {a} reaches the target in {f.ratio:.2f}x the time of {b} "
+                       f"[{f.low:.2f}, {f.high:.2f}] over {len(times[a])} / {len(times[b])} "
+                       f"seeds; {a} faster: p = {f.p:.3f}, "
+                       + ("shown" if f.shown else "not shown")
+                       + f" at {verdicts.TTA_ALPHA:g} (one-sided)")
+    return out
+
+
 def markdown(result: dict, command: str = "") -> str:
     env, suite = result["environment"], result["suite"]
     lines = [f"# Suite {suite['name']}: {suite['description']}", ""]
@@ -105,6 +138,8 @@ def markdown(result: dict, command: str = "") -> str:
         ratio = _dp_ratio(rates)
         if ratio:
             notes.append(f"- {ratio}")
+        if mode == "time-to-target":
+            notes += seed_claims(cells)
         lines += ([""] + notes if notes else []) + [""]
     over = result.get("overhead") or []
     if over:

@@ -20,6 +20,7 @@ from baselines.torch_peers import TORCH_EXECUTOR, check_engine_microbatches, los
 from core.errors import UserInputError
 from core.imports import load
 from harness.config import RunConfig
+from harness.experiments import steady
 from harness.experiments.training import EpochStats
 from harness.reporting.progress import Progress
 from pipedream_impl.runtime import STAGE_EXECUTOR
@@ -171,6 +172,10 @@ class PipelineTrainer:
             stats.timed_samples, stats.timed_s = 0, 0.0  # one process (NaN samples/s)
         else:
             stats.timed_samples, stats.timed_s = samples, end - t0
+        stamps = [r.done_at for r in last]
+        stats.completions = steady.completions(stamps, self.cfg.warmup_steps if epoch == 0 else 0)
+        stats.window = steady.window_of(stamps)
+        stats.cpu_s = sum(r.cpu_s for r in reports)
         self._absorb(reports)
         self.metrics.samples += samples
         self.held = [r.checkpoint for r in reports]

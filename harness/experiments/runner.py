@@ -116,11 +116,11 @@ def _train_tracked(cfg: RunConfig, workload: Workload, target: float, splits: Da
             raise
         if cfg.definition.multi_process:
             trainer.close()
+        summary.num_parameters, summary.batch_size = num_parameters, batch_size
         final = _final_metrics(cfg, trainer, summary, device, workload)
         summary.data_description = splits.description
         tracker.metrics(final)
         summary.final_metrics, summary.layout_params = final, layout_params
-        summary.num_parameters, summary.batch_size = num_parameters, batch_size
         if cfg.definition.multi_process:
             summary.last_epoch_events = dict(trainer.metrics.last_events or {})
             summary.placement = dict(trainer.metrics.placement or {})
@@ -233,7 +233,11 @@ def _final_metrics(cfg: RunConfig, trainer, summary: RunSummary,  # noqa: ANN001
         extra[metrics.TRACE_EVENTS_DROPPED] = m.events_dropped  # beyond the trace's cap
     else:
         summary.peak_memory_bytes = {0: peak_memory_bytes(device)}
+    steady = summary.steady
     final = {metrics.THROUGHPUT: summary.throughput,
+             metrics.STEADY_THROUGHPUT: steady.samples_per_s,
+             metrics.STEADY_SPREAD: steady.spread, metrics.STEADY_WINDOWS: steady.windows,
+             metrics.CPU_PER_SAMPLE: summary.cpu_per_sample,
              metrics.FINAL_QUALITY: summary.qualities[-1],
              metrics.BEST_QUALITY: (max if workload.higher_is_better else min)(
                  summary.qualities),

@@ -26,7 +26,8 @@ tracking = [true]      # [true, false] measures the harness's own overhead
 ``throughput`` cells follow ``bench``'s rules (equal microbatch size, every pipeline on the
 planner's straight split, an unreachable target so every epoch runs); ``time-to-target``
 cells follow ``compare-run``'s (the workload's target and epoch budget, ``steps`` caps
-minibatches per epoch when given). Built-in suites live in ``suites/`` (``--suite smoke``);
+minibatches per epoch when given; repeat r runs seed r, since time to target is a claim
+over seeds). Built-in suites live in ``suites/`` (``--suite smoke``);
 any other value is read as a path.
 """
 

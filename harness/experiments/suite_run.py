@@ -19,6 +19,7 @@ import contextlib
 import dataclasses
 import datetime
 import json
+import math
 import os
 import platform
 import tempfile
@@ -129,10 +130,13 @@ def _measure(summary, speed: float) -> tuple[dict, dict]:  # noqa: ANN001 - a Ru
     """A repeat's figures (``speed``: the drift reference measured just before it) and its
     exact counters."""
     m = summary.final_metrics
-    thr = summary.throughput
+    thr, steady = summary.throughput, summary.steady.samples_per_s
     measured = {metrics.THROUGHPUT: thr,
+                metrics.STEADY_THROUGHPUT: steady,
                 metrics.REFERENCE_SPEED: speed,
-                metrics.THROUGHPUT_PER_REFERENCE: thr / speed if thr and speed > 0 else None,
+                metrics.THROUGHPUT_PER_REFERENCE: _per(thr, speed),
+                metrics.STEADY_PER_REFERENCE: _per(steady, speed),
+                metrics.CPU_PER_SAMPLE: summary.cpu_per_sample,
                 metrics.TIME_TO_TARGET: summary.time_to_target_s,
                 metrics.EPOCHS_TO_TARGET: summary.epochs_to_target,
                 metrics.PEAK_MEMORY_MAX: m.get(metrics.PEAK_MEMORY_MAX),
@@ -142,6 +146,11 @@ def _measure(summary, speed: float) -> tuple[dict, dict]:  # noqa: ANN001 - a Ru
                 "steps_per_epoch": summary.epochs[0].steps if summary.epochs else None,
                 metrics.ACTIONS_PER_EPOCH: m.get(metrics.ACTIONS_PER_EPOCH)}
     return measured, counters
+
+
+def _per(throughput: float, speed: float) -> float | None:
+    ok = throughput and math.isfinite(throughput) and speed > 0
+    return throughput / speed if ok else None
 
 
 def _per_worker(final: dict) -> dict:
@@ -208,6 +217,8 @@ def run_suite(suite: Suite, progress: Progress, experiment: str = "pipebench-sui
                     cfg = group_setups[cell.group].config(cell)
                     if cell.system in plant:
                         cfg = cfg.replace(fault=plant[cell.system])
+                    if cell.mode == "time-to-target":  # a claim over seeds: seed = repeat
+                        cfg = cfg.replace(seed=rep)
                     # the drift reference, on the cores the run is about to use
                     speed = reference.measure(cfg.threads_per_worker() * cfg.workers,
                                               env["device"])
@@ -253,7 +264,7 @@ def run_suite(suite: Suite, progress: Progress, experiment: str = "pipebench-sui
             run_ = cell_runs[c["key"]]
             run_.metrics({metrics.key(metrics.CELL_STAT, metric=name, stat=suffix): s[stat]
                           for name, s in c["metrics"].items()
-                          for suffix, stat in metrics.CELL_STATS})
+                          for suffix, stat in metrics.CELL_STATS if s.get(stat) is not None})
             # tags, not params: `compare` lists runs with a system param (training runs)
             run_.tags({f"pipebench.{k}": str(c[k]) for k in ("workload", "scale", "workers",
                                                               "system", "mode", "tracking",

@@ -22,6 +22,7 @@ from torch import nn
 
 from core.errors import UserInputError
 from harness.config import RunConfig
+from harness.experiments import steady
 from harness.reporting.progress import Progress
 from pipedream_impl.runtime.contract import cpu_copy
 from workloads.base import Batch, Dataset, DataSplits, LayerModel, ScaleSpec, Workload
@@ -45,6 +46,11 @@ class EpochStats:
     time_s: float = 0.0
     timed_samples: int = 0  # after warm-up
     timed_s: float = 0.0
+    # the minibatches' completion times, sorted, warm-up dropped (``steady.completions``),
+    # and how many completions make a round (``steady.window_of``)
+    completions: list[float] = field(default_factory=list)
+    window: int = 1
+    cpu_s: float = 0.0  # user + system CPU seconds of every process training the epoch
 
     @property
     def train_loss(self) -> float:
@@ -86,6 +92,16 @@ class RunSummary:
     def throughput(self) -> float:
         rates = [e.samples_per_s for e in self.epochs if not math.isnan(e.samples_per_s)]
         return statistics.median(rates) if rates else float("nan")
+
+    @property
+    def steady(self) -> steady.SteadyState:
+        return steady.steady_state(((e.completions, e.window) for e in self.epochs),
+                                   self.batch_size)
+
+    @property
+    def cpu_per_sample(self) -> float:
+        samples = sum(e.samples for e in self.epochs)
+        return sum(e.cpu_s for e in self.epochs) / samples if samples else float("nan")
 
 
 def resolve_device(name: str) -> torch.device:
@@ -178,7 +194,8 @@ class SingleTrainer:
         torch.manual_seed(dropout_seed(self.cfg.seed, epoch))
         batches = minibatches(self.splits.train, self.workload, self.batch_size, self.cfg.seed,
                               epoch, n_steps)
-        epoch_start = time.perf_counter()
+        epoch_start, cpu0 = time.perf_counter(), time.process_time()
+        done: list[tuple[int, float]] = []
         with self.progress.task(f"epoch {epoch + 1} train", n_steps) as advance:
             t0 = time.perf_counter()
             for batch in batches:  # the step's time includes fetching its minibatch
@@ -193,10 +210,13 @@ class SingleTrainer:
                 if self.global_step >= self.cfg.warmup_steps:
                     stats.timed_samples += batch.size
                     stats.timed_s += t1 - t0
+                done.append((self.global_step, t1))
                 self.global_step += 1
                 advance(loss)
                 t0 = time.perf_counter()
         stats.time_s = time.perf_counter() - epoch_start
+        stats.cpu_s = time.process_time() - cpu0
+        stats.completions = steady.completions([done], self.cfg.warmup_steps)
         if self.cfg.failures.checkpoint_dir is not None:
             self.held = {"model": cpu_copy(self.model.state_dict()),
                          "optimizer": cpu_copy(self.optimizer.state_dict()),

@@ -18,19 +18,23 @@ Rules (the cell key matches cells across results; see ``results`` for the statis
   time-to-target cell whose share of repeats reaching the target fell, or a metric that
   was measured before and no longer is; cells only in one result are listed (``missing``
   / ``new``) but are not regressions.
-Counters compare with the newest baseline in which the cell ran.
+Counters compare with the newest baseline in which the cell ran. Against a history
+(``over_nights``) the noisy metrics are labelled over nights as PyTorch's benchmark HUD
+does (``verdicts.night_label``): one night beyond the threshold is ``suspicious``, two in a
+row a ``regression``.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from harness import metrics
 from harness.reporting import verdicts
 from harness.reporting.results import COUNTERS, METRICS, summarise
 
-__all__ = ["COLUMNS", "Change", "compare_results", "detectability", "has_regression", "rows"]
+__all__ = ["COLUMNS", "Change", "compare_results", "detectability", "has_regression",
+           "over_nights", "rows"]
 
 COLUMNS = ("verdict", "cell", "what", "baseline", "current", "change", "flagged beyond",
            "MDC")
@@ -82,6 +86,33 @@ def compare_results(baselines: list[dict], current: dict,
         out += _metric_changes(key, pooled[key], c, alpha)
         out += _reach_changes(key, pooled[key], c)
     out += [Change(k, "cell", "new") for k in sorted(set(cur) - set(newest) - set(pooled))]
+    return out
+
+
+def over_nights(history: list[dict], current: dict, window: int,
+                alpha: float = verdicts.ALPHA) -> list[Change]:
+    """``compare_results`` of ``current`` against the last ``window`` of ``history`` (oldest
+    first), its noisy metrics judged over nights (``verdicts.night_label``): tonight and
+    the night before (``history[-1]``) are each tested against the same ``window`` results
+    before the night before, so that a shift seen last night does not widen tonight's
+    threshold; both beyond it the same way is a ``regression``, tonight alone is
+    ``suspicious``, fewer than ``verdicts.MIN_HISTORY`` such results ``insufficient data``.
+    Exact counters, failures and lost targets stay regressions on the first night."""
+    direct = compare_results(history[-window:], current, alpha)
+    base = history[:-1][-window:]
+    now = {(c.cell, c.name): c for c in compare_results(base, current, alpha)}
+    before = {(c.cell, c.name): c.verdict for c in compare_results(base, history[-1], alpha)}
+    out = []
+    for c in direct:
+        if c.name in METRICS and not c.verdict.startswith("not judged"):
+            key = (c.cell, c.name)
+            judged = now.get(key, c)
+            if not judged.verdict.startswith("not judged"):
+                label = verdicts.night_label([before.get(key, "ok"), judged.verdict],
+                                             len(base)) if key in now else "insufficient data"
+                judged = replace(judged, verdict=judged.verdict if label == "ok" else label)
+            c = judged
+        out.append(c)
     return out
 
 
@@ -160,7 +191,7 @@ def detectability(changes: list[Change]) -> str:
     which throughput cells cannot."""
     judged = [c for c in changes if c.mdc is not None
               and not c.verdict.startswith("not judged")]
-    throughput = (metrics.THROUGHPUT, *metrics.DRIFT_PAIRS.values())
+    throughput = {n for pair in metrics.DRIFT_PAIRS.items() for n in pair}
     blind = sorted({c.cell for c in judged if c.name in throughput
                     and not c.mdc <= verdicts.TARGET_MDC})
     can = sum(1 for c in judged if c.mdc <= verdicts.TARGET_MDC)
@@ -187,7 +218,7 @@ def rows(changes: list[Change], everything: bool = False) -> list[tuple]:
             return ""
         return "inf" if math.isinf(v) else f"{100 * v:{sign}.1f}%"
 
-    quiet = ("changed-within-noise", "too-few-repeats")
+    quiet = ("changed-within-noise", "too-few-repeats", "insufficient data")
     return [(c.verdict, c.cell, c.name, fmt(c.baseline), fmt(c.current),
              pct(c.change, "+"), pct(c.threshold), pct(c.mdc))
             for c in changes if everything or not (

@@ -10,13 +10,15 @@ unstable when repeated runs disagree beyond a threshold):
 - every cell runs ``repeats`` times, systems interleaved across repeats;
 - with 5 or more repeats the lowest and highest value are dropped (MLPerf); the centre
   is the median of what is kept, the spread its min and max;
-- a cell is ``stable`` when (max - min) / median <= ``STABILITY`` (TorchBench-style), and
-  regressions use that relative spread to set their threshold.
+- a cell is ``stable`` when (max - min) / median <= ``STABILITY`` (TorchBench-style), a
+  flag for readers; regressions judge with ``harness.reporting.verdicts`` instead;
+- beside them, the confidence interval of the repeats' geometric mean
+  (``verdicts.interval``: ``ci_low``, ``ci_high``; null under two repeats).
 
 Schema ``pipebench-suite/1`` (``SCHEMA``)::
 
     {"schema": "pipebench-suite/1", "created": ISO time,
-     "suite": {"name", "description", "source", "repeats", "threads", "device"},
+     "suite": {"name", "description", "source", "repeats", "threads", "device", "plant"},
      "environment": {"git_sha", "python", "torch", "torchvision", "horovod", "deepspeed",
                      "mlflow", "hardware", "machine", "cpu_count", "threads_per_worker",
                      "device", "platform"},
@@ -25,8 +27,8 @@ Schema ``pipebench-suite/1`` (``SCHEMA``)::
      "cells": [{"key", "workload", "scale", "workers", "system", "mode", "tracking",
                 "status": "ok" | "failed" | "unsupported", "note", "config", "batch",
                 "microbatch", "metric", "target",
-                "metrics": {NAME: {"median", "min", "max", "rel_spread", "n", "values",
-                                   "stable"}},
+                "metrics": {NAME: {"median", "min", "max", "ci_low", "ci_high",
+                                   "rel_spread", "n", "values", "stable"}},
                 "counters": {NAME: number}, "counters_consistent": bool,
                 "curve": {"seconds": [...], "quality": [...]} (last repeat),
                 "timeline": {"labels": {rank: str}, "spans": {rank: [[start ms, dur ms,
@@ -38,7 +40,7 @@ Schema ``pipebench-suite/1`` (``SCHEMA``)::
      metrics and counters and no curve, timeline or per_worker)
      "overhead": [{"cell", "tracked", "untracked", "overhead"}]}
 
-``METRICS`` are noisy (compared with the spread), ``COUNTERS`` must not move at all; the
+``METRICS`` are noisy (judged by ``verdicts.test``), ``COUNTERS`` must not move at all; the
 metrics' names and meanings are ``harness.metrics``'s (``SUITE_METRICS``).
 """
 
@@ -52,6 +54,7 @@ from pathlib import Path
 
 from core.errors import UserInputError
 from harness import metrics
+from harness.reporting import verdicts
 from harness.reporting.units import fmt_bytes
 
 __all__ = ["COUNTERS", "DROP_EXTREMES_FROM", "METRICS", "RULE", "SCHEMA", "STABILITY",
@@ -77,6 +80,8 @@ class Stat:
     high: float
     n: int
     values: tuple[float, ...]
+    ci_low: float = math.nan  # the geometric mean's interval (``verdicts.interval``)
+    ci_high: float = math.nan
 
     @property
     def rel_spread(self) -> float:
@@ -88,8 +93,13 @@ class Stat:
 
     def to_json(self) -> dict:
         return {"median": self.median, "min": self.low, "max": self.high,
+                "ci_low": _finite(self.ci_low), "ci_high": _finite(self.ci_high),
                 "rel_spread": self.rel_spread, "n": self.n, "values": list(self.values),
                 "stable": self.stable}
+
+
+def _finite(v: float) -> float | None:
+    return v if math.isfinite(v) else None
 
 
 def summarise(values) -> Stat | None:  # noqa: ANN001 - any iterable of numbers or None
@@ -100,7 +110,8 @@ def summarise(values) -> Stat | None:  # noqa: ANN001 - any iterable of numbers 
     kept = sorted(vals)
     if len(kept) >= DROP_EXTREMES_FROM:
         kept = kept[1:-1]
-    return Stat(statistics.median(kept), kept[0], kept[-1], len(vals), tuple(vals))
+    lo, hi = verdicts.interval(vals) if all(v > 0 for v in vals) else (math.nan, math.nan)
+    return Stat(statistics.median(kept), kept[0], kept[-1], len(vals), tuple(vals), lo, hi)
 
 
 def overhead_rows(cells: list[dict]) -> list[dict]:
@@ -123,11 +134,12 @@ def overhead_rows(cells: list[dict]) -> list[dict]:
 
 def cell_row(c: dict, single: float | None = None) -> tuple:
     """One cell as a report row: system, status, config, microbatch, samples/s median,
-    min-max, spread, vs single, time to target, bytes/sample, peak memory, bubble."""
+    min-max, spread, steady-state samples/s [interval], MDC (``cell_mdc``), vs single,
+    time to target, bytes/sample, peak memory, bubble."""
     thr = c.get("metrics", {}).get(metrics.THROUGHPUT)
     if c["status"] != "ok" or thr is None:
         why = c["status"] + (f": {c['note']}" if c.get("note") else "")
-        return (c["system"], why) + ("",) * 10
+        return (c["system"], why) + ("",) * 12
     m = c["metrics"]
     ttt = m.get(metrics.TIME_TO_TARGET)
     reached = (f"{ttt['median']:.1f} s ({m[metrics.EPOCHS_TO_TARGET]['median']:.0f} ep, "
@@ -135,13 +147,40 @@ def cell_row(c: dict, single: float | None = None) -> tuple:
                ("not reached" if c["mode"] == "time-to-target" else "-"))
     bubble = m.get(metrics.BUBBLE_FRACTION)
     mem = m.get(metrics.PEAK_MEMORY_MAX)
+    steady = m.get(metrics.STEADY_THROUGHPUT)
+    mdc = cell_mdc(c)
     return (c["system"], "ok" if thr["stable"] else "ok ~", c.get("config") or "",
             c.get("microbatch") or "", f"{thr['median']:.0f}",
             f"{thr['min']:.0f}-{thr['max']:.0f}", f"{100 * thr['rel_spread']:.1f}%",
+            _with_interval(steady), "-" if math.isinf(mdc) else f"{100 * mdc:.1f}%",
             f"{thr['median'] / single:.2f}x" if single else "-", reached,
             fmt_bytes(c["counters"].get("bytes_per_sample") or 0),
             fmt_bytes(mem["median"]) if mem else "-",
             f"{100 * bubble['median']:.0f}%" if bubble else "-")
+
+
+def _with_interval(stat: dict | None) -> str:
+    if not stat:
+        return "-"
+    if stat.get("ci_low") is None:
+        return f"{stat['median']:.0f}"
+    return f"{stat['median']:.0f} [{stat['ci_low']:.0f}, {stat['ci_high']:.0f}]"
+
+
+def cell_mdc(c: dict) -> float:
+    """The cell's minimum detectable change (``verdicts.mdc``) against a result of as many
+    repeats, on the stabler of its steady-state throughput raw and drift-cancelled."""
+    sds = []
+    for name in (metrics.STEADY_THROUGHPUT, metrics.STEADY_PER_REFERENCE):
+        stat = c.get("metrics", {}).get(name)
+        if stat and stat["n"] > 1:
+            sd = verdicts.noise([stat["values"]])
+            if math.isfinite(sd):
+                sds.append((sd, stat["n"]))
+    if not sds:
+        return math.inf
+    sd, n = min(sds)
+    return verdicts.mdc(sd, n, n, 2 * (n - 1))
 
 
 def overhead_table(rows: list[dict]) -> tuple[tuple, list[tuple]]:

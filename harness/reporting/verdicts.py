@@ -23,6 +23,11 @@ The rule (one metric of one cell; the values are its repeats, higher or lower be
   with probability ``POWER`` at ``ALPHA``, from its own measured noise:
   ``exp((t_{1-ALPHA,df} + t_{POWER,df}) * se) - 1``. A cell whose MDC exceeds
   ``TARGET_MDC`` says so: it cannot see a 10% regression.
+- A cell's error bar: the ``INTERVAL`` confidence interval of its repeats' geometric mean
+  (``interval``), logged to MLflow beside the median.
+- Time to target over seeds (``faster``): a one-sided Welch t-test on the logs that one
+  system reaches the target in less time than another, at ``TTA_ALPHA`` (one claim, not a
+  night's hundreds of metrics).
 - Over nights (PyTorch's benchmark HUD): one night beyond the threshold is ``suspicious``;
   a ``regression`` needs two consecutive nights beyond it in the same direction; fewer
   than ``MIN_HISTORY`` earlier results is ``insufficient data``.
@@ -35,14 +40,18 @@ from dataclasses import dataclass
 
 from scipy import stats
 
-__all__ = ["ALPHA", "HISTORY_RESULTS", "MIN_HISTORY", "POWER", "TARGET_MDC", "Test", "mdc",
-           "night_label", "noise", "rule_text", "test"]
+__all__ = ["ALPHA", "HISTORY_RESULTS", "INTERVAL", "MIN_HISTORY", "POWER", "TARGET_MDC",
+           "TTA_ALPHA", "Faster", "Test", "faster", "interval", "mdc", "night_label", "noise",
+           "rule_text", "test"]
 
 ALPHA = 0.001  # false alarms per metric per comparison, one-sided
 POWER = 0.9  # the probability at which the minimum detectable change is stated
 TARGET_MDC = 0.10  # what every throughput cell should be able to see
 MIN_HISTORY = 2  # earlier results needed for a verdict over nights
 HISTORY_RESULTS = 3  # from this many baseline results on, results (not repeats) are units
+TTA_ALPHA = 0.05  # one claim per pair of systems ("a reaches the target faster"), not
+# hundreds of metrics a night: the conventional one-sided level
+INTERVAL = 0.95  # the confidence of a cell's interval (its error bar in MLflow and reports)
 
 
 
@@ -147,19 +156,54 @@ def noise(baseline: list[list[float]]) -> float:
     return math.sqrt(ss / df) if df else math.nan
 
 
+def interval(values, level: float = INTERVAL) -> tuple[float, float]:  # noqa: ANN001
+    """A ``level`` confidence interval of the geometric mean of ``values`` (a t interval on
+    the logs, the noise model of ``test``); NaNs under two values."""
+    logs = _logs(values)
+    if len(logs) < 2:
+        return math.nan, math.nan
+    ss, df = _centred([logs])
+    m = sum(logs) / len(logs)
+    half = stats.t.ppf(0.5 + level / 2, df) * math.sqrt(ss / df / len(logs))
+    return math.exp(m - half), math.exp(m + half)
+
+
+@dataclass(frozen=True)
+class Faster:
+    ratio: float  # geometric mean of a / of b (below 1: a is faster)
+    low: float  # the ratio's INTERVAL confidence interval
+    high: float
+    p: float  # one-sided: the chance of a ratio this low if a were not faster
+    shown: bool  # p < alpha
+
+
+def faster(a, b, alpha: float = TTA_ALPHA) -> Faster:  # noqa: ANN001 - numbers
+    """Is ``a`` (e.g. one system's times to target over seeds) lower than ``b``? A
+    one-sided Welch t-test on the logs (MLPerf judges convergence over seeds, one-sided);
+    NaNs with fewer than two values on a side."""
+    la, lb = _logs(a), _logs(b)
+    if len(la) < 2 or len(lb) < 2:
+        return Faster(math.nan, math.nan, math.nan, math.nan, False)
+    r = stats.ttest_ind(la, lb, equal_var=False, alternative="less")
+    ci = stats.ttest_ind(la, lb, equal_var=False).confidence_interval(INTERVAL)
+    d = sum(la) / len(la) - sum(lb) / len(lb)
+    p = float(r.pvalue)
+    return Faster(math.exp(d), math.exp(ci.low), math.exp(ci.high), p, p < alpha)
+
+
 def _too_few(change: float) -> Test:
     return Test(change, math.nan, math.nan, math.nan, 0, math.inf, "too-few-repeats")
 
 
-def night_label(tests: list[Test], history: int) -> str:
-    """The verdict over nights for the newest night: ``tests`` oldest first, each night
-    judged against the nights before it; ``history``: earlier results the newest had."""
-    if history < MIN_HISTORY or not tests or tests[-1].verdict == "too-few-repeats":
+def night_label(nights: list[str], history: int) -> str:
+    """The verdict over nights for the newest night: ``nights`` oldest first, each night's
+    ``Test.verdict`` against the nights before it; ``history``: earlier results the newest
+    had."""
+    if history < MIN_HISTORY or not nights or nights[-1] == "too-few-repeats":
         return "insufficient data"
-    last = tests[-1]
-    if not last.broke:
+    last = nights[-1]
+    if last not in ("regression", "improvement"):
         return "ok"
-    prev = tests[-2] if len(tests) > 1 else None
-    if prev is not None and prev.verdict == last.verdict:
-        return last.verdict  # two consecutive nights beyond the threshold, same way
-    return "suspicious" if last.verdict == "regression" else "improvement (one night)"
+    if len(nights) > 1 and nights[-2] == last:
+        return last  # two consecutive nights beyond the threshold, same way
+    return "suspicious" if last == "regression" else "improvement (one night)"

@@ -9,7 +9,7 @@ executor shares, so it is written once:
 
 - seeding: each rank's dropout stream per epoch (``dropout_seed``);
 - warm-up: the first ``RunSettings.warmup_steps`` minibatches of the run are excluded from
-  throughput; ``mark_warm`` stamps when they are done;
+  throughput; ``mark_done`` stamps when they are done;
 - progress and fault injection: ``begin_action`` stamps where the worker is (on its
   progress board, which the launcher's watchdog reads) and fires ``RunSettings.fault``
   where it hits (``pipedream_impl.runtime.faults``);
@@ -155,6 +155,8 @@ class EpochReport:
     stash_weight_bytes: int = 0  # peak of weight_stash.WeightStore.stashed_bytes, run so far
     stash_activation_bytes: int = 0
     warm_done_at: float | None = None  # wall clock when its warm-up minibatches finished
+    done_at: list = field(default_factory=list)  # (minibatch, wall s) as each completes here
+    cpu_s: float = 0.0  # this process's user + system CPU seconds in the epoch
     end_at: float = 0.0
     state: dict | None = None
     checkpoint: dict | None = None  # the executor's whole state (RunSettings.checkpoint)
@@ -200,6 +202,7 @@ class Executor:
         self.progress = Progress(self.rank, board_path(pieces.spec.progress_dir, self.rank)
                                  if pieces.spec.progress_dir else None)
         self.epoch = 0
+        self._cpu0 = time.process_time()  # reset by each start_epoch
 
     def optimizer_for(self, params) -> torch.optim.Optimizer:  # noqa: ANN001
         """The workload's optimizer (the run's learning rate) over ``params``."""
@@ -242,6 +245,7 @@ class Executor:
         self.order = epoch_order(len(self.splits.train), self.run.seed, epoch)
         # one anchor per epoch maps perf_counter spans onto the wall clock
         self._wall0, self._perf0 = time.time(), time.perf_counter()
+        self._cpu0 = time.process_time()
         return EpochReport(self.rank, stage, replica)
 
     def record(self, report: EpochReport, name: str, t0: float, t1: float,
@@ -259,11 +263,13 @@ class Executor:
         else:
             report.events_dropped += 1
 
-    def mark_warm(self, report: EpochReport, minibatch: int) -> None:
-        """Stamp the end of the warm-up once minibatch ``minibatch`` (of the first epoch's
-        count) completes the run's ``warmup_steps``."""
+    def mark_done(self, report: EpochReport, minibatch: int) -> None:
+        """Stamp minibatch ``minibatch`` (of this epoch's count) complete on this rank (the
+        steady-state throughput's clock, ``harness.experiments.steady``), and the end of
+        the warm-up once it completes the run's ``warmup_steps``."""
+        report.done_at.append((minibatch, time.time()))
         if minibatch == min(self.n_steps, self.run.warmup_steps) - 1:
-            report.warm_done_at = time.time()
+            report.warm_done_at = report.done_at[-1][1]
 
     def synchronize(self) -> None:
         """Wait for the device (CUDA kernels run asynchronously) before reading a clock."""
@@ -273,6 +279,7 @@ class Executor:
     def close_report(self, report: EpochReport, module: torch.nn.Module) -> EpochReport:
         self.progress.end_epoch()
         report.end_at = time.time()
+        report.cpu_s = time.process_time() - self._cpu0
         report.peak_memory = _peak_memory_bytes(self.device)
         report.state = cpu_copy(module.state_dict())
         return report

@@ -18,7 +18,7 @@ kills every worker, joins them (no orphans) and raises ``PipelineFailure`` namin
 rank, its stage and its last action, and where every other rank was.
 
 Across machines the same ``worker_main`` runs under torchrun instead
-(``pipedream_impl.runtime.torchrun_worker``, ``env://`` rendezvous); see the README.
+(``pipedream_impl.runtime.torchrun_worker``, ``env://`` rendezvous); see docs/multi-node.md.
 """
 
 from __future__ import annotations

@@ -313,7 +313,7 @@ class StageExecutor(Executor):
         self.grads = None
         self.store.after_update(self.future_f[pos])
         if self.last:
-            self.mark_warm(self.report, act.mb // self.m)
+            self.mark_done(self.report, act.mb // self.m)
         return False
 
 

@@ -59,6 +59,11 @@ def test_data_parallel_equals_single_process_on_the_global_batch_and_counts_ring
     # Horovod: the tensors DistributedOptimizer hands it); each of 2 ranks sends
     # 2 (2-1)/2 = 1 x their bytes in a ring all-reduce
     assert dp.metrics.bytes_sent == 2 * STEPS * param_bytes
+    # every rank completes every minibatch: a window is one minibatch, stamped at the later
+    # rank (the steady-state clock), the warm-up's last minibatch the first stamp
+    assert stats.window == 1
+    assert len(stats.completions) == STEPS - max(0, min(STEPS, cfg.warmup_steps) - 1)
+    assert stats.cpu_s > 0
     assert all(not p.is_alive() for p in dp.launcher.procs)
 
 

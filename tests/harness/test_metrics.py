@@ -92,7 +92,9 @@ def test_the_lists_derived_from_the_schema() -> None:
 
     assert metrics.EPOCH_METRICS == ("epoch_time_s", "samples_per_s", "train_loss", "quality",
                                      "eval_time_s")
-    assert metrics.RUN_METRICS == ("throughput_samples_per_s", "final_quality",
+    assert metrics.RUN_METRICS == ("throughput_samples_per_s", "steady_samples_per_s",
+                                   "steady_window_spread", "steady_windows",
+                                   "cpu_s_per_sample", "final_quality",
                                    "best_quality", "total_time_s", "epochs_run",
                                    "bytes_communicated_per_sample", "peak_memory_bytes_max")
     assert metrics.TARGET_METRICS == ("time_to_target_s", "epochs_to_target")
@@ -101,7 +103,9 @@ def test_the_lists_derived_from_the_schema() -> None:
     assert tracking.peak_memory_key(2) == "peak_memory_bytes_worker_2"
     assert results.METRICS == {"throughput_samples_per_s": True,
                                "throughput_per_reference": True,
-                               "reference_iterations_per_s": None, "time_to_target_s": False,
+                               "steady_samples_per_s": True, "steady_per_reference": True,
+                               "reference_iterations_per_s": None,
+                               "cpu_s_per_sample": False, "time_to_target_s": False,
                                "epochs_to_target": False, "peak_memory_bytes_max": False,
                                "bubble_fraction": False}
     per_worker = {m.name: m.aggregate for m in metrics.SCHEMA if m.per_worker}

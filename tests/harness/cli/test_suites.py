@@ -176,27 +176,33 @@ def test_compare_rebuilds_the_table_from_the_store(server: str, suite_result: di
 
 def test_regressions_against_the_history_in_the_store(server: str, suite_result: dict,
                                                       tmp_path: Path) -> None:
-    """An earlier result of the same suite on the same machine, planted in the store with
-    pipedream 10x faster than its fastest repeat now (and no spread), makes the current
-    result a regression whatever the current spread (below 90%)."""
+    """Earlier results of the same suite on the same machine, planted in the store: two
+    nights with pipedream 10x faster than its fastest repeat now, then a night like the
+    current one. Tonight and last night both break the rule against the two nights before
+    them: a regression over nights (one broken night alone would be suspicious)."""
     client = _client(server)
     exp = client.get_experiment_by_name(EXPERIMENT)
-    earlier = copy.deepcopy(suite_result)
-    earlier["created"] = "2000-01-01T00:00:00+00:00"
-    earlier["mlflow"] = None
-    for c in earlier["cells"]:
-        if c["system"] == "pipedream":
-            stat = c["metrics"]["throughput_samples_per_s"]
-            stat["values"] = [10 * max(stat["values"])] * len(stat["values"])
-    run = client.create_run(exp.experiment_id, run_name="suite-test-tiny", tags={
-        "pipebench.kind": "suite", "pipebench.suite": "test-tiny",
-        "pipebench.machine": suite_result["environment"]["machine"]})
-    client.log_dict(run.info.run_id, earlier, "suite.json")
-    client.set_terminated(run.info.run_id, "FINISHED")
+    for day, factor in (("01", 10), ("02", 10), ("03", 1)):
+        earlier = copy.deepcopy(suite_result)
+        earlier["created"] = f"2000-01-{day}T00:00:00+00:00"
+        earlier["mlflow"] = None
+        for c in earlier["cells"]:
+            if c["system"] != "pipedream" or factor == 1:
+                continue
+            for name in ("throughput_samples_per_s", "throughput_per_reference",
+                         "steady_samples_per_s", "steady_per_reference"):
+                stat = c["metrics"][name]  # raw or drift-cancelled: whichever is judged
+                stat["values"] = [factor * max(stat["values"]) * (1 + k / 100)
+                                  for k in range(len(stat["values"]))]
+        run = client.create_run(exp.experiment_id, run_name="suite-test-tiny", tags={
+            "pipebench.kind": "suite", "pipebench.suite": "test-tiny",
+            "pipebench.machine": suite_result["environment"]["machine"]})
+        client.log_dict(run.info.run_id, earlier, "suite.json")
+        client.set_terminated(run.info.run_id, "FINISHED")
     current = suite_result["mlflow"]["parent_run_id"]
-    r = _run(["regressions", "--current", current, "--history", "3", "--all"], server)
+    r = _run(["regressions", "--current", current, "--history", "2", "--all"], server)
     assert r.returncode == 1, r.stdout + r.stderr
-    assert "regression" in r.stdout and "vgg16/tiny/w2/pipedream/throughput" in r.stdout
+    assert "| regression | vgg16/tiny/w2/pipedream/throughput" in r.stdout, r.stdout
     same = tmp_path / "same.json"
     same.write_text(json.dumps(suite_result))
     r = _run(["regressions", "--current", str(same), "--baseline", str(same)], server)
@@ -225,6 +231,8 @@ def test_the_dashboard_opens_in_a_real_browser(server: str, suite_result: dict,
     (["bench", "--systems", "single,warp"], "unknown system 'warp'"),
     (["bench", "--plant", "pipedream"], "expected SYSTEM=FAULT"),
     (["bench", "--plant", "pipedream=slow:1:F:0.5"], "FACTOR must be a number >= 1"),
+    (["bench", "--plant", "ddp=slow:*:*:1.1", "--plant", "ddp=slow:*:*:1.2"],
+     "ddp is planted twice"),
     (["regressions", "--current", "x.json", "--baseline", "x.json", "--alpha", "0.7"],
      "--alpha must be in (0, 0.5)"),
     (["regressions", "--current", "x.json"], "give --baseline FILE|RUN or --history N"),

@@ -16,7 +16,11 @@ from harness.experiments.training import EpochStats, RunSummary
 
 def _summary(reached: bool) -> RunSummary:
     s = RunSummary(config=None, metric="top1", target=0.5)
-    s.epochs = [EpochStats(1.0, 4, 64, 2.0, 48, 1.5), EpochStats(2.0, 4, 64, 2.0, 64, 2.0)]
+    # completions: 3 windows at 16 / 0.5 s, then 4 at 16 / 0.25 s (minibatches of 16)
+    s.epochs = [EpochStats(1.0, 4, 64, 2.0, 48, 1.5, [0.0, 0.5, 1.0, 1.5], cpu_s=4.0),
+                EpochStats(2.0, 4, 64, 2.0, 64, 2.0, [10.0, 10.25, 10.5, 10.75, 11.0],
+                           cpu_s=6.0)]
+    s.batch_size = 16
     s.qualities, s.elapsed_s, s.total_time_s = [0.6, 0.3], [2.5, 5.0], 5.5
     if reached:
         s.time_to_target_s, s.epochs_to_target = 2.5, 1
@@ -41,7 +45,9 @@ def test_a_pipeline_run_logs_the_schemas_keys(reports_idle: bool) -> None:
     idle = {"idle_s_worker_0": 0.5, "bubble_fraction_worker_0": 0.25} if reports_idle else {}
     idle1 = {"idle_s_worker_1": 1.0, "bubble_fraction_worker_1": 0.25} if reports_idle else {}
     assert list(final.items()) == list({
-        "throughput_samples_per_s": 32.0, "final_quality": 0.3, "best_quality": 0.6,
+        "throughput_samples_per_s": 32.0, "steady_samples_per_s": 64.0,
+        "steady_window_spread": 0.5, "steady_windows": 7, "cpu_s_per_sample": 10 / 128,
+        "final_quality": 0.3, "best_quality": 0.6,
         "total_time_s": 5.5, "epochs_run": 2, "bytes_communicated_per_sample": 100.0,
         "busy_s_worker_0": 1.5, **idle, "action_s_F_worker_0": 1.25,
         "action_s_SF_worker_0": 0.25, "stash_weight_bytes_worker_0": 10,

@@ -9,7 +9,7 @@ import math
 import pytest
 from scipy import stats
 
-from harness.reporting.regressions import compare_results, has_regression
+from harness.reporting.regressions import compare_results, has_regression, over_nights
 from harness.reporting.results import SCHEMA, summarise
 from harness.reporting.verdicts import ALPHA, POWER
 
@@ -149,3 +149,31 @@ def test_a_slower_machine_is_not_a_regression_of_ours_but_a_slower_system_is() -
                                        [50 * s for s in speed[:3]])])
     assert _verdicts(compare_results([base], slow_system)) == {
         ("pipedream", "throughput_per_reference"): "regression"}
+
+
+def _night(day: int, pipedream: list[float], bytes_per_sample: float = 1000.0) -> dict:
+    return _result([_cell("vgg16/tiny/w2/pipedream/throughput", pipedream, bytes_per_sample),
+                    _cell("vgg16/tiny/w2/ddp/throughput", [80.0, 81.0, 79.0])],
+                   f"2026-01-{day:02d}T00:00:00+00:00")
+
+
+def test_over_nights_one_broken_night_is_suspicious_two_are_a_regression() -> None:
+    """PyTorch HUD's rule: tonight and last night are each judged against the nights
+    before last night; a drop on one night is suspicious, on two in a row a regression;
+    exact counters are regressions at once; a history too short is insufficient data."""
+    ok = [100.0, 102.0, 98.0]
+    low = [80.0, 81.0, 79.0]
+    steady = [_night(1, ok), _night(2, [101.0, 99.0, 100.0])]
+
+    def verdict(history: list[dict], tonight: dict) -> str:
+        ch = over_nights(history, tonight, window=2)
+        return next(c.verdict for c in ch if c.name == "throughput_samples_per_s"
+                    and "pipedream" in c.cell)
+
+    assert verdict([*steady, _night(3, ok)], _night(4, low)) == "suspicious"
+    assert verdict([*steady, _night(3, low)], _night(4, low)) == "regression"
+    assert verdict([*steady, _night(3, low)], _night(4, ok)) == "changed-within-noise"
+    assert verdict(steady[:1], _night(4, low)) == "insufficient data"
+    assert not has_regression(over_nights([*steady, _night(3, ok)], _night(4, low), 2))
+    counters = over_nights(steady[:1], _night(4, ok, bytes_per_sample=1001.0), 2)
+    assert has_regression(counters)  # exact counters: no second night needed

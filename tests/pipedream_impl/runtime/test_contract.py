@@ -34,7 +34,7 @@ def test_warm_up_ends_after_the_configured_steps(pieces: WorkerPieces) -> None:
     ex = _Counting(pieces)
     report = ex.start_epoch(0, 1, 0)
     for k in range(ex.n_steps):
-        ex.mark_warm(report, k)
+        ex.mark_done(report, k)
         assert (report.warm_done_at is not None) == (k >= 3)  # warmup_steps=4: after k=3
 
 

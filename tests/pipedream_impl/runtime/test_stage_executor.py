@@ -176,3 +176,16 @@ def test_throughput_leaves_out_the_configured_warm_up(splits, warmup: int) -> No
     _, stats = _train(splits, (1, 1), ((0, 12), (12, 40)), warmup_steps=warmup)
     assert stats.timed_samples == (STEPS - warmup) * WL.spec("tiny").batch_size
     assert 0 < stats.timed_s <= stats.time_s
+
+
+def test_a_round_robin_last_stage_stamps_each_minibatch_once(splits) -> None:
+    """The steady-state clock (``Executor.mark_done``): with the last stage on two
+    replicas each minibatch completes on one of them, so a window is a round of 2; every
+    minibatch after the warm-up is stamped once, in order; CPU time is counted."""
+    cfg = _cfg(3)
+    pipe, stats = _train(splits, (1, 2), ((0, 20), (20, 40)))
+    warm = min(STEPS, cfg.warmup_steps)
+    assert stats.window == 2
+    assert len(stats.completions) == STEPS - max(0, warm - 1)
+    assert stats.completions == sorted(stats.completions)
+    assert stats.cpu_s > 0
