@@ -58,6 +58,7 @@ from pipedream_impl.planner.plan import plan_profile
 from pipedream_impl.profiling.profile import Profile
 from pipedream_impl.profiling.profiler import profile_workload
 from pipedream_impl.schedule import registry as schedules
+from pipedream_impl.schedule.actions import BACKWARDS
 from workloads import registry
 from workloads.recipe import load_splits
 
@@ -233,14 +234,14 @@ def _one(setup: _Setup, prof: Profile, system: str, w: int, progress: Progress) 
     # the runtime drains its pipeline at every epoch end: an epoch is k minibatches
     simulated = k * b / sim.total_s
     costs = " / ".join(" ".join([f"{kind} {1e3 * actions[st][kind]:.2f}"
-                                 for kind in ("F", "B", "U") if kind in actions[st]]
+                                 for kind in ("F", *BACKWARDS, "U") if kind in actions[st]]
                                 + [f"S{kind} {1e3 * transfers[(st, kind)][0]:.2f}"
                                    f" ({1e3 * transfers[(st, kind)][1]:.2f})"
                                    for kind in ("F", "B") if (st, kind) in transfers])
                        for st in sorted(actions))
     bubble = metrics.mean_bubble(summary.final_metrics)
     sim_bubble = statistics.mean(
-        1 - sum(e - s for s, e, a in row if a.kind in ("F", "B", "U", "A")) / sim.total_s
+        1 - sum(e - s for s, e, a in row if a.kind in ("F", *BACKWARDS, "U", "A")) / sim.total_s
         for row in sim.timeline)
     return ValidationRow(name, cfg.system, w, "-".join(map(str, replicas)),
                          summary.throughput, simulated, costs,
