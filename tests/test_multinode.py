@@ -94,8 +94,13 @@ def _start_sshd(ns: str, addr: str, d: Path) -> int:
     wrapper.chmod(0o755)
     Path("/run/sshd").mkdir(exist_ok=True)  # sshd's privilege separation directory
     _sh("ip", "netns", "exec", ns, shutil.which("sshd") or "/usr/sbin/sshd",
-        "-f", str(d / "sshd_config"))  # daemonises once it listens
-    return int((d / "sshd.pid").read_text())
+        "-f", str(d / "sshd_config"))
+    # the command returns when sshd forks into the background; the child writes its pid
+    # file once it listens, which may be a moment later
+    pid_file = d / "sshd.pid"
+    _wait(lambda: pid_file.exists() and pid_file.read_text().strip().isdigit(), 30,
+          "sshd's pid file")
+    return int(pid_file.read_text())
 
 
 @pytest.fixture(scope="module")

@@ -193,11 +193,13 @@ def compare_run(
                      seed=seed, threads=threads, device=device, max_steps_per_epoch=max_steps,
                      experiment=experiment, workers=workers, microbatches=microbatches)
     cmp = compare(base, names, Progress(enabled=not quiet), command_line())
-    _print_comparison(cmp)
-    console.print(f"MLflow parent run {cmp.parent_run_id} (children: one run per system)")
     if output:
         Path(output).write_text(cmp.markdown(command_line()))
-        console.print(f"wrote {output}")
+    if not (quiet and output):  # --quiet -o: the file is the result
+        _print_comparison(cmp)
+        console.print(f"MLflow parent run {cmp.parent_run_id} (children: one run per system)")
+        if output:
+            console.print(f"wrote {output}")
     if any(r.failed for r in cmp.rows):
         raise typer.Exit(1)
 

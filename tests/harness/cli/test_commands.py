@@ -217,6 +217,7 @@ def test_compare_run_is_a_parent_run_with_one_child_per_system(mlflow_uri: str,
               "--max-steps", "6", "--systems", ",".join(systems), "--experiment", "cmp",
               "--quiet", "-o", str(out)], env_uri=mlflow_uri)
     assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "", r.stdout  # --quiet with -o: the file is the result
     client = mlflow.MlflowClient(tracking_uri=mlflow_uri)
     runs = client.search_runs([client.get_experiment_by_name("cmp").experiment_id])
     parent = next(x for x in runs if x.data.params.get("kind") == "comparison")
