@@ -1,8 +1,8 @@
 """Open a local HTML page in a real headless Chromium and report what a person would see.
 
 Why this exists: the generated dashboard is a self-contained HTML file whose plots the
-browser must decode and lay out (embedded PNG images; the checker also handles inline SVG
-and script). Parsing the HTML in Python cannot tell
+browser must draw (plotly.js embedded in the page; the checker also handles images and
+inline SVG). Parsing the HTML in Python cannot tell
 whether its script throws, whether a plot ends up ``display: none`` or zero-sized, or whether
 an embedded image fails to decode. So the dashboard test loads the page in Debian's Chromium,
 driven by Playwright for Python (whose own browser download needs internet, which the test
@@ -23,8 +23,10 @@ from __future__ import annotations
 
 import os
 import shutil
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 __all__ = [
     "BrowserUnavailable",
@@ -104,6 +106,7 @@ class PageReport:
     console_errors: list[str] = field(default_factory=list)
     console_warnings: list[str] = field(default_factory=list)
     elements: list[ElementInfo] = field(default_factory=list)
+    then: object = None  # what the ``then`` callback returned
 
     @property
     def total(self) -> int:
@@ -166,13 +169,17 @@ def check_page(
     settle_ms: int = 250,
     timeout_s: float = 30.0,
     viewport: tuple[int, int] = (1280, 800),
+    then: Callable[[Any], object] | None = None,
 ) -> PageReport:
     """Load ``path`` in headless Chromium and report console errors/warnings, uncaught
     exceptions, blocked network requests and the visibility of elements matching
     ``selector``.
 
     ``settle_ms``: how long to wait after the load event for timers and deferred rendering
-    (errors thrown later than that are missed). Raises BrowserUnavailable if Chromium or
+    (errors thrown later than that are missed). ``then(page)``, if given, runs after the
+    elements are measured with the Playwright page, to interact with it as a person would
+    (hover, select); what it returns is ``PageReport.then``, and errors the page logs
+    meanwhile are reported too. Raises BrowserUnavailable if Chromium or
     Playwright is missing, FileNotFoundError if the page does not exist.
     """
     page_path = Path(path).resolve()
@@ -224,9 +231,11 @@ def check_page(
                 page.wait_for_timeout(settle_ms)
             title = page.title()
             raw = page.evaluate(_MEASURE_JS, selector)
+            after = then(page) if then is not None else None
         finally:
             browser.close()
     elements = [ElementInfo(**item) for item in raw]
     return PageReport(
-        title=title, console_errors=errors, console_warnings=warnings, elements=elements
+        title=title, console_errors=errors, console_warnings=warnings, elements=elements,
+        then=after,
     )

@@ -269,16 +269,19 @@ def dashboard(
     suite: Annotated[str | None, typer.Option(help="which suite (default: the newest "
                                               "suite run's)")] = None,
     history: Annotated[int, typer.Option(help="results of the suite to show in its history")]
-    = 30,
+    = 30,  # harness.reporting.dashboard.HISTORY (kept literal: the CLI imports it lazily)
     json_in: Annotated[list[str] | None, typer.Option("--json", help="build from these "
                                                       "suite result files instead of the "
                                                       "store (oldest first; repeatable)")]
     = None,
 ) -> None:
-    """One self-contained HTML page of a suite's results, from the store or result files.
+    """One self-contained, interactive HTML page of a suite, from the store or result files.
 
-    It shows time-to-accuracy curves, throughput with spread, bytes per sample, memory and
-    bubble per worker, the suite's history with regressions marked, per-worker timelines."""
+    Each throughput cell over the nights with its band of normal noise and the nights
+    flagged, time-to-accuracy curves of the cells that train to a target, throughput, bytes
+    per sample, memory and bubble per worker, per-worker timelines; hover for values and
+    run ids, filter by workload or system (plotly.js embedded: works offline). Each suite
+    run also logs its page to MLflow as dashboard.html."""
     from pathlib import Path
 
     from harness.reporting.dashboard import build_dashboard

@@ -271,7 +271,24 @@ def run_suite(suite: Suite, progress: Progress, experiment: str = "pipebench-sui
                                                               "status")})
             run_.end("FINISHED" if c["status"] != "failed" else "FAILED")
         parent.json(result, "suite.json")
+        if parent.run_id:
+            _log_dashboard(parent, result, progress)
     return result
+
+
+def _log_dashboard(parent, result: dict, progress: Progress) -> None:  # noqa: ANN001
+    """The suite's page (this result and the suite's history on this machine before it) as
+    the parent run's ``dashboard.html``; a store that cannot be read for the history costs
+    the page, not the result."""
+    from harness.reporting.dashboard import HISTORY, build_dashboard
+    from harness.reporting.store import suite_history
+
+    try:
+        page = build_dashboard([*suite_history(result, HISTORY - 1), result])
+    except Exception as e:  # noqa: BLE001 - the result is logged already; say why, go on
+        progress.note(f"dashboard.html not logged: {type(e).__name__}: {e}")
+        return
+    parent.text(page, "dashboard.html")
 
 
 def _cell_result(cell: Cell, rec: dict) -> dict:

@@ -250,6 +250,10 @@ class DetachedRun:
         if self._run:
             self._run.log("artifact", lambda c, rid: c.log_dict(rid, obj, name))
 
+    def text(self, text: str, name: str) -> None:
+        if self._run:
+            self._run.log("artifact", lambda c, rid: c.log_text(rid, text, name))
+
     def end(self, status: str = "FINISHED") -> None:
         if self._run and not self.ended:
             self._run.end(status)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import copy
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -209,6 +210,21 @@ def test_regressions_against_the_history_in_the_store(server: str, suite_result:
     assert r.returncode == 0 and "no regression" in r.stdout
 
 
+def _hover_and_filter(page) -> dict:  # noqa: ANN001 - a Playwright page
+    """Hover the first point of the first history plot as a mouse would, read the label
+    Plotly draws; then pick one system in the filter and list what stays on screen."""
+    point = page.locator(".fig .plot .scatterlayer .trace .points path").first
+    point.scroll_into_view_if_needed()
+    box = point.bounding_box()
+    page.mouse.move(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
+    page.wait_for_selector(".hoverlayer .hovertext", timeout=5000)
+    hover = page.locator(".hoverlayer .hovertext").first.text_content()
+    page.select_option("#f-system", "ddp")
+    shown = page.evaluate("""Array.from(document.querySelectorAll('div.fig'))
+        .filter(e => e.offsetParent !== null).map(e => e.dataset.systems)""")
+    return {"hover": hover, "shown": shown}
+
+
 @pytest.mark.browser
 def test_the_dashboard_opens_in_a_real_browser(server: str, suite_result: dict,
                                                tmp_path: Path) -> None:
@@ -217,12 +233,21 @@ def test_the_dashboard_opens_in_a_real_browser(server: str, suite_result: dict,
     page = tmp_path / "report.html"
     r = _run(["dashboard", "-o", str(page), "--experiment", EXPERIMENT], server)
     assert r.returncode == 0, r.stdout + r.stderr
-    report = check_page(page, "img.plot")
+    report = check_page(page, "div.plot", then=_hover_and_filter)
     assert report.problems() == []
-    # curves, throughput, bytes, memory, bubble, history, two timelines (pipedream, ddp)
-    assert report.total == report.visible >= 8
+    # a history per cell (3), throughput, bytes, memory, bubble, timelines (pipedream, ddp)
+    assert report.total == report.visible >= 9
     # the newest result by when it was measured, not the planted older one started later
     assert "test-tiny" in report.title and suite_result["created"] in report.title
+    hover = report.then["hover"]
+    assert "vgg16/tiny/w2/" in hover and re.search(r"geometric mean \d", hover), hover
+    shown = report.then["shown"]  # only ddp's figures, and those of every system
+    assert shown and all(s == "" or "ddp" in s.split(",") for s in shown), shown
+    assert any(s == "ddp" for s in shown)
+    # the suite run logged its own page to MLflow
+    logged = Path(_client(server).download_artifacts(suite_result["mlflow"]["parent_run_id"],
+                                                     "dashboard.html")).read_text()
+    assert "Plotly.newPlot" in logged and suite_result["created"] in logged
 
 
 @pytest.mark.parametrize("args, message", [
