@@ -30,10 +30,12 @@ compare: install
 	$(VENV)/bin/pipebench compare-run --workload vgg16 --workers 2 --threads 1 --quiet -o results/compare-vgg16-tiny.md
 	$(VENV)/bin/pipebench compare-run --workload gnmt8 --workers 2 --threads 1 --quiet -o results/compare-gnmt8-tiny.md
 
+# the test files spread over two processes (pytest-xdist; a file's tests stay together, so
+# its module fixtures such as a suite run or an mlflow server are set up once)
 test: install
 	@./scripts/install_browser.sh
 	$(VENV)/bin/ruff check .
-	$(PY) -m pytest
+	$(PY) -m pytest -n 2 --dist loadfile
 
 # the unit tier (no worker processes, no CLI subprocesses): about 2 minutes here
 test-fast: install

@@ -104,14 +104,15 @@ def over_nights(history: list[dict], current: dict, window: int,
     before = {(c.cell, c.name): c.verdict for c in compare_results(base, history[-1], alpha)}
     out = []
     for c in direct:
-        if c.name in METRICS and not c.verdict.startswith("not judged"):
+        if c.name in METRICS:
             key = (c.cell, c.name)
-            judged = now.get(key, c)
-            if not judged.verdict.startswith("not judged"):
-                label = verdicts.night_label([before.get(key, "ok"), judged.verdict],
-                                             len(base)) if key in now else "insufficient data"
-                judged = replace(judged, verdict=judged.verdict if label == "ok" else label)
-            c = judged
+            if key in now:  # judged, and which drift twin is judged, on ``base`` alone
+                c = now[key]
+                if not c.verdict.startswith("not judged"):
+                    label = verdicts.night_label([before.get(key, "ok"), c.verdict], len(base))
+                    c = replace(c, verdict=c.verdict if label == "ok" else label)
+            elif not c.verdict.startswith("not judged"):
+                c = replace(c, verdict="insufficient data")
         out.append(c)
     return out
 

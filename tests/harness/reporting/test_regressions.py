@@ -177,3 +177,24 @@ def test_over_nights_one_broken_night_is_suspicious_two_are_a_regression() -> No
     assert not has_regression(over_nights([*steady, _night(3, ok)], _night(4, low), 2))
     counters = over_nights(steady[:1], _night(4, ok, bytes_per_sample=1001.0), 2)
     assert has_regression(counters)  # exact counters: no second night needed
+
+
+def test_over_nights_judges_exactly_one_of_each_drift_pair() -> None:
+    """Which of raw and drift-cancelled throughput is judged is decided on the nights the
+    verdict is judged against; last night's move must not make the full window pick the
+    other twin, leaving neither judged (found when a planted drop went unflagged)."""
+    key = "vgg16/tiny/w2/pipedream/throughput"
+    speed = [1.0, 0.85, 1.1, 0.95]
+    # the window before last night: the machine drifts, the reference follows (per
+    # reference stabler); last night the raw figure is steady and the reference noisy
+    drifting = [_drift_cell(key, [100 * s for s in speed], [50 * s for s in speed])]
+    quiet_raw = [_drift_cell(key, [100.0, 100.5, 99.5, 100.0],
+                             [50 * s for s in (1.0, 0.7, 1.3, 0.9)])]
+    history = [_result(drifting, "2026-01-01T00:00:00+00:00"),
+               _result(drifting, "2026-01-02T00:00:00+00:00"),
+               _result(quiet_raw, "2026-01-03T00:00:00+00:00")]
+    tonight = _result(quiet_raw, "2026-01-04T00:00:00+00:00")
+    judged = [c.name for c in over_nights(history, tonight, window=3)
+              if c.name in ("throughput_samples_per_s", "throughput_per_reference")
+              and not c.verdict.startswith("not judged")]
+    assert judged == ["throughput_per_reference"]  # the twin the earlier nights chose
