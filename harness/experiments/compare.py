@@ -106,7 +106,8 @@ class Comparison:
         lines += ["", f"vs DP: throughput relative to {self.dp_system or 'no data-parallel run'};"
                   " vs single: relative to one worker with the same total threads; comm vs DP:"
                   " bytes per sample relative to data parallelism; bubble: idle share of "
-                  "worker time (measured by our runtime only)."]
+                  "worker time, where the system measures it (our runtime and the "
+                  "torch.distributed.pipelining peers; -: not measured)."]
         return "\n".join(lines) + "\n"
 
 
