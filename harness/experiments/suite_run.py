@@ -7,8 +7,9 @@ repeat starting the group one system later) spread slow phases of the machine ov
 systems instead of charging them to one.
 
 MLflow: a parent run per suite (tags ``pipebench.kind=suite``, ``pipebench.suite``,
-``pipebench.git_sha``, ``pipebench.machine``; the result as ``suite.json``), under it one
-run per cell (``pipebench.kind=cell``, its median/min/max metrics) and, under each cell,
+``pipebench.git_sha``, ``pipebench.machine``; the result as ``suite.json``, its dashboard
+with the suite's history as ``dashboard.html``), under it one run per cell
+(``pipebench.kind=cell``, each metric's statistics over the repeats) and, under each cell,
 the training run of every repeat with the usual schema. ``regressions --history`` finds
 earlier results through those tags.
 """

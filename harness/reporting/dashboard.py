@@ -29,7 +29,7 @@ from harness.reporting import plots
 from harness.reporting import regressions as reg
 from harness.reporting.results import overhead_table
 
-__all__ = ["HISTORY", "build_dashboard", "history_points"]
+__all__ = ["HISTORY", "build_dashboard", "history_points", "judge_nights"]
 
 HISTORY = 30  # results of a suite a page shows by default (the newest included)
 
@@ -109,16 +109,32 @@ def _shown(cell: dict) -> str | None:
     return next((m for m in (metrics.STEADY_THROUGHPUT, metrics.THROUGHPUT) if m in got), None)
 
 
-def history_points(results: list[dict], key: str, name: str, window: int) -> list[dict]:
+def judge_nights(results: list[dict], window: int) -> list[tuple[dict, dict]]:
+    """For each result (oldest first), keyed by (cell, metric): its changes against the
+    nights its over-nights verdict is judged on (up to ``window`` results before the
+    previous one), and ``regressions.over_nights``'s changes. Computed once per page."""
+    out = []
+    for i, result in enumerate(results):
+        base = reg.compare_results(results[:max(0, i - 1)][-window:], result)
+        labels = reg.over_nights(results[:i], result, window) if i else []
+        out.append(({(c.cell, c.name): c for c in base},
+                    {(c.cell, c.name): c for c in labels}))
+    return out
+
+
+def history_points(results: list[dict], key: str, name: str, window: int,
+                   judged: list[tuple[dict, dict]] | None = None) -> list[dict]:
     """The nights of cell ``key``'s metric ``name`` (``plots.history``'s points). A point is
     the geometric mean of the night's repeats with its interval (what ``verdicts.test``
-    judges); its band is the range the rule counts as noise for that night, against the
-    nights ``regressions.over_nights`` judges it on (up to ``window`` results before the
-    previous one); its verdict is ``over_nights``'s for the metric or its drift-cancelled
-    twin (whichever the rule judged)."""
-    twins = {name, metrics.DRIFT_PAIRS.get(name, name)}
+    judges); its band is the range the rule counts as noise for that figure that night,
+    against the nights ``regressions.over_nights`` judges it on; its verdict is
+    ``over_nights``'s for the figure or its drift-cancelled twin, whichever the rule judged
+    (so a night can be flagged on the twin while inside this figure's band: the hover
+    names the figure flagged). ``judged``: ``judge_nights(results, window)``."""
+    judged = judged or judge_nights(results, window)
+    twins = (name, metrics.DRIFT_PAIRS.get(name, name))
     points = []
-    for i, result in enumerate(results):
+    for result, (base, labels) in zip(results, judged, strict=True):
         cell = next((c for c in result["cells"] if c["key"] == key), None)
         stat = (cell or {}).get("metrics", {}).get(name)
         logs = [math.log(v) for v in (stat or {}).get("values", []) if v and v > 0]
@@ -126,13 +142,13 @@ def history_points(results: list[dict], key: str, name: str, window: int) -> lis
             continue
         geo = math.exp(sum(logs) / len(logs))
         band, verdict, flagged = None, "", ""
-        for ch in reg.compare_results(results[:max(0, i - 1)][-window:], result):
-            if ch.cell == key and ch.name == name and ch.change is not None \
-                    and math.isfinite(ch.threshold or math.nan):
-                base = geo / (1 + ch.change)
-                band = (base / (1 + ch.threshold), base * (1 + ch.threshold))
-        for ch in reg.over_nights(results[:i], result, window) if i else []:
-            if ch.cell == key and ch.name in twins and ch.verdict in plots.FLAG_STYLE:
+        ch = base.get((key, name))
+        if ch is not None and ch.change is not None and math.isfinite(ch.threshold or math.nan):
+            centre = geo / (1 + ch.change)
+            band = (centre / (1 + ch.threshold), centre * (1 + ch.threshold))
+        for twin in twins:
+            ch = labels.get((key, twin))
+            if ch is not None and ch.verdict in plots.FLAG_STYLE:
                 move = f" {100 * ch.change:+.1f}%" if ch.change is not None else ""
                 verdict, flagged = ch.verdict, f"<br><b>{ch.verdict}</b> ({ch.name}{move})"
         low = stat["ci_low"] if stat.get("ci_low") is not None else stat["min"]
@@ -151,23 +167,24 @@ def history_points(results: list[dict], key: str, name: str, window: int) -> lis
     return points
 
 
-def _histories(page: _Page, results: list[dict], window: int) -> list[str]:
+def _histories(page: _Page, results: list[dict], window: int,
+               judged: list[tuple[dict, dict]]) -> list[str]:
     now = results[-1]
     out = []
     for c in now["cells"]:
         name = _shown(c) if c["status"] == "ok" else None
         if name is None:
             continue
-        pts = history_points(results, c["key"], name, window)
+        pts = history_points(results, c["key"], name, window, judged)
         out.append(page.fig(plots.history(pts, metrics.get(name).unit, c["key"], c["system"]),
                             c["workload"], (c["system"],)))
     return ['<div class="grid">', *out, "</div>"]
 
 
-def _flagged(results: list[dict], window: int) -> list[str]:
+def _flagged(results: list[dict], window: int, tonight: dict) -> list[str]:
     if len(results) < 2:
         return ["<p class='note'>One result: no history to judge yet.</p>"]
-    rows = [r[:6] for r in reg.rows(reg.over_nights(results[:-1], results[-1], window))
+    rows = [r[:6] for r in reg.rows(list(tonight.values()))
             if r[0] in ("regression", "suspicious")]
     if not rows:
         return [f"<p class='note'>Nothing flagged tonight against up to {window} earlier "
@@ -255,6 +272,7 @@ def build_dashboard(results: list[dict], window: int = 5) -> str:
         raise UserInputError("no suite result to show: run `pipebench bench --suite ...` "
                              "first, or give --json FILE")
     now, page = results[-1], _Page()
+    judged = judge_nights(results, window)
     env, suite = now["environment"], now["suite"]
     title = f"pipebench: {suite['name']} suite, {now['created']}"
     parts = [f"<h1>{html.escape(title)}</h1>",
@@ -264,8 +282,8 @@ def build_dashboard(results: list[dict], window: int = 5) -> str:
              f"{html.escape(str(env['torch']))}; {len(results)} result(s) of this suite. "
              "Hover a point for its numbers; click it to open its MLflow run (server "
              "stores).</p>", _filters(now["cells"]),
-             "<h2>History per cell</h2>", *_flagged(results, window),
-             *_histories(page, results, window),
+             "<h2>History per cell</h2>", *_flagged(results, window, judged[-1][1]),
+             *_histories(page, results, window, judged),
              "<h2>Time to accuracy</h2>", *_curves(page, now["cells"]),
              "<h2>Throughput, communication, memory, bubble</h2>"]
     groups: dict[str, list[dict]] = {}
