@@ -120,8 +120,8 @@ def test_a_straggler_spec_parses_and_slows_only_its_rank_and_action(monkeypatch)
 @pytest.mark.parametrize("system", ["pipedream", "ddp"])
 def test_a_straggler_slows_its_rank_s_action_in_a_real_run(system: str) -> None:
     """Two real 2-process runs, with and without ``slow:1:F:10``: rank 1's forwards take
-    about ten times as long, rank 0's forwards and rank 1's backwards do not (wide
-    margins: this checks where the fault acts, not a speed)."""
+    about ten times as long against its backwards, rank 0's forwards and rank 1's backwards
+    do not (wide margins: this checks where the fault acts, not a speed)."""
     import torch
 
     from harness.experiments.pipeline_trainer import PipelineTrainer
@@ -142,6 +142,12 @@ def test_a_straggler_slows_its_rank_s_action_in_a_real_run(system: str) -> None:
             t.close()
         seconds.append(t.metrics.action_s)
     plain, slow = seconds
-    assert slow[1]["F"] > 5 * plain[1]["F"]
-    assert slow[0]["F"] < 3 * plain[0]["F"]
-    assert slow[1]["B"] < 3 * plain[1]["B"]
+
+    # each time against another measured in the same run: other processes on the machine
+    # (make test runs two test files at once) slow a run's actions alike, not one kind
+    def ratio(run: dict, a: tuple[int, str], b: tuple[int, str]) -> float:
+        return run[a[0]][a[1]] / run[b[0]][b[1]]
+
+    assert ratio(slow, (1, "F"), (1, "B")) > 4 * ratio(plain, (1, "F"), (1, "B"))
+    assert ratio(slow, (0, "F"), (0, "B")) < 2.5 * ratio(plain, (0, "F"), (0, "B"))
+    assert ratio(slow, (1, "B"), (0, "B")) < 2.5 * ratio(plain, (1, "B"), (0, "B"))
