@@ -115,7 +115,7 @@ def judge_nights(results: list[dict], window: int) -> list[tuple[dict, dict]]:
     previous one), and ``regressions.over_nights``'s changes. Computed once per page."""
     out = []
     for i, result in enumerate(results):
-        base = reg.compare_results(results[:max(0, i - 1)][-window:], result)
+        base = reg.compare_results(reg.judged_against(results[:i], window), result)
         labels = reg.over_nights(results[:i], result, window) if i else []
         out.append(({(c.cell, c.name): c for c in base},
                     {(c.cell, c.name): c for c in labels}))
@@ -229,7 +229,7 @@ def _group(page: _Page, cells: list[dict]) -> list[str]:
     out.append(page.fig(plots.bars(bps, "bytes", "communication per sample"), wl, tuple(bps)))
     for metric, scale, unit, title in (
             (metrics.PEAK_MEMORY, 2**-20, "MiB", "peak memory per worker (last repeat)"),
-            (metrics.BUBBLE_FRACTION, 100, "% idle", "bubble per worker (our runtime)")):
+            (metrics.BUBBLE_FRACTION, 100, "% idle", "bubble per worker (where measured)")):
         per = {c["system"]: {f"w{r}": v * scale for r, v in
                              (c.get("per_worker") or {}).get(metric, {}).items()}
                for c in cells}

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from harness.reporting.figures import COLOURS
 
-__all__ = ["bars", "curves", "history", "per_worker", "plotly_js",
+__all__ = ["FLAG_STYLE", "bars", "curves", "history", "per_worker", "plotly_js",
            "timeline"]
 
 _LAYOUT = {"margin": {"l": 60, "r": 20, "t": 40, "b": 50}, "template": "plotly_white",

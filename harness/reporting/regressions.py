@@ -34,7 +34,7 @@ from harness.reporting import verdicts
 from harness.reporting.results import COUNTERS, METRICS, summarise
 
 __all__ = ["COLUMNS", "Change", "compare_results", "detectability", "has_regression",
-           "over_nights", "rows"]
+           "judged_against", "over_nights", "rows"]
 
 COLUMNS = ("verdict", "cell", "what", "baseline", "current", "change", "flagged beyond",
            "MDC")
@@ -99,7 +99,7 @@ def over_nights(history: list[dict], current: dict, window: int,
     ``suspicious``, fewer than ``verdicts.MIN_HISTORY`` such results ``insufficient data``.
     Exact counters, failures and lost targets stay regressions on the first night."""
     direct = compare_results(history[-window:], current, alpha)
-    base = history[:-1][-window:]
+    base = judged_against(history, window)
     now = {(c.cell, c.name): c for c in compare_results(base, current, alpha)}
     before = {(c.cell, c.name): c.verdict for c in compare_results(base, history[-1], alpha)}
     out = []
@@ -115,6 +115,12 @@ def over_nights(history: list[dict], current: dict, window: int,
                 c = replace(c, verdict="insufficient data")
         out.append(c)
     return out
+
+
+def judged_against(history: list[dict], window: int) -> list[dict]:
+    """The results tonight's noisy metrics are judged on over nights: up to ``window``
+    before last night (``history[-1]``), so last night's shift does not widen the rule."""
+    return history[:-1][-window:]
 
 
 def _counter_changes(key: str, base: dict, cur: dict) -> list[Change]:
