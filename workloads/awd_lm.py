@@ -184,4 +184,5 @@ AWD_LM = Workload(
     default_data_name="Markov source with known entropy rate (no download)",
     real_data_name="PTB text files (ptb.train.txt, ptb.valid.txt)",
     published_parameters=24_221_600,
+    static_shapes=True,  # fixed windows of bptt tokens (data_text.windows)
 )

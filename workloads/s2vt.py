@@ -122,6 +122,7 @@ S2VT = Workload(
     },
     build=build, loss=seq_loss, make_batch=data_seq2seq.seq2seq_batch, evaluate=evaluate_meteor,
     default_data=default_data, load_data=load_data,
+    static_shapes=True,  # clips of a fixed frame count, captions padded (data_seq2seq)
     default_data_name="synthetic subject-verb-object clips (no download)",
     real_data_name="MSVD frame features (.npy) + captions.csv",
     published_parameters=None,

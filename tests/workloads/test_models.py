@@ -102,6 +102,29 @@ def test_every_split_point_composes_to_the_whole_model(name: str, tiny_data: dic
             assert torch.allclose(combined[id(p)], g_ref, rtol=1e-4, atol=1e-6), (name, k)
 
 
+@pytest.mark.parametrize("name", NAMES)
+def test_a_static_shapes_workload_keeps_every_boundary_shape(name: str, tiny_data: dict) -> None:
+    """``static_shapes`` lets the runtime send each link's shape header once and post the
+    next receive ahead: it must hold at every layer boundary (each a possible stage
+    boundary) over random microbatches, not only for the inputs."""
+    w = WORKLOADS[name]
+    if not w.static_shapes:
+        pytest.skip(f"{name} declares varying shapes")
+    data = tiny_data[name].train
+    model = w.build("tiny", data.meta).eval()
+    seen = set()
+    g = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for _ in range(6):
+            out = w.make_batch(data, torch.randperm(len(data), generator=g)[:4]).inputs
+            shapes = [tuple((t.dtype, tuple(t.shape)) for t in out)]
+            for layer in model.layers:
+                out = layer(out)
+                shapes.append(tuple((t.dtype, tuple(t.shape)) for t in out))
+            seen.add(tuple(shapes))
+    assert len(seen) == 1, name
+
+
 @pytest.mark.parametrize("builder", ["vgg16", "resnet50"])
 def test_torchvision_layer_list_equals_the_torchvision_model(builder: str) -> None:
     from torchvision.models import resnet50, vgg16
