@@ -25,7 +25,9 @@ server and C(r, j) becomes A_inner(r, j, G) (the best time of that range on one 
 while P and Act keep their raw sums. The final level needs row 0 only; an inner level needs
 the rows the next level can read: under a final level of two units only row 0 and the
 ranges ending at the last state, otherwise every row. Splits are visited only over ordered
-triples r-1 < k < j of the antichain DAG (search.py), vectorised with numpy.
+triples r-1 < k < j of the antichain DAG, vectorised with numpy over many rows at once, and
+at the innermost level not at a state whose earlier twin (same prefix sums) is no worse
+(search.py: exact, ties included).
 
 Memory limit (optional, per worker): a stage that has w workers after it (at this level)
 stashes ``ceil(w / m')`` versions of its weights and activations (the original's count); it
@@ -82,7 +84,7 @@ from core.collectives import Sync, ring_factor
 from core.errors import UserInputError
 from pipedream_impl.planner.antichain import States
 from pipedream_impl.planner.cluster import Cluster, Level
-from pipedream_impl.planner.search import LastStage, Pairs, forward, reverse
+from pipedream_impl.planner.search import LastStage, Pairs, Twins, forward, reverse
 
 __all__ = ["COST_MODELS", "INF", "LevelInput", "LevelSolution", "MAX_STATES_MULTI_LEVEL",
            "MAX_TRIPLES_MULTI_LEVEL",
@@ -152,6 +154,7 @@ class LevelInput:
     out: np.ndarray
     precedes: np.ndarray
     pairs: Pairs | None = None  # the ordered pairs of ``precedes`` (built when None)
+    twins: Twins | None = None  # states of equal prefix sums (innermost level only)
 
 
 def solve_level(tables: LevelInput, level: Level, inner_units: int, opts: SolveOptions,
@@ -172,11 +175,11 @@ def solve_level(tables: LevelInput, level: Level, inner_units: int, opts: SolveO
     if sync_params is None:
         sync_params = params
     rows = 1 if final else rows_total
-    # [rows, N, units] views of unit-major arrays: a unit count's table is contiguous
-    time, split, prev_m, reps, inner_dp = (
-        np.full((units, rows, n), fill, dtype=dtype).transpose(1, 2, 0)
-        for fill, dtype in ((INF, float), (-1, np.int32), (-1, np.int16), (0, np.int16),
-                            (False, bool)))
+    # unit-major arrays (a unit count's table is contiguous), used as [rows, N, units]
+    by_unit = [np.full((units, rows, n), fill, dtype=dtype)
+               for fill, dtype in ((INF, float), (-1, np.int32), (-1, np.int16),
+                                   (0, np.int16), (False, bool))]
+    time, split, prev_m, reps, inner_dp = (a.transpose(1, 2, 0) for a in by_unit)
     C, P, Act, _ = compute[:rows], params[:rows], acts[:rows], valid[:rows]
     orig = model == "pipedream-2019"
     PE = P / inner_units if orig else sync_params[:rows]
@@ -200,15 +203,16 @@ def solve_level(tables: LevelInput, level: Level, inner_units: int, opts: SolveO
     vj = np.concatenate([np.arange(n), pairs.j]) if not final else np.arange(n)
     base_dp = None if dp_inner is None else (dp_inner[0][vr, vj], dp_inner[1][vr, vj])
     stash = Act[vr, vj] + P[vr, vj]
+    c_v, pe_v, at = C[vr, vj], PE[vr, vj], vr * n + vj  # at: in a unit count's table
     for m in range(1 if straight else units):
         r = m + 1
-        t, use_dp = stage_time(C[vr, vj], PE[vr, vj], base_dp, r, slice(None))
+        t, use_dp = stage_time(c_v, pe_v, base_dp, r, slice(None))
         ok = np.isfinite(t)
         if memory_limit is not None:
             ok &= stash * math.ceil((units - r) / r) <= memory_limit
-        time[vr, vj, m] = np.where(ok, t, INF)
-        reps[vr, vj, m] = r
-        inner_dp[vr, vj, m] = ok & use_dp
+        np.put(by_unit[0][m], at, np.where(ok, t, INF))
+        np.put(by_unit[3][m], at, r)
+        np.put(by_unit[4][m], at, ok & use_dp)
 
     # Last-stage costs of every ordered pair (k, j) (ranges (k, j], rows k+1 of the tables).
     kk, jj = pairs.k, pairs.j
@@ -218,24 +222,22 @@ def solve_level(tables: LevelInput, level: Level, inner_units: int, opts: SolveO
     out_t = 2.0 * out.copy()
     out_t[-1] = 0.0  # no output transfer after the last state
     times, flags = {}, {}
+    c_kj, pe_kj, out_k, out_j = last_c[kk, jj], last_pe[kk, jj], 2.0 * out[kk], out_t[jj]
     for mp in range(1, 2 if straight else units):
-        lt, flags[mp] = stage_time(last_c[kk, jj], last_pe[kk, jj], dp_pairs, mp, slice(None))
-        lt = np.maximum(lt, 2.0 * out[kk] / (bandwidth * mp))
-        times[mp] = np.maximum(lt, out_t[jj] / (bandwidth * mp))
-    last = LastStage(times, flags, (last_a + last_p)[kk, jj], memory_limit)
+        lt, flags[mp] = stage_time(c_kj, pe_kj, dp_pairs, mp, slice(None))
+        lt = np.maximum(lt, out_k / (bandwidth * mp))
+        times[mp] = np.maximum(lt, out_j / (bandwidth * mp))
+    last = LastStage(times, flags, last_a[kk, jj] + last_p[kk, jj], memory_limit)
     tabs = (time, split, prev_m, reps, inner_dp)
 
     def replica_range(m: int) -> range:
         return range(1, 2 if straight else m + 1)
 
-    forward(tabs, 0, pairs, last, units, replica_range, None)
-    if final:
-        return LevelSolution(time, split, prev_m, reps, inner_dp)
-    if next_units == 2:  # the next level reads row 0 and ranges ending at the last state
+    every_row = not final and next_units != 2
+    forward(tabs, range(rows if every_row else 1), pairs, last, units, replica_range,
+            tables.twins)
+    if not final and not every_row:  # the next level reads row 0 and ranges to the end
         reverse(tabs, n - 1, pairs, last, units, replica_range)
-    else:
-        for r in range(1, rows):
-            forward(tabs, r, pairs, last, units, replica_range, precedes[r - 1])
     return LevelSolution(time, split, prev_m, reps, inner_dp)
 
 
@@ -260,6 +262,8 @@ def solve(states: States, cluster: Cluster, model: str = "pipebench", straight: 
     _check_size(len(states), cluster)
     compute, params, acts, valid = range_tables(states)
     pairs = Pairs.build(states.precedes)
+    twins = Twins.build(states.precedes, states.compute_s, states.parameter_bytes,
+                        states.activation_bytes, states.output_bytes)
     opts = SolveOptions(model, straight, memory_limit, sync)
     sols = []
     inner = 1
@@ -269,7 +273,7 @@ def solve(states: States, cluster: Cluster, model: str = "pipebench", straight: 
         final = i == len(cluster.levels) - 1
         use_dp = model == "pipebench" and i > 0 and not straight
         tables = LevelInput(compute, params, acts, valid, states.output_bytes,
-                            states.precedes, pairs)
+                            states.precedes, pairs, twins if i == 0 else None)
         nxt = cluster.levels[i + 1].workers if i == len(cluster.levels) - 2 else None
         sol = solve_level(tables, level, inner, opts, final, sync_params=peff,
                           dp_inner=(dp_c, dp_pe) if use_dp else None, next_units=nxt)
@@ -372,7 +376,8 @@ def data_parallel_time(states: States, cluster: Cluster, model: str,
 
 # Multi-level solves: an inner level under a final level of three or more units visits
 # every ordered triple of states (search.forward), so beyond MAX_TRIPLES_MULTI_LEVEL of them
-# (GNMT-16: 22 million, ~3 s here) the planner uses topological prefixes instead, and
-# coarsens prefix chains longer than MAX_STATES_MULTI_LEVEL to their narrowest half.
+# (GNMT-16: 22 million, 3.8 million after twins, ~0.2 s here; DenseNet-121: 13 million,
+# ~0.25 s) the planner uses topological prefixes instead, and coarsens prefix chains longer
+# than MAX_STATES_MULTI_LEVEL to their narrowest half.
 MAX_TRIPLES_MULTI_LEVEL = 25_000_000
 MAX_STATES_MULTI_LEVEL = 600
