@@ -128,3 +128,29 @@ def train_two_workers(workload: Workload, splits: DataSplits, system: str, steps
     finally:
         t.close()
     return t.model
+
+
+def two_bw_reference(workload: Workload, splits: DataSplits, steps: int,
+                     batch: int) -> LayerModel:
+    """2BW's rule in one process: minibatch t's gradient (the mean loss over all its
+    samples) taken at the weights of one update earlier, applied to the current weights
+    with the workload's optimizer: W(t+1) = W(t) - lr * grad f(W(t-1)), W(-1) = W(0)."""
+    torch.manual_seed(0)
+    model = workload.build("tiny", {**splits.train.meta, "init_seed": 0})
+    spec = workload.spec("tiny")
+    opt = make_optimizer(spec, model.parameters(), spec.lr)
+    names = [n for n, _ in model.named_parameters()]
+    order = epoch_order(len(splits.train), 0, 0)
+    older = {n: p.detach().clone() for n, p in model.named_parameters()}  # W(-1) = W(0)
+    for t in range(steps):
+        current = {n: p.detach().clone() for n, p in model.named_parameters()}  # W(t)
+        b = workload.make_batch(splits.train, order[t * batch:(t + 1) * batch])
+        params = {n: v.clone().requires_grad_() for n, v in older.items()}
+        loss = workload.loss(functional_call(model, params, (b.inputs,)), b.targets)
+        grads = torch.autograd.grad(loss, [params[n] for n in names])
+        for p, g in zip(model.parameters(), grads, strict=True):
+            p.grad = g
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        older = current
+    return model

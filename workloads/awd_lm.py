@@ -140,10 +140,7 @@ def lm_loss(outputs: Tuple, targets: Tensor) -> Tensor:
     return cross_entropy_tokens(outputs, targets, pad=-100)
 
 
-SOURCES = {"tiny": data_text.MarkovSource(64, 8, 0.5),
-           "small": data_text.MarkovSource(1000, 16, 0.5),
-           "full": data_text.MarkovSource(10000, 32, 0.5)}
-CORPUS = {"tiny": (60_000, 10_000), "small": (400_000, 40_000), "full": (1_000_000, 80_000)}
+SOURCES, CORPUS = data_text.SOURCES, data_text.CORPUS  # shared with GPT's default data
 
 
 def default_data(scale: str, seed: int) -> DataSplits:
@@ -156,7 +153,7 @@ def load_data(path: str, scale: str) -> DataSplits:
 
 
 def _target(scale: str, factor: float) -> float:
-    return round(SOURCES[scale].best_perplexity() * factor, 2)
+    return data_text.markov_target(scale, factor)
 
 
 _DROP = {"dropoute": 0.0, "dropouti": 0.0, "dropouth": 0.0, "dropout": 0.0, "wdrop": 0.0}

@@ -29,7 +29,8 @@ from torch import Tensor
 from core.errors import WorkloadError
 from workloads.base import Batch, Dataset, DataSplits, TensorData
 
-__all__ = ["MARKOV_SEED", "MarkovSource", "lm_batch", "markov", "ptb", "read_ptb_tokens", "windows"]
+__all__ = ["CORPUS", "MARKOV_SEED", "SOURCES", "MarkovSource", "lm_batch", "markov",
+           "markov_target", "ptb", "read_ptb_tokens", "windows"]
 
 MARKOV_SEED = 1150
 
@@ -121,6 +122,18 @@ def markov(source: MarkovSource, train_tokens: int, valid_tokens: int, bptt: int
                       f"Markov source V={source.vocab_size}, {source.branching} successors, "
                       f"(best perplexity {source.best_perplexity():.3f}), "
                       f"{train_tokens} train / {valid_tokens} valid tokens")
+
+
+# the default data of the language-model workloads (AWD-LM, GPT), per scale: the source
+# and the training / validation token counts
+SOURCES = {"tiny": MarkovSource(64, 8, 0.5), "small": MarkovSource(1000, 16, 0.5),
+           "full": MarkovSource(10000, 32, 0.5)}
+CORPUS = {"tiny": (60_000, 10_000), "small": (400_000, 40_000), "full": (1_000_000, 80_000)}
+
+
+def markov_target(scale: str, factor: float) -> float:
+    """A target on the scale's default data: ``factor`` x its best reachable perplexity."""
+    return round(SOURCES[scale].best_perplexity() * factor, 2)
 
 
 def read_ptb_tokens(file: Path) -> list[str]:

@@ -38,9 +38,11 @@ def test_count_parameters_counts_a_tied_tensor_once() -> None:
     assert tied_parameters(nn.ModuleList([a, b])) == [["0.weight", "1.weight"]]
 
 
-def test_registry_lists_six_workloads_and_rejects_unknown_names() -> None:
-    assert sorted(WORKLOADS) == ["awd-lm", "gnmt16", "gnmt8", "resnet50", "s2vt", "vgg16"]
+def test_registry_lists_the_workloads_and_rejects_unknown_names() -> None:
+    assert sorted(WORKLOADS) == ["awd-lm", "gnmt16", "gnmt8", "gpt", "gpt-llama", "resnet50",
+                                 "s2vt", "vgg16"]
     assert get("GNMT-8").name == "gnmt8"
+    assert get("llama").name == "gpt-llama"
     with pytest.raises(WorkloadError, match="unknown workload 'bert'.*vgg16"):
         get("bert")
     with pytest.raises(WorkloadError, match="unknown scale 'huge'"):

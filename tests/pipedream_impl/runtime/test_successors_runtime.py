@@ -7,14 +7,17 @@ from __future__ import annotations
 
 import pytest
 import torch
-from torch.func import functional_call
 
 from harness.config import RunConfig
 from pipedream_impl.runtime.contract import RunSettings, SystemSettings, WorkerSpec
 from pipedream_impl.runtime.local import local_executors, run_local
-from tests.pipeline_reference import close, single_process_reference, train_two_workers
+from tests.pipeline_reference import (
+    close,
+    single_process_reference,
+    train_two_workers,
+    two_bw_reference,
+)
 from workloads.base import LayerModel
-from workloads.recipe import epoch_order, make_optimizer
 from workloads.registry import get
 
 WL = get("vgg16")
@@ -34,31 +37,7 @@ def sequential(splits):
 
 @pytest.fixture(scope="module")
 def delayed(splits) -> LayerModel:
-    return two_bw_reference(splits, STEPS)
-
-
-def two_bw_reference(splits, steps: int) -> LayerModel:
-    """2BW's rule in one process: minibatch t's gradient (the mean loss over all its
-    samples) taken at the weights of one update earlier, applied to the current weights."""
-    torch.manual_seed(0)
-    model = WL.build("tiny", {**splits.train.meta, "init_seed": 0})
-    spec = WL.spec("tiny")
-    opt = make_optimizer(spec, model.parameters(), spec.lr)
-    names = [n for n, _ in model.named_parameters()]
-    order = epoch_order(len(splits.train), 0, 0)
-    older = {n: p.detach().clone() for n, p in model.named_parameters()}  # W(-1) = W(0)
-    for t in range(steps):
-        current = {n: p.detach().clone() for n, p in model.named_parameters()}  # W(t)
-        batch = WL.make_batch(splits.train, order[t * BATCH:(t + 1) * BATCH])
-        params = {n: v.clone().requires_grad_() for n, v in older.items()}
-        loss = WL.loss(functional_call(model, params, (batch.inputs,)), batch.targets)
-        grads = torch.autograd.grad(loss, [params[n] for n in names])
-        for p, g in zip(model.parameters(), grads, strict=True):
-            p.grad = g
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        older = current
-    return model
+    return two_bw_reference(WL, splits, STEPS, BATCH)
 
 
 def _in_process(schedule: str, microbatches: int) -> list:

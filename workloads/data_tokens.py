@@ -1,0 +1,95 @@
+"""Token streams for the GPT workloads: a learnable default, and the formats people train on.
+
+Default: a fixed random first-order Markov source (``data_text.SOURCES``, AWD-LM's, seeded
+independently of the run), so the best reachable perplexity is known in closed form and a
+target of 1.2 x that perplexity means "learned the source" at tiny scale, in minutes on a
+CPU.
+
+Real data (``--data PATH``), cut into windows of ``seq`` tokens (x = w[0:T], y = w[1:T+1],
+consecutive windows, as the language-model workloads do):
+
+- a directory holding ``train.bin`` and ``val.bin``: the nanoGPT / llm.c layout, a flat
+  array of little-endian uint16 token ids with no header (what nanoGPT's ``prepare.py``
+  writes with GPT-2's tokenizer). Both are memory-mapped: a window is read when a batch
+  asks for it, so OpenWebText's 9B tokens need no RAM. The vocabulary is the largest id
+  seen plus one (50,257 for GPT-2's tokenizer).
+- a UTF-8 text file, or a directory holding ``train.txt`` and ``val.txt``: byte-level
+  tokens (each byte an id, vocabulary 256: no tokenizer to download); a single file is
+  split 90/10 into training and validation text.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from core.errors import WorkloadError
+from workloads.base import Dataset, DataSplits
+from workloads.data_text import CORPUS, SOURCES, markov
+
+__all__ = ["BYTE_VOCAB", "TokenWindows", "default_data", "load", "read_bin"]
+
+BYTE_VOCAB = 256
+VALID_SHARE = 0.1  # of a single text file, held out for validation
+
+def default_data(scale: str, seq: int) -> DataSplits:
+    train, valid = CORPUS[scale]
+    return markov(SOURCES[scale], train, valid, seq, 0)
+
+
+class TokenWindows(Dataset):
+    """Consecutive windows of ``seq`` tokens over a 1-D array of token ids (a memory map
+    or an in-memory array); ``take`` reads only the windows asked for."""
+
+    def __init__(self, tokens: np.ndarray, seq: int, meta: dict) -> None:
+        self.n = (len(tokens) - 1) // seq
+        if self.n < 1:
+            raise WorkloadError(f"{len(tokens)} tokens are fewer than one window of {seq} + 1")
+        self.tokens, self.seq, self.meta = tokens, seq, meta
+
+    def __len__(self) -> int:
+        return self.n
+
+    def take(self, index: Tensor) -> dict[str, Tensor]:
+        rows = index.numpy()[:, None] * self.seq + np.arange(self.seq + 1)
+        w = torch.from_numpy(self.tokens[rows].astype(np.int64))
+        return {"x": w[:, :-1], "y": w[:, 1:]}
+
+
+def read_bin(file: Path) -> np.ndarray:
+    """A nanoGPT token file: uint16 ids, memory-mapped."""
+    if file.stat().st_size % 2:
+        raise WorkloadError(f"{file}: {file.stat().st_size} bytes is not a whole number of "
+                            "uint16 token ids (nanoGPT's train.bin/val.bin layout)")
+    return np.memmap(file, dtype=np.uint16, mode="r")
+
+
+def _bytes(file: Path) -> np.ndarray:
+    return np.frombuffer(file.read_bytes(), dtype=np.uint8)
+
+
+def load(path: str, seq: int) -> DataSplits:
+    root = Path(path)
+    if root.is_dir() and (root / "train.bin").exists() and (root / "val.bin").exists():
+        train, valid = read_bin(root / "train.bin"), read_bin(root / "val.bin")
+        vocab = int(max(train.max(initial=0), valid.max(initial=0))) + 1
+        kind = "uint16 token ids"
+    elif root.is_dir() and (root / "train.txt").exists() and (root / "val.txt").exists():
+        train, valid = _bytes(root / "train.txt"), _bytes(root / "val.txt")
+        vocab, kind = BYTE_VOCAB, "UTF-8 bytes"
+    elif root.is_file():
+        text = _bytes(root)
+        cut = int(len(text) * (1 - VALID_SHARE))
+        train, valid = text[:cut], text[cut:]
+        vocab, kind = BYTE_VOCAB, f"UTF-8 bytes, last {VALID_SHARE:.0%} held out"
+    else:
+        raise WorkloadError(f"{path}: expected a directory with train.bin and val.bin "
+                            "(nanoGPT's uint16 token ids), a directory with train.txt and "
+                            "val.txt, or one UTF-8 text file")
+    meta = {"vocab_size": vocab}
+    return DataSplits(TokenWindows(train, seq, meta), TokenWindows(valid, seq, meta),
+                      f"{path} ({kind}: {len(train)} train / {len(valid)} valid tokens, "
+                      f"vocabulary {vocab})")

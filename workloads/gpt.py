@@ -1,0 +1,222 @@
+"""GPT: the decoder-only transformer that today's pipeline schedules are compared on.
+
+Why it is here: Megatron-LM, DeepSpeed, torchtitan and the zero-bubble and DualPipe papers
+report on GPT/Llama-style models, where activation memory, a tied embedding and uneven
+first and last stages decide which schedule wins; PipeDream's six workloads (2019) cannot
+ask that question.
+
+Layers (every one a tuple-in, tuple-out ``Layer``, so any contiguous range is a stage):
+``Embed`` -> N pre-norm ``Block`` (x + attention(norm(x)), then x + MLP(norm(x))) ->
+``Head`` (final norm, then the vocabulary projection). Attention is causal and runs through
+torch's own ``scaled_dot_product_attention``. Two variants, two workloads:
+
+- ``gpt`` (GPT-2 style): learned positions, LayerNorm, GELU MLP (4x), the head's matrix
+  *is* the token embedding (one ``nn.Parameter`` registered in both layers, as AWD-LM's
+  decoder; on different stages the runtime's ties keep the two copies equal). Full scale
+  is GPT-2 124M (12 layers, width 768, 12 heads, 1024 positions, 50,257 tokens).
+- ``gpt-llama`` (Llama style): rotary position embedding on queries and keys, RMSNorm,
+  SwiGLU MLP, no biases, an untied head, so engines that cannot tie weights across
+  stages (the torch peers, DeepSpeed) run it too. Full scale is a ~1B configuration
+  (16 layers, width 2048, 32 heads, SwiGLU 5632, 32,000 tokens, 2048 positions).
+
+Data and metric: ``workloads.data_tokens`` (a Markov token stream by default, nanoGPT's
+``train.bin``/``val.bin`` or UTF-8 text); validation perplexity, the target a factor over
+the source's best reachable perplexity at tiny and small scale (as AWD-LM's).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor, nn
+from torch.nn import functional as F  # noqa: N812 - torch's own convention
+
+from workloads import data_tokens
+from workloads.awd_lm import evaluate_perplexity, lm_loss
+from workloads.base import Layer, LayerModel, ScaleSpec, Tuple, Workload
+from workloads.data_text import SOURCES, lm_batch, markov_target
+
+__all__ = ["GPT", "GPT_LLAMA", "Block", "Embed", "Head", "build", "parameter_formula", "rope"]
+
+STD = 0.02  # GPT-2's initialisation of every matrix
+
+
+class Embed(Layer):
+    """Token ids [B, T] -> hidden states [B, T, C] (plus learned positions, GPT-2)."""
+
+    def __init__(self, vocab: int, width: int, positions: int, learned_positions: bool,
+                 dropout: float) -> None:
+        super().__init__()
+        self.tokens = nn.Embedding(vocab, width)
+        nn.init.normal_(self.tokens.weight, std=STD)
+        self.positions = nn.Embedding(positions, width) if learned_positions else None
+        if self.positions is not None:
+            nn.init.normal_(self.positions.weight, std=STD / 2)
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, inputs: Tuple) -> Tuple:
+        x = self.tokens(inputs[0])
+        if self.positions is not None:
+            x = x + self.positions(torch.arange(x.shape[1], device=x.device))
+        return (self.dropout(x),)
+
+
+def rope(x: Tensor, base: float = 10000.0) -> Tensor:
+    """Rotary position embedding of ``x`` [B, H, T, D] (D even): channel pairs (i, i + D/2)
+    rotated by position t times base^(-2i/D) (the GPT-NeoX / Llama layout)."""
+    _, _, t, d = x.shape
+    inv = base ** (-torch.arange(0, d, 2, device=x.device, dtype=torch.float32) / d)
+    angles = torch.outer(torch.arange(t, device=x.device, dtype=torch.float32), inv)
+    cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)
+    a, b = x[..., : d // 2], x[..., d // 2:]
+    return torch.cat((a * cos - b * sin, a * sin + b * cos), dim=-1)
+
+
+class Block(Layer):
+    """One pre-norm transformer block: causal self-attention, then the MLP, each added to
+    the residual stream."""
+
+    def __init__(self, width: int, heads: int, hidden: int, llama: bool, dropout: float,
+                 layers: int) -> None:
+        super().__init__()
+        norm = nn.RMSNorm if llama else nn.LayerNorm
+        self.norm1, self.norm2 = norm(width), norm(width)
+        self.heads, self.llama, self.dropout = heads, llama, dropout
+        self.qkv = nn.Linear(width, 3 * width, bias=not llama)
+        self.proj = nn.Linear(width, width, bias=not llama)
+        if llama:  # SwiGLU: down(silu(gate(x)) * up(x))
+            self.up = nn.Linear(width, 2 * hidden, bias=False)
+        else:
+            self.up = nn.Linear(width, hidden)
+        self.down = nn.Linear(hidden, width, bias=not llama)
+        for lin in (self.qkv, self.proj, self.up, self.down):
+            nn.init.normal_(lin.weight, std=STD)
+            if lin.bias is not None:
+                nn.init.zeros_(lin.bias)
+        for lin in (self.proj, self.down):  # GPT-2's scaled residual projections
+            nn.init.normal_(lin.weight, std=STD / math.sqrt(2 * layers))
+        self.drop = nn.Dropout(dropout)
+
+    def attention(self, x: Tensor) -> Tensor:
+        b, t, c = x.shape
+        q, k, v = (z.view(b, t, self.heads, c // self.heads).transpose(1, 2)
+                   for z in self.qkv(x).split(c, dim=2))
+        if self.llama:
+            q, k = rope(q), rope(k)
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True,
+                                           dropout_p=self.dropout if self.training else 0.0)
+        return self.drop(self.proj(y.transpose(1, 2).reshape(b, t, c)))
+
+    def mlp(self, x: Tensor) -> Tensor:
+        if self.llama:
+            gate, up = self.up(x).chunk(2, dim=-1)
+            return self.drop(self.down(F.silu(gate) * up))
+        return self.drop(self.down(F.gelu(self.up(x))))
+
+    def forward(self, inputs: Tuple) -> Tuple:
+        x = inputs[0]
+        x = x + self.attention(self.norm1(x))
+        return (x + self.mlp(self.norm2(x)),)
+
+
+class Head(Layer):
+    """Final norm, then logits [B, T, V]: through the token embedding's own matrix when
+    ``tied`` is given (GPT-2), else through a matrix of its own."""
+
+    def __init__(self, width: int, vocab: int, llama: bool, tied: nn.Parameter | None) -> None:
+        super().__init__()
+        self.norm = nn.RMSNorm(width) if llama else nn.LayerNorm(width)
+        if tied is not None:
+            self.weight = tied  # the same Parameter: tied
+        else:
+            self.weight = nn.Parameter(torch.empty(vocab, width))
+            nn.init.normal_(self.weight, std=STD)
+
+    def forward(self, inputs: Tuple) -> Tuple:
+        return (F.linear(self.norm(inputs[0]), self.weight),)
+
+
+def _config(workload: Workload, scale: str, meta: dict) -> dict:
+    cfg = dict(workload.spec(scale).model)
+    cfg["vocab"] = int(meta.get("vocab_size", cfg["vocab"]))
+    return cfg
+
+
+def build_variant(workload: Workload, scale: str, meta: dict) -> LayerModel:
+    cfg = _config(workload, scale, meta)
+    llama = cfg["llama"]
+    torch.manual_seed(int(meta.get("init_seed", 0)))
+    embed = Embed(cfg["vocab"], cfg["width"], cfg["seq"], not llama, cfg["dropout"])
+    blocks = [Block(cfg["width"], cfg["heads"], cfg["hidden"], llama, cfg["dropout"],
+                    cfg["layers"]) for _ in range(cfg["layers"])]
+    head = Head(cfg["width"], cfg["vocab"], llama, None if llama else embed.tokens.weight)
+    return LayerModel([embed, *blocks, head])
+
+
+def parameter_formula(vocab: int, width: int, layers: int, hidden: int, seq: int,
+                      llama: bool) -> int:
+    """Parameters in closed form (a tied matrix counted once)."""
+    if llama:  # no biases; RMSNorm has a weight only; SwiGLU has three matrices
+        block = 4 * width * width + 3 * width * hidden + 2 * width
+        return 2 * vocab * width + layers * block + width
+    block = 4 * width * width + 4 * width + 2 * width * hidden + hidden + width + 4 * width
+    return vocab * width + seq * width + layers * block + 2 * width
+
+
+def _spec(model: dict, batch: int, lr: float, target: float, epochs: int,
+          **kw: object) -> ScaleSpec:
+    return ScaleSpec(model, batch, lr, target, optimizer="adam", epochs=epochs, **kw)
+
+
+def _scales(llama: bool) -> dict[str, ScaleSpec]:
+    tiny = {"vocab": SOURCES["tiny"].vocab_size, "width": 64, "heads": 4,
+            "layers": 4, "seq": 32, "dropout": 0.0, "llama": llama}
+    small = {"vocab": SOURCES["small"].vocab_size, "width": 256, "heads": 8,
+             "layers": 6, "seq": 128, "dropout": 0.0, "llama": llama}
+    if llama:  # SwiGLU width: 8/3 of the model's, as Llama sizes it
+        tiny["hidden"], small["hidden"] = 176, 688
+        full = {"vocab": 32000, "width": 2048, "heads": 32, "layers": 16, "seq": 2048,
+                "hidden": 5632, "dropout": 0.0, "llama": True}
+    else:
+        tiny["hidden"], small["hidden"] = 256, 1024
+        full = {"vocab": 50257, "width": 768, "heads": 12, "layers": 12, "seq": 1024,
+                "hidden": 3072, "dropout": 0.0, "llama": False}
+    return {
+        # no clipping at tiny and small scale: the runtime clips per stage (a global norm
+        # would need another all-reduce), which would make the systems differ
+        "tiny": _spec(tiny, 32, 3e-3, markov_target("tiny", 1.2), 10),
+        "small": _spec(small, 32, 1e-3, markov_target("small", 1.2), 10),
+        # nanoGPT's GPT-2 124M recipe: lr 6e-4 (Adam here, AdamW there), clip 1.0; a full
+        # run is a GPU job, its real-data target the OpenWebText validation loss of 2.85
+        # nanoGPT reports (perplexity 17.3)
+        "full": _spec(full, 8, 6e-4, markov_target("full", 1.2), 1, grad_clip=1.0,
+                      real_target=17.3, stall_timeout_s=900.0),
+    }
+
+
+def _workload(name: str, llama: bool) -> Workload:
+    style = ("Llama style: RoPE, RMSNorm, SwiGLU, untied head" if llama
+             else "GPT-2 style: learned positions, LayerNorm, GELU, tied head")
+    return Workload(
+        name=name, description=f"decoder-only transformer, {style}",
+        metric="perplexity", higher_is_better=False, scales=_scales(llama),
+        build=lambda scale, meta: build_variant(GPT_LLAMA if llama else GPT, scale, meta),
+        loss=lm_loss, make_batch=lm_batch, evaluate=evaluate_perplexity,
+        default_data=lambda scale, seed: data_tokens.default_data(
+            scale, (GPT_LLAMA if llama else GPT).spec(scale).model["seq"]),
+        load_data=lambda path, scale: data_tokens.load(
+            path, (GPT_LLAMA if llama else GPT).spec(scale).model["seq"]),
+        default_data_name="Markov token stream with known entropy rate (no download)",
+        real_data_name="nanoGPT train.bin/val.bin (uint16 token ids) or UTF-8 text (bytes)",
+        published_parameters=None if llama else 124_439_808,
+        static_shapes=True)  # fixed windows of `seq` tokens
+
+
+GPT = _workload("gpt", llama=False)
+GPT_LLAMA = _workload("gpt-llama", llama=True)
+
+
+def build(scale: str, meta: dict) -> LayerModel:
+    """The GPT-2 style model (``GPT.build``)."""
+    return build_variant(GPT, scale, meta)
