@@ -1,4 +1,6 @@
-"""Single-process simulation of PipeDream's update rule, driven by a schedule's versions.
+"""Single-process references of the pipeline systems' update rules: PipeDream's (driven by
+a schedule's versions, below), whole-minibatch training (``single_process_reference``) and
+PipeDream-2BW's delayed update (``two_bw_reference``).
 
 For minibatch t, stage s runs its forward with the weight version its F action names and
 its backward with the version its B action names (recomputing the stage's forward on the
@@ -133,8 +135,8 @@ def train_two_workers(workload: Workload, splits: DataSplits, system: str, steps
 def two_bw_reference(workload: Workload, splits: DataSplits, steps: int,
                      batch: int) -> LayerModel:
     """2BW's rule in one process: minibatch t's gradient (the mean loss over all its
-    samples) taken at the weights of one update earlier, applied to the current weights
-    with the workload's optimizer: W(t+1) = W(t) - lr * grad f(W(t-1)), W(-1) = W(0)."""
+    samples) taken at the weights of one update earlier, given to the workload's optimizer
+    at the current weights: W(t+1) = step(W(t), grad f(W(t-1))), W(-1) = W(0)."""
     torch.manual_seed(0)
     model = workload.build("tiny", {**splits.train.meta, "init_seed": 0})
     spec = workload.spec("tiny")

@@ -215,9 +215,9 @@ class Workload:
     real_data_name: str
     published_parameters: int | None = None  # at scale "full", for the tests
     # every minibatch (and so every inter-stage tensor) has the same shapes: the runtime
-    # then sends each link's shape header once instead of with every message and posts
-    # each link's next receive ahead (``pipedream_impl.runtime.comm``); a message whose
-    # shapes change is then an error, never silent corruption
+    # then sends each link's shape header once instead of with every message and, on
+    # gloo, posts each link's next receive ahead (``pipedream_impl.runtime.comm``); a
+    # message whose shapes change is then an error, never silent corruption
     static_shapes: bool = False
 
     def spec(self, scale: str) -> ScaleSpec:

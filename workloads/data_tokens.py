@@ -11,8 +11,10 @@ consecutive windows, as the language-model workloads do):
 - a directory holding ``train.bin`` and ``val.bin``: the nanoGPT / llm.c layout, a flat
   array of little-endian uint16 token ids with no header (what nanoGPT's ``prepare.py``
   writes with GPT-2's tokenizer). Both are memory-mapped: a window is read when a batch
-  asks for it, so OpenWebText's 9B tokens need no RAM. The vocabulary is the largest id
-  seen plus one (50,257 for GPT-2's tokenizer).
+  asks for it, so OpenWebText's 9B tokens need no RAM. The vocabulary is ``vocab_size``
+  from nanoGPT's ``meta.pkl`` where the directory has one (its character-level sets),
+  else GPT-2's 50,257; ids are checked against it on ``val.bin`` only (reading all of
+  ``train.bin`` would read 18 GB for OpenWebText, in every process).
 - a UTF-8 text file, or a directory holding ``train.txt`` and ``val.txt``: byte-level
   tokens (each byte an id, vocabulary 256: no tokenizer to download); a single file is
   split 90/10 into training and validation text.
@@ -20,6 +22,7 @@ consecutive windows, as the language-model workloads do):
 
 from __future__ import annotations
 
+import pickle
 from pathlib import Path
 
 import numpy as np
@@ -30,9 +33,11 @@ from core.errors import WorkloadError
 from workloads.base import Dataset, DataSplits
 from workloads.data_text import CORPUS, SOURCES, markov
 
-__all__ = ["BYTE_VOCAB", "TokenWindows", "default_data", "load", "read_bin"]
+__all__ = ["BYTE_VOCAB", "GPT2_VOCAB", "TokenWindows", "default_data", "load", "read_bin"]
+
 
 BYTE_VOCAB = 256
+GPT2_VOCAB = 50257  # GPT-2's BPE tokenizer: what nanoGPT's and llm.c's .bin files hold
 VALID_SHARE = 0.1  # of a single text file, held out for validation
 
 def default_data(scale: str, seq: int) -> DataSplits:
@@ -61,10 +66,24 @@ class TokenWindows(Dataset):
 
 def read_bin(file: Path) -> np.ndarray:
     """A nanoGPT token file: uint16 ids, memory-mapped."""
-    if file.stat().st_size % 2:
-        raise WorkloadError(f"{file}: {file.stat().st_size} bytes is not a whole number of "
+    size = file.stat().st_size
+    if size == 0 or size % 2:
+        raise WorkloadError(f"{file}: {size} bytes is not a whole, non-zero number of "
                             "uint16 token ids (nanoGPT's train.bin/val.bin layout)")
     return np.memmap(file, dtype=np.uint16, mode="r")
+
+
+def _bin_vocab(root: Path, valid: np.ndarray) -> int:
+    meta = root / "meta.pkl"
+    if meta.exists():
+        with open(meta, "rb") as f:  # nanoGPT's own file, next to the data it describes
+            vocab = int(pickle.load(f)["vocab_size"])
+    else:
+        vocab = GPT2_VOCAB
+    if int(valid.max()) >= vocab:
+        raise WorkloadError(f"{root}: val.bin holds token id {int(valid.max())}, outside the "
+                            f"vocabulary of {vocab} (GPT-2's, or meta.pkl's vocab_size)")
+    return vocab
 
 
 def _bytes(file: Path) -> np.ndarray:
@@ -75,11 +94,13 @@ def load(path: str, seq: int) -> DataSplits:
     root = Path(path)
     if root.is_dir() and (root / "train.bin").exists() and (root / "val.bin").exists():
         train, valid = read_bin(root / "train.bin"), read_bin(root / "val.bin")
-        vocab = int(max(train.max(initial=0), valid.max(initial=0))) + 1
-        kind = "uint16 token ids"
+        vocab, kind = _bin_vocab(root, valid), "uint16 token ids"
     elif root.is_dir() and (root / "train.txt").exists() and (root / "val.txt").exists():
         train, valid = _bytes(root / "train.txt"), _bytes(root / "val.txt")
         vocab, kind = BYTE_VOCAB, "UTF-8 bytes"
+    elif root.is_file() and root.suffix == ".bin":
+        raise WorkloadError(f"{path}: give the directory holding train.bin and val.bin, "
+                            "not one .bin file (it would be read as text)")
     elif root.is_file():
         text = _bytes(root)
         cut = int(len(text) * (1 - VALID_SHARE))

@@ -38,9 +38,8 @@ the memory rule for the units up to and including it. Ties go, as when the recur
 evaluated split by split (tests/pipedream_impl/planner/test_search.py), to the single
 stage, then to the fewest replicas of the last stage, then to the first split.
 
-Speed (2-core machine): GNMT-16 on A:4x4 took 1.5 s to solve one row at a time, half of it
-building each row's candidates from the precedence submatrix; 0.35 s now (0.2 s in
-``forward``). DenseNet-121, with no twins: 0.5 s -> 0.3 s.
+Speed: ``results/planner.md`` gives each solve's time (``pipebench planner-table``); the
+candidate build and the twins are what made GNMT-16's two-level solves fast.
 """
 
 from __future__ import annotations

@@ -15,10 +15,11 @@ Receives and all-reduces wait with a timeout: a peer that died turns into a
 ``CommTimeout`` on every worker waiting for it, never a hang. Sends are asynchronous
 (``isend``); their handles are completed at ``flush`` (the epoch's end). Completed handles
 are dropped every time the list doubles (amortised O(1) per send): NCCL's report their
-completion, but gloo's never do before ``wait``, so checking the whole list on every send,
-as this did before, cost O(sends) per send: 0.85 ms per send by the end of a tiny GNMT-8
-GPipe epoch (1000 sends). Waiting earlier for a send could deadlock a valid schedule (gloo
-completes a send only once its receive is posted), so nothing here blocks before ``flush``.
+completion, but gloo's never do before ``wait``, so checking the whole list on every send
+costs O(sends) per send, quadratic over an epoch of small microbatches. Waiting earlier
+for a send could deadlock a valid schedule (gloo completes a send only once its receive is
+posted), so nothing here blocks before ``flush``: on gloo the sent tensors stay referenced
+until the epoch's end (memory that grows with the epoch's messages).
 
 A replicated stage's gradients are averaged by the all-reduce the planner and the
 simulator model (``harness.sim.costs.Topology.ring_levels``): hierarchical, one level per

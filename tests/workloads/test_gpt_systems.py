@@ -1,7 +1,8 @@
 """The GPT workloads under every kind of system on two real worker processes, each against
 a single-process reference of its update rule (as the other workloads are tested):
 whole-minibatch SGD for the flush pipelines, data parallelism and the torch peers; the
-weight-stashing rule for PipeDream; W(t+1) = W(t) - lr grad f(W(t-1)) for PipeDream-2BW;
+weight-stashing rule for PipeDream; the optimizer's step at W(t) on grad f(W(t-1)) for
+PipeDream-2BW;
 and, for the GPT-2 variant whose head is the embedding, the tie rule with the embedding
 and the head on different stages."""
 
