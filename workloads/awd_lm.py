@@ -37,9 +37,10 @@ from workloads.base import (
     Workload,
     cross_entropy_tokens,
 )
+from workloads.data_text import markov_target
 from workloads.metrics import perplexity
 
-__all__ = ["AWD_LM", "CORPUS", "Embed", "SOURCES", "TiedDecoder", "WeightDropLSTM", "build",
+__all__ = ["AWD_LM", "Embed", "TiedDecoder", "WeightDropLSTM", "build",
            "default_data", "evaluate_perplexity", "lm_loss", "load_data", "locked_dropout",
            "tied_parameters"]
 
@@ -140,20 +141,14 @@ def lm_loss(outputs: Tuple, targets: Tensor) -> Tensor:
     return cross_entropy_tokens(outputs, targets, pad=-100)
 
 
-SOURCES, CORPUS = data_text.SOURCES, data_text.CORPUS  # shared with GPT's default data
-
-
 def default_data(scale: str, seed: int) -> DataSplits:
-    train, valid = CORPUS[scale]
-    return data_text.markov(SOURCES[scale], train, valid, AWD_LM.spec(scale).model["bptt"], seed)
+    """The Markov source of ``data_text.SOURCES`` (shared with GPT), in bptt windows; the
+    corpus is fixed, so ``seed`` is unused."""
+    return data_text.markov_default(scale, AWD_LM.spec(scale).model["bptt"])
 
 
 def load_data(path: str, scale: str) -> DataSplits:
     return data_text.ptb(path, AWD_LM.spec(scale).model["bptt"])
-
-
-def _target(scale: str, factor: float) -> float:
-    return data_text.markov_target(scale, factor)
 
 
 _DROP = {"dropoute": 0.0, "dropouti": 0.0, "dropouth": 0.0, "dropout": 0.0, "wdrop": 0.0}
@@ -163,16 +158,16 @@ AWD_LM = Workload(
     metric="perplexity", higher_is_better=False,
     scales={
         "tiny": ScaleSpec({"vocab": 64, "emb": 32, "hidden": 64, "bptt": 35, **_DROP,
-                           "wdrop": 0.1}, 32, 1e-2, _target("tiny", 1.2), optimizer="adam",
-                          grad_clip=0.25, epochs=40),
+                           "wdrop": 0.1}, 32, 1e-2, markov_target("tiny", 1.2),
+                          optimizer="adam", grad_clip=0.25, epochs=40),
         "small": ScaleSpec({"vocab": 1000, "emb": 200, "hidden": 400, "bptt": 35, **_DROP,
-                            "wdrop": 0.2, "dropouth": 0.1}, 32, 3e-3, _target("small", 1.2),
+                            "wdrop": 0.2, "dropouth": 0.1}, 32, 3e-3, markov_target("small", 1.2),
                            optimizer="adam", grad_clip=0.25, epochs=40),
         # Merity et al.'s PTB hyper-parameters (SGD lr 30, clip 0.25, batch 80, bptt 70); the
         # real-data target is their PTB validation perplexity without fine-tuning (60.0).
         "full": ScaleSpec({"vocab": 10000, "emb": 400, "hidden": 1150, "bptt": 70,
                            "dropoute": 0.1, "dropouti": 0.65, "dropouth": 0.3, "dropout": 0.4,
-                           "wdrop": 0.5}, 80, 30.0, _target("full", 1.2),
+                           "wdrop": 0.5}, 80, 30.0, markov_target("full", 1.2),
                           optimizer="sgd-plain", weight_decay=1.2e-6, grad_clip=0.25,
                           real_target=60.0, epochs=500),
     },

@@ -30,7 +30,7 @@ from core.errors import WorkloadError
 from workloads.base import Batch, Dataset, DataSplits, TensorData
 
 __all__ = ["CORPUS", "MARKOV_SEED", "SOURCES", "MarkovSource", "lm_batch", "markov",
-           "markov_target", "ptb", "read_ptb_tokens", "windows"]
+           "markov_default", "markov_target", "ptb", "read_ptb_tokens", "windows"]
 
 MARKOV_SEED = 1150
 
@@ -129,6 +129,12 @@ def markov(source: MarkovSource, train_tokens: int, valid_tokens: int, bptt: int
 SOURCES = {"tiny": MarkovSource(64, 8, 0.5), "small": MarkovSource(1000, 16, 0.5),
            "full": MarkovSource(10000, 32, 0.5)}
 CORPUS = {"tiny": (60_000, 10_000), "small": (400_000, 40_000), "full": (1_000_000, 80_000)}
+
+
+def markov_default(scale: str, window: int) -> DataSplits:
+    """The scale's default data: its source's corpus cut into windows of ``window``."""
+    train, valid = CORPUS[scale]
+    return markov(SOURCES[scale], train, valid, window, 0)
 
 
 def markov_target(scale: str, factor: float) -> float:

@@ -1,9 +1,7 @@
-"""Token streams for the GPT workloads: a learnable default, and the formats people train on.
+"""Token streams for the GPT workloads: the formats people train small GPTs on.
 
-Default: a fixed random first-order Markov source (``data_text.SOURCES``, AWD-LM's, seeded
-independently of the run), so the best reachable perplexity is known in closed form and a
-target of 1.2 x that perplexity means "learned the source" at tiny scale, in minutes on a
-CPU.
+Their default data is not here: it is AWD-LM's Markov source
+(``data_text.markov_default``), whose best reachable perplexity is known in closed form.
 
 Real data (``--data PATH``), cut into windows of ``seq`` tokens (x = w[0:T], y = w[1:T+1],
 consecutive windows, as the language-model workloads do):
@@ -31,18 +29,12 @@ from torch import Tensor
 
 from core.errors import WorkloadError
 from workloads.base import Dataset, DataSplits
-from workloads.data_text import CORPUS, SOURCES, markov
 
-__all__ = ["BYTE_VOCAB", "GPT2_VOCAB", "TokenWindows", "default_data", "load", "read_bin"]
-
+__all__ = ["BYTE_VOCAB", "GPT2_VOCAB", "TokenWindows", "load", "read_bin"]
 
 BYTE_VOCAB = 256
 GPT2_VOCAB = 50257  # GPT-2's BPE tokenizer: what nanoGPT's and llm.c's .bin files hold
 VALID_SHARE = 0.1  # of a single text file, held out for validation
-
-def default_data(scale: str, seq: int) -> DataSplits:
-    train, valid = CORPUS[scale]
-    return markov(SOURCES[scale], train, valid, seq, 0)
 
 
 class TokenWindows(Dataset):

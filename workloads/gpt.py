@@ -19,12 +19,13 @@ torch's own ``scaled_dot_product_attention``. Two variants, two workloads:
   stages (the torch peers, DeepSpeed) run it too. Full scale is a ~1B configuration
   (16 layers, width 2048, 32 heads, SwiGLU 5632, 32,000 tokens, 2048 positions).
 
-Data and metric: ``workloads.data_tokens`` (a Markov token stream by default, nanoGPT's
-``train.bin``/``val.bin`` or UTF-8 text); validation perplexity, evaluated in batches of a
-bounded number of logits (``evaluate``). The target on the default data is 1.2 x the
-source's best reachable perplexity at every scale (as AWD-LM's); on real data the full
-scale's is nanoGPT's GPT-2 124M validation loss on OpenWebText, meaningful for GPT-2
-token files only: give ``--target`` for other data.
+Data and metric: AWD-LM's Markov token stream by default (``data_text.markov_default``),
+or nanoGPT's ``train.bin``/``val.bin`` or UTF-8 text (``workloads.data_tokens``);
+validation perplexity, evaluated in batches of a bounded number of logits (``evaluate``).
+The target on the default data is 1.2 x the source's best reachable perplexity at every
+scale (as AWD-LM's); on real data the full scale's is nanoGPT's GPT-2 124M validation
+loss on OpenWebText, meaningful for GPT-2 token files only: give ``--target`` for other
+data.
 """
 
 from __future__ import annotations
@@ -38,10 +39,10 @@ from torch.nn import functional as F  # noqa: N812 - torch's own convention
 from workloads import data_tokens
 from workloads.awd_lm import evaluate_perplexity, lm_loss
 from workloads.base import Dataset, Layer, LayerModel, ScaleSpec, Tuple, Workload
-from workloads.data_text import SOURCES, lm_batch, markov_target
+from workloads.data_text import SOURCES, lm_batch, markov_default, markov_target
 
-__all__ = ["EVAL_LOGITS", "GPT", "GPT_LLAMA", "Block", "Embed", "Head", "build", "evaluate",
-           "parameter_formula", "rope"]
+__all__ = ["EVAL_LOGITS", "GPT", "GPT_LLAMA", "Block", "Embed", "Head", "build_variant",
+           "evaluate", "parameter_formula", "rope"]
 
 STD = 0.02  # GPT-2's initialisation of every matrix
 RMS_EPS = 1e-5  # Llama's RMSNorm epsilon
@@ -155,14 +156,10 @@ def evaluate(model: LayerModel, data: Dataset, batch_size: int) -> float:
     return evaluate_perplexity(model, data, max(1, min(batch_size, EVAL_LOGITS // per_window)))
 
 
-def _config(workload: Workload, scale: str, meta: dict) -> dict:
-    cfg = dict(workload.spec(scale).model)
-    cfg["vocab"] = int(meta.get("vocab_size", cfg["vocab"]))
-    return cfg
-
-
-def build_variant(workload: Workload, scale: str, meta: dict) -> LayerModel:
-    cfg = _config(workload, scale, meta)
+def build_variant(model: dict, meta: dict) -> LayerModel:
+    """The model a scale's ``model`` settings describe, for data whose ``meta`` may set
+    the vocabulary."""
+    cfg = {**model, "vocab": int(meta.get("vocab_size", model["vocab"]))}
     llama = cfg["llama"]
     torch.manual_seed(int(meta.get("init_seed", 0)))
     embed = Embed(cfg["vocab"], cfg["width"], cfg["seq"], not llama, cfg["dropout"])
@@ -217,15 +214,17 @@ def _scales(llama: bool) -> dict[str, ScaleSpec]:
 def _workload(name: str, llama: bool) -> Workload:
     style = ("Llama style: RoPE, RMSNorm, SwiGLU, untied head" if llama
              else "GPT-2 style: learned positions, LayerNorm, GELU, tied head")
+
+    def model(scale: str) -> dict:  # the workload's own check names a wrong scale
+        return (GPT_LLAMA if llama else GPT).spec(scale).model
+
     return Workload(
         name=name, description=f"decoder-only transformer, {style}",
         metric="perplexity", higher_is_better=False, scales=_scales(llama),
-        build=lambda scale, meta: build_variant(GPT_LLAMA if llama else GPT, scale, meta),
+        build=lambda scale, meta: build_variant(model(scale), meta),
         loss=lm_loss, make_batch=lm_batch, evaluate=evaluate,
-        default_data=lambda scale, seed: data_tokens.default_data(
-            scale, (GPT_LLAMA if llama else GPT).spec(scale).model["seq"]),
-        load_data=lambda path, scale: data_tokens.load(
-            path, (GPT_LLAMA if llama else GPT).spec(scale).model["seq"]),
+        default_data=lambda scale, seed: markov_default(scale, model(scale)["seq"]),
+        load_data=lambda path, scale: data_tokens.load(path, model(scale)["seq"]),
         default_data_name="Markov token stream with known entropy rate (no download)",
         real_data_name="nanoGPT train.bin/val.bin (uint16 token ids) or UTF-8 text (bytes)",
         published_parameters=None if llama else 124_439_808,
@@ -235,7 +234,3 @@ def _workload(name: str, llama: bool) -> Workload:
 GPT = _workload("gpt", llama=False)
 GPT_LLAMA = _workload("gpt-llama", llama=True)
 
-
-def build(scale: str, meta: dict) -> LayerModel:
-    """The GPT-2 style model (``GPT.build``)."""
-    return build_variant(GPT, scale, meta)
