@@ -14,7 +14,7 @@ import os
 from dataclasses import asdict, dataclass, field, fields
 
 from core.errors import UserInputError
-from harness import layouts, systems
+from harness import systems
 from pipedream_impl.runtime import STAGE_EXECUTOR, TIMEOUT_S, WARMUP_STEPS
 from pipedream_impl.runtime.faults import EVERY, Fault
 from pipedream_impl.runtime.stage_lr import STAGE_LR_RULES
@@ -158,8 +158,6 @@ class RunConfig:
                                              if s.rules and s.rules.from_file) + ")")
         if p.plan is not None and p.config is not None:
             raise UserInputError("give --plan or --config, not both")
-        if p.plan is not None:
-            layouts.refuse_plan(system)
 
     def _check_resilience(self, system: systems.System) -> None:
         """The watchdog, checkpoint and fault-injection options."""

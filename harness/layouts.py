@@ -19,7 +19,7 @@ from harness import systems
 from pipedream_impl.schedule import Layout
 
 __all__ = ["CONFIG", "DATA_PARALLEL", "ONE_PROCESS", "PLAN", "PLANNER", "STRAIGHT",
-           "LayoutChoice", "choose", "refuse_plan"]
+           "LayoutChoice", "choose"]
 
 ONE_PROCESS = "one process"  # the whole model in one worker
 DATA_PARALLEL = "data parallel"  # one stage: the whole model, replicated on every worker
@@ -62,12 +62,12 @@ def choose(system: systems.System, workers: int, *, config: str | None = None,
             raise UserInputError(f"{system.name} replicates the whole model: drop "
                                  "--plan/--config")
         return LayoutChoice(DATA_PARALLEL, (workers,))
-    if plan is not None:
-        refuse_plan(system)
     if not exact:
         require_int("--stages", stages, high=workers, why=f"the cluster has {workers} workers")
     flag = "--plan" if plan is not None else "--config"
-    if config is not None or plan is not None:
+    if plan is not None and v > 1:
+        choice = _several_per_worker_plan(system, plan, workers, exact)
+    elif config is not None or plan is not None:
         replicas = plan if plan is not None else Layout.from_config(config).replicas
         shown = "-".join(map(str, replicas))
         if exact and sum(replicas) != workers:
@@ -89,13 +89,21 @@ def choose(system: systems.System, workers: int, *, config: str | None = None,
     return choice
 
 
-def refuse_plan(system: systems.System) -> None:
-    """A plan has one stage per worker: refused where the system holds several (checked
-    before the plan file is read)."""
+def _several_per_worker_plan(system: systems.System, plan: tuple[int, ...], workers: int,
+                             exact: bool) -> LayoutChoice:
+    """A plan for a system that holds ``v`` stages per worker lists every model stage:
+    ``workers x v`` unreplicated stages, in model order (the schedule places them on the
+    workers); e.g. ``pipebench plan --straight`` for ``workers x v`` workers."""
     v = system.stages_per_rank
-    if v > 1:
-        raise UserInputError(f"{system.name} runs {v} stages per worker and a plan has one: "
-                             "drop --plan (give --config 1-1-... or the worker count)")
+    shown = "-".join(map(str, plan))
+    held = len(plan) // v
+    if any(r != 1 for r in plan) or len(plan) % v or (exact and held != workers) or (
+            not exact and held > workers):
+        raise UserInputError(f"{system.name} runs {v} unreplicated stages per worker, so "
+                             f"its plan lists {v * workers} stages of one replica each on "
+                             f"{workers} workers (plan for {v * workers} workers with "
+                             f"--straight); this plan has {shown}")
+    return LayoutChoice(PLAN, (1,) * held, v)
 
 
 def _check_layers(system: systems.System, choice: LayoutChoice, config: str | None,

@@ -5,8 +5,9 @@ rate (``RunConfig`` defaults, shared by all). The stage split is computed once f
 local profile: PipeDream runs the planner's plan for the worker count, and the
 unreplicated pipelines (gpipe, model-parallel, torch-gpipe, torch-1f1b, deepspeed-pipe)
 all run the planner's straight pipeline, so they share their stage boundaries exactly;
-the peers that hold several stages per worker (torch-interleaved-1f1b, torch-zb, torch-zbv,
-torch-dualpipev) split the model into that many stages, balanced on the local profile.
+the peers that hold ``v`` stages per worker (torch-interleaved-1f1b, torch-zb, torch-zbv,
+torch-dualpipev) run the planner's straight pipeline of ``workers x v`` stages on the same
+profile (``plan_key``), so their split, too, is decided once, not per run.
 ``single`` runs one worker with the whole thread budget (workers x threads per worker).
 
 Each system is its own MLflow run, nested under a parent run for the comparison, which
@@ -117,9 +118,20 @@ def _ratio(a: float, b: float | None) -> str:
     return f"{a / b:.2f}x"
 
 
+def plan_key(system: str) -> str:
+    """Which of ``shared_plans``'s plans ``system`` runs."""
+    s = systems.get(system)
+    if s.replicated_stages:
+        return "planned"
+    return "straight" if s.stages_per_rank == 1 else f"straight-x{s.stages_per_rank}"
+
+
 def shared_plans(base: RunConfig, workdir: Path) -> dict[str, str]:
-    """Plan files computed once: 'planned' (the planner's plan, for systems that replicate
-    stages) and 'straight' (the planner's unreplicated pipeline on the same profile)."""
+    """Plan files computed once from one local profile: 'planned' (the planner's plan, for
+    systems that replicate stages), 'straight' (the planner's unreplicated pipeline) and,
+    for the systems that hold ``v`` stages per worker, 'straight-xV' (the planner's
+    unreplicated pipeline of ``workers x v`` stages; left out where the model has fewer
+    layers: such a run is refused with the layout's own error)."""
     from harness.experiments.layout import LOCAL_BANDWIDTH
     from pipedream_impl.planner.cluster import Cluster, Level
     from pipedream_impl.planner.plan import plan_profile
@@ -128,9 +140,13 @@ def shared_plans(base: RunConfig, workdir: Path) -> dict[str, str]:
     wl = registry.get(base.workload)
     batch = base.data.batch_size or wl.spec(base.scale).batch_size
     prof = profile_workload(wl, base.scale, batch, resolve_device(base.device), steps=3)
-    cluster = Cluster((Level(base.workers, LOCAL_BANDWIDTH),))
+    several = sorted({s.stages_per_rank for s in systems.SYSTEMS if s.stages_per_rank > 1})
+    wanted = [("planned", base.workers, False), ("straight", base.workers, True)]
+    wanted += [(f"straight-x{v}", base.workers * v, True) for v in several
+               if base.workers * v <= len(prof.layers)]
     out = {}
-    for name, straight in (("planned", False), ("straight", True)):
+    for name, workers, straight in wanted:
+        cluster = Cluster((Level(workers, LOCAL_BANDWIDTH),))
         path = workdir / f"plan-{name}.json"
         path.write_text(plan_profile(prof, cluster, straight=straight).to_json())
         out[name] = str(path)
@@ -177,10 +193,7 @@ def system_config(base: RunConfig, system: str, plan: str | None, **changes) -> 
     if kind == "one-process":
         return base.replace(system=system, workers=1, threads=per_worker * base.workers,
                             **changes)
-    # several stages per worker (torch's interleaved and V schedules): the runtime's
-    # balancing splits the model into that many, not the plan's one per worker
-    uses_plan = base.workers > 1 and kind != "data-parallel" \
-        and systems.get(system).stages_per_rank == 1
+    uses_plan = base.workers > 1 and kind != "data-parallel"
     return base.replace(system=system, plan=plan if uses_plan else None,
                         threads=per_worker, **changes)
 
@@ -190,8 +203,7 @@ def _run_one(base: RunConfig, system: str, plans: dict[str, str], parent_id: str
     from harness.experiments.runner import run
     from pipedream_impl.runtime.launcher import PipelineFailure
 
-    replicated = systems.get(system).replicated_stages
-    cfg = system_config(base, system, plans.get("planned" if replicated else "straight"))
+    cfg = system_config(base, system, plans.get(plan_key(system)))
     try:
         return Row(system, run(cfg, progress, parent_run_id=parent_id))
     except UserInputError as e:

@@ -33,7 +33,7 @@ from core.errors import UserInputError
 from harness import metrics, systems
 from harness.config import RunConfig
 from harness.experiments import reference
-from harness.experiments.compare import shared_plans, system_config
+from harness.experiments.compare import plan_key, shared_plans, system_config
 from harness.experiments.suite import Cell, Suite
 from harness.reporting import tracking
 from harness.reporting.progress import Progress
@@ -107,12 +107,12 @@ class _Group:
 
     def config(self, cell: Cell) -> RunConfig:
         system = systems.get(cell.system)
+        plan = self.plans.get(plan_key(cell.system))
         if cell.mode == "time-to-target":
-            plan = self.plans.get("planned" if system.replicated_stages else "straight")
             return system_config(self.base, cell.system, plan, epochs=cell.epochs,
                                  max_steps_per_epoch=cell.steps)
-        plan = self.plans.get("straight")
-        stages = len(json.loads(Path(plan).read_text())["stages"]) if plan else 1
+        straight = self.plans.get("straight")  # M: by the pipeline's depth in workers
+        stages = len(json.loads(Path(straight).read_text())["stages"]) if straight else 1
         m = self.base.pipeline.microbatches or schedules.MICROBATCHES_PER_STAGE * stages
         b = self.base.data.batch_size or self.workload.spec(cell.scale).batch_size
         k = min(cell.steps or 1, self.n_train // (m * b))
@@ -147,6 +147,11 @@ def _measure(summary, speed: float) -> tuple[dict, dict]:  # noqa: ANN001 - a Ru
                 "steps_per_epoch": summary.epochs[0].steps if summary.epochs else None,
                 metrics.ACTIONS_PER_EPOCH: m.get(metrics.ACTIONS_PER_EPOCH)}
     return measured, counters
+
+
+def _split(stages: list | None) -> str | None:
+    """A run's layer ranges as text ("0-16|16-40"): what its byte counter depends on."""
+    return None if not stages else "|".join(f"{a}-{b}" for a, b in stages)
 
 
 def _per(throughput: float, speed: float) -> float | None:
@@ -242,6 +247,7 @@ def run_suite(suite: Suite, progress: Progress, experiment: str = "pipebench-sui
                 rec["counters"].append(counters)
                 rec["run_ids"].append(summary.run_id)
                 rec.update(config=summary.layout_params.get("config", "1"),
+                           split=_split(summary.layout_params.get("stages")),
                            batch=summary.batch_size,
                            microbatch=summary.batch_size
                            // int(summary.layout_params.get("microbatches", 1)),
@@ -305,7 +311,8 @@ def _cell_result(cell: Cell, rec: dict) -> dict:
             stats[name] = s.to_json()
     first = rec["counters"][0]
     consistent = all(c == first for c in rec["counters"])
-    out.update({k: rec.get(k) for k in ("config", "batch", "microbatch", "metric", "target",
+    out.update({k: rec.get(k) for k in ("config", "split", "batch", "microbatch", "metric",
+                                        "target",
                                         "curve", "timeline", "per_worker")})
     out.update(metrics=stats, counters={k: first.get(k) for k in COUNTERS},
                counters_consistent=consistent, run_ids=rec["run_ids"],

@@ -339,10 +339,15 @@ def layout_for(profile: Profile, cluster: Cluster, system: str, config: str | No
         return SimLayout([nodes], choice.replicas, None,
                          "data parallel: whole model per worker")
     if choice.stages_per_rank > 1:  # p workers x v stages, split as one straight pipeline
-        k = choice.stages  # of p x v stages on the cluster's innermost bandwidth
+        k, p = choice.stages, len(choice.replicas)  # p x v stages
+        if choice.source == layouts.PLAN:  # the plan lists all p x v stages
+            groups = plan_groups(plan)[0]
+            _check_plan_nodes(profile, groups)
+            return SimLayout(groups, choice.replicas, None, f"{p} workers x "
+                             f"{choice.stages_per_rank} stages, plan ({plan.config})")
+        # on the cluster's innermost bandwidth
         flat = Cluster((Level(k, cluster.levels[0].bandwidth),))
         groups = config_groups(profile, (1,) * k, flat)
-        p = len(choice.replicas)
         return SimLayout(groups, choice.replicas, None, f"{p} workers x "
                          f"{choice.stages_per_rank} stages, split on the profile")
     if choice.source == layouts.PLAN:

@@ -77,11 +77,25 @@ def test_run_and_simulation_take_the_same_decision() -> None:
         layouts.choose(pipedream, 8, config="2-1")
 
 
-def test_a_plan_is_refused_for_several_stages_per_worker_before_it_is_read() -> None:
-    many = next(s for s in systems.SYSTEMS if s.stages_per_rank > 1)
-    with pytest.raises(UserInputError, match="drop --plan"):
-        RunConfig.from_flags(system=many.name, workload="vgg16", workers=2,
-                             plan="/no/such/plan.json")
+@pytest.mark.parametrize("system", [s for s in systems.SYSTEMS if s.stages_per_rank > 1],
+                         ids=lambda s: s.name)
+def test_a_plan_for_several_stages_per_worker_lists_every_stage(
+        system: systems.System) -> None:
+    """Such a plan has workers x v unreplicated stages; anything else is refused, naming
+    the count it needs, in a run and in a simulation alike."""
+    v = system.stages_per_rank
+    for workers in (2, 3):
+        good = (1,) * (workers * v)
+        for exact in (True, False):
+            c = layouts.choose(system, workers, plan=good, plan_layers=40, layers=40,
+                               exact=exact, stages=None if exact else workers)
+            assert (c.source, c.replicas, c.stages) == (layouts.PLAN, (1,) * workers,
+                                                       workers * v)
+        for bad in ((1,) * workers, (1,) * (workers * v + 1), (2,) + (1,) * (workers * v - 1)):
+            with pytest.raises(UserInputError, match=f"lists {workers * v} stages"):
+                layouts.choose(system, workers, plan=bad, layers=40)
+    with pytest.raises(UserInputError, match="has only 3 layers"):
+        layouts.choose(system, 2, plan=(1,) * (2 * v), plan_layers=3, layers=3)
 
 
 def test_sections_take_flat_flags_and_give_them_back() -> None:

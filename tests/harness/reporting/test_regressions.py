@@ -83,6 +83,27 @@ def test_counters_must_match_exactly() -> None:
         assert _verdicts(changes) == {("ddp", name): "regression"}
 
 
+def test_bytes_are_judged_only_between_cells_of_one_split() -> None:
+    """A split moved by the suite's profile changes the bytes but is no regression of the
+    code: listed, not judged; every other counter, and the bytes of an unmoved split, must
+    still match exactly."""
+    base, cur = copy.deepcopy(BASE), copy.deepcopy(BASE)
+    base["cells"][0]["split"] = "0-16|16-40"
+    cur["cells"][0].update(split="0-14|14-40")
+    cur["cells"][0]["counters"]["bytes_per_sample"] = 1300.0
+    changes = compare_results([base], cur)
+    assert not has_regression(changes)
+    moved = next(c for c in changes if c.name == "bytes_per_sample")
+    assert moved.verdict == "not judged (split 0-16|16-40 -> 0-14|14-40)"
+    cur["cells"][0]["counters"]["actions_per_epoch"] = 161.0
+    assert _verdicts(compare_results([base], cur)) == {
+        ("pipedream", "actions_per_epoch"): "regression"}
+    same = copy.deepcopy(base)
+    same["cells"][0]["counters"]["bytes_per_sample"] = 1300.0
+    assert _verdicts(compare_results([base], same)) == {
+        ("pipedream", "bytes_per_sample"): "regression"}
+
+
 def test_a_cell_that_ran_and_now_fails_is_a_regression_a_new_one_is_not() -> None:
     cur = copy.deepcopy(BASE)
     cur["cells"][0].update(status="failed", note="rank 1 died")
