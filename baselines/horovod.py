@@ -23,7 +23,8 @@ Fusion changes how many messages carry them, not how many bytes.
 Launcher side (``HorovodLauncher``): the shared launcher (``pipedream_impl.runtime.launcher``) with
 workers started by ``horovodrun -np W -H localhost:W --gloo`` instead of
 ``torch.multiprocessing``; they connect back to the launcher over a local authenticated
-socket that carries the same control messages and epoch reports as the spawn queues.
+socket that carries the same control messages and epoch reports as the spawn queues
+(``pipedream_impl.runtime.remote``).
 The bootstrap builds Horovod for the CPU (gloo); GPU runs need a Horovod built with
 ``HOROVOD_GPU_OPERATIONS=NCCL``.
 """
@@ -33,22 +34,16 @@ from __future__ import annotations
 import dataclasses
 import os
 import pickle
-import queue
 import shutil
-import signal
-import subprocess
 import sys
-import tempfile
-import threading
-import time
-from multiprocessing.connection import Client, Connection, Listener
 from pathlib import Path
 
 import torch
 
 from baselines.data_parallel import DataParallelExecutor
-from pipedream_impl.runtime.contract import WorkerSpec, worker_main
-from pipedream_impl.runtime.launcher import Launcher, PipelineFailure
+from pipedream_impl.runtime.contract import WorkerSpec
+from pipedream_impl.runtime.launcher import PipelineFailure
+from pipedream_impl.runtime.remote import SocketLauncher, connect_back
 
 __all__ = ["HOROVOD_ENV", "HorovodExecutor", "HorovodLauncher"]
 
@@ -110,49 +105,6 @@ class HorovodExecutor(DataParallelExecutor):
             self.optimizer.step()
 
 
-# --- the control channel between the launcher and horovodrun's workers -----------------
-
-class _ConnEnd:
-    """Queue-like ``put``/``get`` over a socket; plain pickle (no shared-memory handles)."""
-
-    def __init__(self, conn: Connection) -> None:
-        self.conn = conn
-
-    def put(self, obj: object) -> None:
-        self.conn.send_bytes(pickle.dumps(obj))
-
-    def get(self, timeout: float | None = None) -> object:
-        if not self.conn.poll(timeout):
-            raise queue.Empty
-        return pickle.loads(self.conn.recv_bytes())
-
-
-class _PopenHandle:
-    """The horovodrun process as the launcher sees a worker (exitcode/is_alive/kill/join)."""
-
-    def __init__(self, popen: subprocess.Popen) -> None:
-        self.popen = popen
-
-    @property
-    def exitcode(self) -> int | None:
-        return self.popen.poll()
-
-    def is_alive(self) -> bool:
-        return self.popen.poll() is None
-
-    def kill(self) -> None:
-        try:
-            os.killpg(self.popen.pid, signal.SIGKILL)  # horovodrun and every rank
-        except ProcessLookupError:
-            pass
-
-    def join(self, timeout: float | None = None) -> None:
-        try:
-            self.popen.wait(timeout)
-        except subprocess.TimeoutExpired:
-            pass
-
-
 def horovodrun() -> str:
     exe = Path(sys.executable).parent / "horovodrun"
     found = str(exe) if exe.exists() else shutil.which("horovodrun")
@@ -162,86 +114,21 @@ def horovodrun() -> str:
     return found
 
 
-class HorovodLauncher(Launcher):
-    def _start(self, specs: list[WorkerSpec]) -> None:
+class HorovodLauncher(SocketLauncher):
+    """Workers started by ``horovodrun -np W -H localhost:W --gloo`` on this machine."""
+
+    name = "horovodrun"
+    cwd = str(REPO)
+
+    def _command(self, specs: list[WorkerSpec], spec_file: Path, address: tuple[str, int],
+                 authkey: bytes) -> tuple[list[str], dict[str, str]]:
         n = len(specs)
-        exe = horovodrun()  # before anything is opened: nothing to clean up if it is missing
-        authkey = os.urandom(16)
-        self._listener = Listener(("127.0.0.1", 0), authkey=authkey)
-        host, port = self._listener.address
-        self._tmp = tempfile.TemporaryDirectory(prefix="pipebench-horovod-")
-        spec_file = Path(self._tmp.name) / "spec.pkl"
-        spec_file.write_bytes(pickle.dumps(specs[0]))
-        self.log_path = Path(self._tmp.name) / "horovodrun.log"
-        cmd = [exe, "-np", str(n), "-H", f"localhost:{n}", "--gloo",
-               sys.executable, "-m", "baselines.horovod", str(spec_file), host, str(port),
-               authkey.hex()]
+        cmd = [horovodrun(), "-np", str(n), "-H", f"localhost:{n}", "--gloo",
+               sys.executable, "-m", "baselines.horovod", str(spec_file), address[0],
+               str(address[1]), authkey.hex()]
         env = {**os.environ, **HOROVOD_ENV,
                "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
-        with open(self.log_path, "wb") as log:
-            popen = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=log,
-                                     stderr=subprocess.STDOUT, start_new_session=True)
-        self.procs, self.names = [_PopenHandle(popen)], ["horovodrun"]
-        self.results: queue.Queue = queue.Queue()
-        self.controls: list[_ConnEnd] = []  # until every rank has connected
-        self.controls = self._connect(n, popen)
-
-    def _connect(self, n: int, popen: subprocess.Popen) -> list[_ConnEnd]:
-        accepted: queue.Queue = queue.Queue()
-
-        def accept() -> None:
-            for _ in range(n):
-                try:
-                    accepted.put(self._listener.accept())
-                except OSError:  # listener closed: the launcher gave up
-                    return
-
-        threading.Thread(target=accept, daemon=True).start()
-        ends: dict[int, _ConnEnd] = {}
-        deadline = time.monotonic() + self.timeout_s + 300  # horovodrun start-up included
-        while len(ends) < n:
-            try:
-                end = _ConnEnd(accepted.get(timeout=0.5))
-            except queue.Empty:
-                if popen.poll() is not None or time.monotonic() > deadline:
-                    self.fail(f"horovodrun ended (exit code {popen.poll()}) before all "
-                               f"{n} ranks connected:\n{self.log_tail()}")
-                continue
-            try:
-                rank = end.get(timeout=30)
-            except (queue.Empty, EOFError, OSError):
-                self.fail(f"a horovodrun rank connected but did not say which it is:\n"
-                          f"{self.log_tail()}")
-            ends[rank] = end
-            threading.Thread(target=self._read, args=(end, rank), daemon=True).start()
-        return [ends[r] for r in range(n)]
-
-    def _read(self, end: _ConnEnd, rank: int) -> None:
-        """Forward one rank's messages; a broken connection is that rank lost (the
-        launcher fails the run if it was still expected to report)."""
-        while True:
-            try:
-                self.results.put(end.get(timeout=None))
-            except (EOFError, OSError):
-                self.results.put(("lost", rank, None))
-                return
-
-    def log_tail(self, lines: int = 40) -> str:
-        try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
-        except OSError:
-            return ""
-
-    def fail(self, message: str) -> None:
-        tail = self.log_tail()
-        if tail and tail not in message:
-            message += f"\n--- horovodrun output (last lines) ---\n{tail}"
-        super().fail(message)
-
-    def close(self, kill: bool = False) -> None:
-        super().close(kill)
-        self._listener.close()
-        self._tmp.cleanup()
+        return cmd, env
 
 
 def main(argv: list[str]) -> None:
@@ -251,9 +138,7 @@ def main(argv: list[str]) -> None:
     hvd.init()
     spec = pickle.loads(Path(argv[0]).read_bytes())
     spec = dataclasses.replace(spec, rank=hvd.rank(), local_rank=hvd.local_rank())
-    end = _ConnEnd(Client((argv[1], int(argv[2])), authkey=bytes.fromhex(argv[3])))
-    end.put(spec.rank)
-    worker_main(spec, end, end)
+    connect_back(spec, argv[1], int(argv[2]), argv[3])
 
 
 if __name__ == "__main__":

@@ -15,7 +15,14 @@ from dataclasses import asdict, dataclass, field, fields
 
 from core.errors import UserInputError
 from harness import systems
-from pipedream_impl.runtime import STAGE_EXECUTOR, TIMEOUT_S, WARMUP_STEPS
+from pipedream_impl.runtime import (
+    LAUNCHERS,
+    SPAWN_LAUNCHER,
+    SRUN_LAUNCHER,
+    STAGE_EXECUTOR,
+    TIMEOUT_S,
+    WARMUP_STEPS,
+)
 from pipedream_impl.runtime.faults import EVERY, Fault
 from pipedream_impl.runtime.stage_lr import STAGE_LR_RULES
 from pipedream_impl.schedule import WEIGHT_MODES
@@ -76,6 +83,7 @@ class RunConfig:
     warmup_steps: int = WARMUP_STEPS  # excluded from throughput, not from TTA
     experiment: str = "pipebench"
     tags: dict[str, str] = field(default_factory=dict)
+    launcher: str = LAUNCHERS[0]  # local | srun (workers across a Slurm allocation's nodes)
     data: DataOptions = field(default_factory=DataOptions)
     pipeline: PipelineOptions = field(default_factory=PipelineOptions)
     failures: FailureOptions = field(default_factory=FailureOptions)
@@ -131,6 +139,26 @@ class RunConfig:
                                  "data-parallel system with --workers/--plan/--config")
         self._check_resilience(system)
         self._check_ranges()
+        self.worker_launcher()  # --launcher against the system
+
+    def worker_launcher(self) -> str | None:
+        """The ``module:Class`` that starts this run's workers (None: one process):
+        the system's own, or under ``--launcher srun`` the srun launcher, which starts
+        the workers our spawn launcher would (our runtime, the torch peers, DDP)."""
+        own = self.definition.launcher
+        if self.launcher not in (LAUNCHERS[0], "srun"):
+            raise UserInputError(f"--launcher {self.launcher}: a run itself starts its "
+                                 f"workers with local or srun (--launcher slurm submits a "
+                                 f"job that runs with srun)")
+        if self.launcher == "srun" and own is not None:
+            if own != SPAWN_LAUNCHER:
+                raise UserInputError(f"--system {self.system} starts its workers with its "
+                                     f"own launcher ({own}), which cannot start them across "
+                                     "a Slurm allocation yet; use one of "
+                                     + ", ".join(s.name for s in systems.SYSTEMS
+                                                 if s.launcher == SPAWN_LAUNCHER))
+            return SRUN_LAUNCHER
+        return own
 
     def _check_pipeline(self, system: systems.System) -> None:
         """The pipeline options against the system (files are checked at the edge)."""

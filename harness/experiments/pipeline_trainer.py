@@ -146,7 +146,7 @@ class PipelineTrainer:
         self.held: list[dict] = []  # every rank's checkpoint state at the last epoch's end
         self.link_base: dict[tuple[int, int], int] = {}  # bytes sent before a resume
         self.bytes_base = 0
-        self.launcher: Launcher = load(cfg.definition.launcher)(
+        self.launcher: Launcher = load(cfg.worker_launcher())(
             specs, stall_timeout_s=cfg.stall_timeout())
 
     def train_epoch(self, epoch: int) -> EpochStats:

@@ -1,6 +1,7 @@
 """The runtime: the executor contract (contract), our stage executor (stage_executor),
 communication with byte counts (comm), weight versions (weight_stash), the process
-launcher (launcher), all ranks in one process (local) and the torchrun entry point.
+launcher (launcher; workers that connect back: remote; across a Slurm allocation: srun), all
+ranks in one process (local) and the torchrun entry point.
 
 The two names below are how a registry or a spec refers to our executor and launcher
 without importing them (and torch): ``module:Class`` strings, loaded with
@@ -9,6 +10,9 @@ without importing them (and torch): ``module:Class`` strings, loaded with
 
 STAGE_EXECUTOR = "pipedream_impl.runtime.stage_executor:StageExecutor"
 SPAWN_LAUNCHER = "pipedream_impl.runtime.launcher:Launcher"
+# the same workers, started across a Slurm allocation's nodes (``--launcher srun``)
+SRUN_LAUNCHER = "pipedream_impl.runtime.srun:SrunLauncher"
+LAUNCHERS = ("local", "slurm", "srun")  # --launcher: here, submit a Slurm job, in a job
 
 # The runtime's defaults, here so that they are light to import: ``contract``'s settings
 # and ``harness.config`` (whose classes the CLI's flags read) take them from here.
