@@ -17,8 +17,6 @@ from core.errors import UserInputError
 from harness import systems
 from pipedream_impl.runtime import (
     LAUNCHERS,
-    SPAWN_LAUNCHER,
-    SRUN_LAUNCHER,
     STAGE_EXECUTOR,
     TIMEOUT_S,
     WARMUP_STEPS,
@@ -142,22 +140,15 @@ class RunConfig:
         self.worker_launcher()  # --launcher against the system
 
     def worker_launcher(self) -> str | None:
-        """The ``module:Class`` that starts this run's workers (None: one process):
-        the system's own, or under ``--launcher srun`` the srun launcher, which starts
-        the workers our spawn launcher would (our runtime, the torch peers, DDP)."""
+        """The ``module:Class`` that starts this run's workers (None: one process): the
+        system's own here, its ``cluster_launcher`` under ``--launcher srun``."""
         own = self.definition.launcher
         if self.launcher not in (LAUNCHERS[0], "srun"):
             raise UserInputError(f"--launcher {self.launcher}: a run itself starts its "
                                  f"workers with local or srun (--launcher slurm submits a "
                                  f"job that runs with srun)")
         if self.launcher == "srun" and own is not None:
-            if own != SPAWN_LAUNCHER:
-                raise UserInputError(f"--system {self.system} starts its workers with its "
-                                     f"own launcher ({own}), which cannot start them across "
-                                     "a Slurm allocation yet; use one of "
-                                     + ", ".join(s.name for s in systems.SYSTEMS
-                                                 if s.launcher == SPAWN_LAUNCHER))
-            return SRUN_LAUNCHER
+            return self.definition.cluster_launcher
         return own
 
     def _check_pipeline(self, system: systems.System) -> None:

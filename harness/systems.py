@@ -22,7 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from core.errors import UserInputError, lookup
-from pipedream_impl.runtime import SPAWN_LAUNCHER, STAGE_EXECUTOR
+from pipedream_impl.runtime import SPAWN_LAUNCHER, SRUN_LAUNCHER, STAGE_EXECUTOR
 from pipedream_impl.schedule import ACTION_NAMES
 from pipedream_impl.schedule import registry as schedules
 from pipedream_impl.schedule.registry import ScheduleKind
@@ -39,6 +39,8 @@ class System:
     summary: str  # one line for help texts and listings
     executor: str | None = None  # module:Class every worker runs (None: single process)
     launcher: str | None = SPAWN_LAUNCHER  # module:Class that starts and drives the workers
+    # ... across the nodes of a Slurm allocation (--launcher srun)
+    cluster_launcher: str = SRUN_LAUNCHER
     weight_modes: bool = False  # --weights / --in-flight apply
     reports_idle: bool = False  # its executor times idle per action: bubble fraction
     schedule: str | None = None  # the schedule its workers run (``schedule.registry``)
@@ -140,6 +142,7 @@ _DECLARED: tuple[System, ...] = (
            in_flight=1, aliases=("mp",)),
     System("horovod", "data-parallel", "Horovod data parallelism (horovodrun --gloo)",
            "baselines.horovod:HorovodExecutor", "baselines.horovod:HorovodLauncher",
+           cluster_launcher="baselines.horovod_srun:HorovodSrunLauncher",
            params={"gradient_sync": "hvd.DistributedOptimizer(op=Average, compression=none)",
                    "broadcast": "parameters and optimizer state from rank 0",
                    "tensor_fusion": "default (HOROVOD_FUSION_THRESHOLD unset: 128 MiB)",

@@ -6,7 +6,8 @@ scripts/netns_hosts.sh, so the two nodes talk over a real (veth) link; client co
 run in the first namespace, the "login node". Each test submits through the real command
 and compares with an independent reference: the same run on this machine's local launcher,
 which must give bit-identical training (the epochs' losses and qualities in MLflow).
-- a two-node pipedream job equals the local run, and its MLflow run is like a local one;
+- two-node jobs of our runtime (pipedream) and of Horovod equal their local runs, and their
+  MLflow runs are like local ones;
 - ``scancel`` mid-run: the run ends KILLED with its newest checkpoint, and ``--resume`` in
   a new job continues the same MLflow run to the same numbers as an uninterrupted run;
 - a node that dies mid-run (its slurmd and every process on it killed): the job ends
@@ -37,8 +38,8 @@ pytestmark = pytest.mark.multiprocess
 CLUSTER = REPO / "scripts" / "slurm_cluster.sh"
 PIPEBENCH = str(Path(sys.executable).parent / "pipebench")
 BOUNDS = ((0, 12), (12, 40))
-RUN = ["run", "--system", "pipedream", "--workload", "vgg16", "--workers", "2",
-       "--threads", "1", "--max-steps", "8", "--target", "2"]
+RUN = ["run", "--workload", "vgg16", "--workers", "2", "--threads", "1", "--max-steps", "8",
+       "--target", "2"]
 LOST_BOUND_S = 60.0  # a node dies: the job must have ended within this
 
 
@@ -63,6 +64,9 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]
         plan = Plan(tuple(Stage(b, 1, (i,), 0.0) for i, b in enumerate(BOUNDS)), 2, {})
         (work / "plan.json").write_text(plan.to_json())
         env.update(WORK=str(work), URI=f"sqlite:///{work}/mlflow.db")
+        import mlflow  # the store's tables made once: jobs that start together race to
+
+        mlflow.MlflowClient(tracking_uri=env["URI"]).search_experiments()  # create them
         yield env
     finally:
         subprocess.run([str(CLUSTER), "down", prefix], timeout=120, check=False)
@@ -109,6 +113,7 @@ def _history(uri: str, experiment: str) -> dict[str, list[tuple[int, float]]]:
 
 
 def _job_id(proc: subprocess.Popen, seen: list[str]) -> str:
+    """The job id from the submission's first line (kept in ``seen``)."""
     for line in proc.stdout:
         seen.append(line)
         if m := re.search(r"submitted job (\d+)", line):
@@ -123,25 +128,31 @@ def _wait_for(what: str, done, deadline_s: float) -> None:  # noqa: ANN001 - a p
         time.sleep(0.1)  # polling a file the job writes, with a deadline
 
 
-def test_a_two_node_pipedream_job_equals_the_local_run(cluster: dict[str, str]) -> None:
-    args = [*RUN, "--plan", f"{cluster['WORK']}/plan.json", "--epochs", "2"]
-    _local(cluster, [*args, "--experiment", "here"])
-    proc = _submit(cluster, [*args, "--experiment", "job"])
-    out, _ = proc.communicate(timeout=300)
-    assert proc.returncode == 0, out
-    assert f"RUNNING on {cluster['NODE0'].rsplit('-', 1)[0]}-h[0-1]" in out, out
-    assert "completed: state COMPLETED" in out
-    job = _run(cluster["URI"], "job")
-    assert job.info.status == "FINISHED"
-    assert job.data.params["config"] == "1-1"
-    assert _history(cluster["URI"], "job") == _history(cluster["URI"], "here")
+def test_two_node_jobs_equal_the_local_runs(cluster: dict[str, str]) -> None:
+    """Our runtime (one torchrun per node) and Horovod (its gloo rendezvous, ranks started
+    by srun), submitted together: each job's training equals the local run's."""
+    layout = {"pipedream": ["--plan", f"{cluster['WORK']}/plan.json"], "horovod": []}
+    args = {s: [*RUN, "--system", s, *extra, "--epochs", "2"] for s, extra in layout.items()}
+    jobs = {s: _submit(cluster, [*a, "--experiment", f"job-{s}"]) for s, a in args.items()}
+    for s, a in args.items():
+        _local(cluster, [*a, "--experiment", f"here-{s}"])
+    nodes = f"{cluster['NODE0'].rsplit('-', 1)[0]}-h[0-1]"
+    for s, proc in jobs.items():
+        out, _ = proc.communicate(timeout=300)
+        assert proc.returncode == 0, out
+        assert f"RUNNING on {nodes}" in out and "completed: state COMPLETED" in out, out
+        job = _run(cluster["URI"], f"job-{s}")
+        assert job.info.status == "FINISHED"
+        assert job.data.params["config"] == ("1-1" if s == "pipedream" else "2")
+        assert _history(cluster["URI"], f"job-{s}") == _history(cluster["URI"], f"here-{s}")
 
 
 def test_scancel_checkpoints_and_a_new_job_resumes_bit_identically(
         cluster: dict[str, str]) -> None:
     work = Path(cluster["WORK"])
     ckpt = work / "ckpt"
-    args = [*RUN, "--plan", f"{work}/plan.json", "--epochs", "4", "--max-steps", "24"]
+    args = [*RUN, "--system", "pipedream", "--plan", f"{work}/plan.json", "--epochs", "4",
+            "--max-steps", "24"]
     proc = _submit(cluster, [*args, "--experiment", "cancelled", "--checkpoint-dir",
                              str(ckpt)])
     seen: list[str] = []
@@ -167,12 +178,12 @@ def test_scancel_checkpoints_and_a_new_job_resumes_bit_identically(
 
 
 def test_a_node_that_dies_ends_the_job_naming_node_and_rank(cluster: dict[str, str]) -> None:
-    args = [*RUN, "--plan", f"{cluster['WORK']}/plan.json", "--epochs", "200",
-            "--experiment", "lost", "--timeout", "20"]
+    args = [*RUN, "--system", "pipedream", "--plan", f"{cluster['WORK']}/plan.json",
+            "--epochs", "200", "--experiment", "lost", "--timeout", "20"]
     proc = _submit(cluster, args)
     seen: list[str] = []
-    job = _job_id(proc, seen)
-    output = Path(cluster["WORK"]) / ".pipebench-jobs" / f"slurm-{job}.out"
+    _job_id(proc, seen)
+    output = Path(re.search(r"its output: (\S+)", "".join(seen)).group(1))
     _wait_for("first epoch", lambda: output.exists() and "epoch 1/" in output.read_text(), 240)
     node = cluster["NODE1"]
     pids = subprocess.run(["ip", "netns", "pids", node], capture_output=True, text=True,

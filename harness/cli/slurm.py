@@ -40,27 +40,29 @@ def submit_run(cfg: RunConfig, flags: SimpleNamespace, argv: list[str], quiet: b
         if os.environ.get(name):
             env[name] = os.environ[name]
     name = f"pipebench-{cfg.system}-{cfg.workload}"
-    script = batch_script(argv, req, name, workdir, cwd, env)
+    # one stem per submission: a job id Slurm reuses (a new cluster) finds no old output
+    stem = workdir / f"{name}-{datetime.datetime.now().strftime('%Y%m%d-%H%M%S-%f')}"
+    script = batch_script(argv, req, name, f"{stem}-%j.out", cwd, env)
     workdir.mkdir(exist_ok=True)  # Slurm opens the output file there before the script runs
     if flags.dry_run:
         sys.stdout.write(script)
         return
-    stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S-%f")
-    path = workdir / f"{name}-{stamp}.sh"
+    path = stem.with_suffix(".sh")
     path.write_text(script)
     job = submit(path)
-    output = workdir / f"slurm-{job}.out"
-    say = (lambda _: None) if quiet else (lambda text: console.print(text, highlight=False,
-                                                                      markup=False))
+    output = Path(f"{stem}-{job}.out")
+    say = (lambda _: None) if quiet else (lambda text: console.print(
+        text, highlight=False, markup=False, soft_wrap=True))  # paths unbroken
     say(f"submitted job {job} ({path}); its output: {output}")
     try:
         end = follow(job, output, (lambda _: None) if quiet else _echo, say)
     except KeyboardInterrupt:
         console.print(f"stopped following job {job}; it keeps running (squeue -j {job}; "
-                      f"scancel {job} stops it)", highlight=False, markup=False)
+                      f"scancel {job} stops it)", highlight=False, markup=False,
+                      soft_wrap=True)
         raise typer.Exit(130) from None
     if not end.ok:
-        console.print(end.describe(), highlight=False, markup=False)
+        console.print(end.describe(), highlight=False, markup=False, soft_wrap=True)
         raise typer.Exit(1)
     say(end.describe())
 

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import os
 from types import SimpleNamespace
 from typing import Annotated
 
@@ -136,6 +137,10 @@ def run(
     if launcher not in LAUNCHERS:
         raise UserInputError(f"--launcher must be one of {', '.join(LAUNCHERS)} "
                              f"(got {launcher!r})")
+    if launcher == "srun" and not os.environ.get("SLURM_JOB_NODELIST"):
+        raise UserInputError("--launcher srun runs inside a Slurm allocation (the job that "
+                             "--launcher slurm submits, or salloc); SLURM_JOB_NODELIST is "
+                             "not set")
     cfg, ckpt = _resumed(flags) if resume is not None else (_run_config(flags), None)
     if launcher == "slurm":
         from harness.cli.slurm import submit_run

@@ -9,6 +9,7 @@ before anything is submitted. (The job itself, on a real Slurm cluster:
 
 from __future__ import annotations
 
+import re
 import shlex
 from pathlib import Path
 
@@ -62,16 +63,20 @@ def test_the_job_runs_the_same_run_with_srun(tmp_path: Path,
     assert sbatch[:3] == ["#SBATCH --job-name=pipebench-gpipe-vgg16",
                           "#SBATCH --nodes=2", "#SBATCH --ntasks-per-node=1"]
     for want in ("--partition=gpu", "--time=1:00:00", "--signal=B:TERM@60",
-                 "--account=proj", f"--output={tmp_path}/.pipebench-jobs/slurm-%j.out"):
+                 "--account=proj"):
         assert f"#SBATCH {want}" in sbatch
+    (output,) = [x for x in sbatch if x.startswith("#SBATCH --output=")]
+    assert re.fullmatch(rf"#SBATCH --output={tmp_path}/\.pipebench-jobs/"
+                        r"pipebench-gpipe-vgg16-[0-9-]+-%j\.out", output), output
     assert (tmp_path / ".pipebench-jobs").is_dir()  # Slurm needs it before the job starts
     assert f"cd {tmp_path}" in lines
     assert f"export MLFLOW_TRACKING_URI=sqlite:///{tmp_path}/m.db" in lines
     exec_line = next(x for x in lines if x.startswith("exec "))
     argv = shlex.split(exec_line)[2:]
     assert argv[0] == "run" and argv[-2:] == ["--launcher", "srun"]
-    job = _captured_config(monkeypatch, argv)
     here = _captured_config(monkeypatch, ["run", *FLAGS])
+    monkeypatch.setenv("SLURM_JOB_NODELIST", "n[0-1]")  # inside the job
+    job = _captured_config(monkeypatch, argv)
     assert job.launcher == "srun" and here.launcher == "local"
     assert job.replace(launcher="local") == here
 
@@ -90,6 +95,6 @@ def test_gpus_and_worker_counts_must_fit_the_nodes(tmp_path: Path,
     assert r.exit_code != 0 and "--launcher must be one of local, slurm, srun" in _said(r)
     r = runner.invoke(app, ["run", *FLAGS, "--dry-run"])
     assert r.exit_code != 0 and "give --launcher slurm" in _said(r)
-    r = runner.invoke(app, ["run", "--system", "horovod", "--workload", "vgg16",
-                            "--workers", "2", "--launcher", "srun"])
-    assert r.exit_code != 0 and "cannot start them across a Slurm allocation" in _said(r)
+    monkeypatch.delenv("SLURM_JOB_NODELIST", raising=False)
+    r = runner.invoke(app, ["run", *FLAGS, "--launcher", "srun"])
+    assert r.exit_code != 0 and "runs inside a Slurm allocation" in _said(r)
