@@ -103,6 +103,13 @@ class System:
         return ("F",) if self.executor else ()
 
     @property
+    def syncs_ties(self) -> bool:
+        """It keeps a weight shared by two stages equal (our executor's tie rule,
+        ``pipedream_impl.runtime.ties``); peer engines step their own optimizers and keep
+        no tied copies in sync, so a split tying their stages is refused."""
+        return self.executor == STAGE_EXECUTOR
+
+    @property
     def straight(self) -> bool:
         """A pipeline of unreplicated stages (one worker per stage)."""
         return self.kind == "pipeline" and not self.replicated_stages

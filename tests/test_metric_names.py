@@ -27,6 +27,7 @@ NOT_A_METRIC = {
     ("harness/experiments/checkpoint.py", "epochs_to_target"),
     # a column of the simulated schedules table (results/schedules.json), not a run's metric
     ("harness/sim/schedule_table.py", "peak_memory_bytes"),
+    ("harness/sim/schedule_text.py", "peak_memory_bytes"),
 }
 
 

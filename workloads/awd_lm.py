@@ -27,22 +27,11 @@ from torch import Tensor, nn
 from torch.func import functional_call
 
 from workloads import data_text
-from workloads.base import (
-    Dataset,
-    DataSplits,
-    Layer,
-    LayerModel,
-    ScaleSpec,
-    Tuple,
-    Workload,
-    cross_entropy_tokens,
-)
-from workloads.data_text import markov_target
-from workloads.metrics import perplexity
+from workloads.base import DataSplits, Layer, LayerModel, ScaleSpec, Tuple, Workload
+from workloads.data_text import evaluate_perplexity, lm_loss, markov_target
 
 __all__ = ["AWD_LM", "Embed", "TiedDecoder", "WeightDropLSTM", "build",
-           "default_data", "evaluate_perplexity", "lm_loss", "load_data", "locked_dropout",
-           "tied_parameters"]
+           "default_data", "load_data", "locked_dropout", "tied_parameters"]
 
 
 def locked_dropout(x: Tensor, p: float, training: bool) -> Tensor:
@@ -118,27 +107,6 @@ def tied_parameters(model: nn.Module) -> list[list[str]]:
     for name, p in model.named_parameters(remove_duplicate=False):
         names.setdefault(id(p), []).append(name)
     return [group for group in names.values() if len(group) > 1]
-
-
-@torch.no_grad()
-def evaluate_perplexity(model: LayerModel, data: Dataset, batch_size: int) -> float:
-    was_training = model.training
-    model.eval()
-    device = next(model.parameters()).device
-    nll, tokens = 0.0, 0
-    for start in range(0, len(data), batch_size):
-        b = data_text.lm_batch(data, torch.arange(start, min(start + batch_size, len(data))))
-        b = b.to(device)
-        logits = model(b.inputs)[0]
-        nll += float(nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]),
-                                                 b.targets.reshape(-1), reduction="sum"))
-        tokens += b.targets.numel()
-    model.train(was_training)
-    return perplexity(nll, tokens)
-
-
-def lm_loss(outputs: Tuple, targets: Tensor) -> Tensor:
-    return cross_entropy_tokens(outputs, targets, pad=-100)
 
 
 def default_data(scale: str, seed: int) -> DataSplits:

@@ -1,4 +1,6 @@
-"""Language-model data: a Markov source with a known entropy rate, and PTB from disk.
+"""Language-model data (a Markov source with a known entropy rate, and PTB from disk), and
+what every language-model workload (AWD-LM, GPT) reads its windows with: the batch, the
+loss and the validation perplexity, one home for the three.
 
 Default data: a fixed first-order Markov chain over V tokens: each token has ``branching``
 random successors with probabilities drawn from a Dirichlet(alpha) distribution (seeded,
@@ -8,7 +10,9 @@ reachable perplexity and a target such as 1.2 x exp(H)
 means "learned the source", not "memorised the corpus".
 
 A stream of tokens is cut into windows of ``bptt`` tokens: a sample is (x = w[0:T],
-y = w[1:T+1]). Windows do not carry hidden state across minibatches (see awd_lm.py).
+y = w[1:T+1]). Windows do not carry hidden state across minibatches (see awd_lm.py). A
+window has no padding, so the loss (``lm_loss``) and the perplexity
+(``evaluate_perplexity``) count every target token.
 
 Real data: Penn Treebank as distributed with Mikolov's RNNLM toolkit / AWD-LSTM's
 ``getdata.sh``: ``ptb.train.txt``, ``ptb.valid.txt`` (and ``ptb.test.txt``), one sentence
@@ -24,13 +28,23 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from core.errors import WorkloadError
-from workloads.base import Batch, Dataset, DataSplits, TensorData
+from workloads.base import (
+    Batch,
+    Dataset,
+    DataSplits,
+    LayerModel,
+    TensorData,
+    Tuple,
+    cross_entropy_tokens,
+)
+from workloads.metrics import perplexity
 
-__all__ = ["CORPUS", "MARKOV_SEED", "SOURCES", "MarkovSource", "lm_batch", "markov",
-           "markov_default", "markov_target", "ptb", "read_ptb_tokens", "windows"]
+__all__ = ["CORPUS", "MARKOV_SEED", "SOURCES", "MarkovSource", "evaluate_perplexity",
+           "lm_batch", "lm_loss", "markov", "markov_default", "markov_target", "ptb",
+           "read_ptb_tokens", "windows"]
 
 MARKOV_SEED = 1150
 
@@ -110,6 +124,30 @@ def windows(stream: Tensor, bptt: int, meta: dict) -> TensorData:
 def lm_batch(data: Dataset, index: Tensor) -> Batch:
     d = data.take(index)
     return Batch((d["x"],), d["y"])
+
+
+def lm_loss(outputs: Tuple, targets: Tensor) -> Tensor:
+    """Mean token cross-entropy of logits ``outputs[0]`` [B, T, V] (no token is padding)."""
+    return cross_entropy_tokens(outputs, targets, pad=-100)
+
+
+@torch.no_grad()
+def evaluate_perplexity(model: LayerModel, data: Dataset, batch_size: int) -> float:
+    """Perplexity of ``model`` over every window of ``data``, ``batch_size`` windows at a
+    time, in eval mode (the model's mode is restored)."""
+    was_training = model.training
+    model.eval()
+    device = next(model.parameters()).device
+    nll, tokens = 0.0, 0
+    for start in range(0, len(data), batch_size):
+        b = lm_batch(data, torch.arange(start, min(start + batch_size, len(data))))
+        b = b.to(device)
+        logits = model(b.inputs)[0]
+        nll += float(nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]),
+                                                 b.targets.reshape(-1), reduction="sum"))
+        tokens += b.targets.numel()
+    model.train(was_training)
+    return perplexity(nll, tokens)
 
 
 def markov(source: MarkovSource, train_tokens: int, valid_tokens: int, bptt: int,

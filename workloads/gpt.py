@@ -37,9 +37,15 @@ from torch import Tensor, nn
 from torch.nn import functional as F  # noqa: N812 - torch's own convention
 
 from workloads import data_tokens
-from workloads.awd_lm import evaluate_perplexity, lm_loss
 from workloads.base import Dataset, Layer, LayerModel, ScaleSpec, Tuple, Workload
-from workloads.data_text import SOURCES, lm_batch, markov_default, markov_target
+from workloads.data_text import (
+    SOURCES,
+    evaluate_perplexity,
+    lm_batch,
+    lm_loss,
+    markov_default,
+    markov_target,
+)
 
 __all__ = ["EVAL_LOGITS", "GPT", "GPT_LLAMA", "Block", "Embed", "Head", "build_variant",
            "evaluate", "parameter_formula", "rope"]

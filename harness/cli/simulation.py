@@ -108,8 +108,8 @@ def _print_simulation(r, cl, system: str, how: str) -> None:  # noqa: ANN001
 
 _TABLES = ("table1", "other-tasks", "gpipe", "byteps", "today", "schedules", "validation")
 _CpuProfiles = Annotated[str | None, typer.Option(
-    help="folder of the S2VT, AWD-LM and ResNet-50 profiles measured on this CPU: read from "
-         "here, or measured and saved here (default: the repository's results/profiles)")]
+    help="folder of the S2VT, AWD-LM, GPT and ResNet-50 profiles measured on this CPU: read "
+         "from here, or measured and saved here (default: the repository's results/profiles)")]
 _ValidationSystems = Annotated[str, typer.Option(
     "--systems", help="validation: simulated systems",
     show_default=f"every system of our runtime that needs no schedule file, plus "
@@ -249,12 +249,13 @@ def _schedules(profiles: str | None, cpu_profiles: str, gpu_profiles: str, minib
     from pathlib import Path
 
     from harness.sim import schedule_table as st
+    from harness.sim import schedule_text
 
     rows = st.rows(profiles, cpu_profiles, gpu_profiles, minibatches, progress)
     png = str(Path(output).with_suffix(".png")) if output else None
     if png:
         st.plot(rows, png)
-    text = st.markdown(rows, command_line(), Path(png).name if png else None)
+    text = schedule_text.markdown(rows, command_line(), Path(png).name if png else None)
     if json_path:
         st.write_json(rows, json_path)
     return text

@@ -1,13 +1,14 @@
 """Where ``pipebench reproduce`` gets each model's profile, and what that profile is.
 
 The PipeDream authors' V100 ``graph.txt`` profiles (read by path from ``--profiles``) for
-every model that has one; S2VT and AWD-LM have none, so they use a profile of our
-full-scale model measured on this machine's CPU, scaled to a V100 by one factor: the ratio
-of ResNet-50's per-sample compute time here (our full-scale ResNet-50, measured) to the
-shared V100 ResNet-50 profile's. That is a crude stand-in for a GPU profile and is marked
-as such in every row that uses it. Measured CPU profiles are saved and read back from
-``--cpu-profiles`` (the repository's results/profiles by default), so later runs need no
-torch.
+every model that has one; S2VT and AWD-LM (Table 1) and the GPT workloads (``reproduce
+schedules``) have none, so they use a profile of our full-scale model measured on this
+machine's CPU, scaled to a V100 by one factor: the ratio of ResNet-50's per-sample compute
+time here (our full-scale ResNet-50, measured) to the shared V100 ResNet-50 profile's.
+That is a crude stand-in for a GPU profile and is marked as such in every row that uses
+it. Measured CPU profiles are saved and read back from ``--cpu-profiles`` (the
+repository's results/profiles by default), so later runs need no torch; deleting one
+measures it again.
 """
 
 from __future__ import annotations
@@ -18,10 +19,14 @@ from core.errors import UserInputError
 from harness.sim.paper import ROWS
 from pipedream_impl.profiling.profile import Profile, load_profile
 
-__all__ = ["OWN", "SHARED", "ProfileSource"]
+__all__ = ["OWN", "SHARED", "ProfileSource", "tie_extra"]
 
 SHARED = {r.label: r.profile for r in ROWS if r.profile is not None}  # label -> folder
-OWN = {"S2VT": ("s2vt", 16), "AWD-LM": ("awd-lm", 16)}  # (workload, batch) profiled here
+# label -> (workload, batch) profiled here at full scale: batches that take a few minutes
+# on a 2-core CPU (GPT-2 124M: its own batch of 8 windows of 1,024 tokens; the 0.95B
+# Llama-style model: one window of 2,048)
+OWN = {"S2VT": ("s2vt", 16), "AWD-LM": ("awd-lm", 16), "GPT-2 124M": ("gpt", 8),
+       "Llama-style 0.95B": ("gpt-llama", 1)}
 
 
 class ProfileSource:
@@ -91,30 +96,27 @@ class ProfileSource:
         return self._measured(name, batch, lambda: self._measure_own(name, batch))
 
     def _measure_own(self, name: str, batch: int) -> Profile:
+        """``profile_workload``'s measurement (warm-up 1, 2 timed) on one minibatch of the
+        full scale's shapes (``_full_shapes``), recording the layers that share a weight
+        (``tie_extra``)."""
         import torch
 
-        from pipedream_impl.profiling.profiler import profile_workload
+        from pipedream_impl.profiling.graph import Graph
+        from pipedream_impl.profiling.profiler import profile_layers
         from workloads import registry
 
         self.progress.note(f"profiling full-scale {name} here (batch {batch})")
         wl = registry.get(name)
-        if name != "s2vt":
-            return profile_workload(wl, "full", batch, torch.device("cpu"), warmup=1, steps=2)
-        # S2VT's full default dataset is 12,000 clips x 80 frames x 4,096 features (16 GB):
-        # profile on a few clips of the same shapes instead
-        from pipedream_impl.profiling.graph import Graph
-        from pipedream_impl.profiling.profiler import profile_layers
-        from workloads.data_seq2seq import synthetic_captions
-        from workloads.s2vt import _DATA
-
-        concepts, frames, feat, _ = _DATA["full"]
-        splits = synthetic_captions(concepts, frames, feat, 2 * batch, batch, noise=1.0,
-                                    seed=0)
-        m = wl.build("full", {**splits.train.meta, "init_seed": 0})
-        b = wl.make_batch(splits.train, torch.arange(batch))
+        data = _full_shapes(name, batch)
+        if data is None:
+            data = wl.default_data("full", 0).train
+        n = min(batch, len(data))
+        m = wl.build("full", {**data.meta, "init_seed": 0})
+        b = wl.make_batch(data, torch.arange(n))
         nodes = profile_layers(m, b, wl.loss, torch.device("cpu"), warmup=1, steps=2)
         return Profile.from_graph(Graph.chain(nodes), workload=name, scale="full",
-                                  batch_size=batch, device="cpu", source="measured")
+                                  batch_size=n, device="cpu", source="measured",
+                                  extra=tie_extra(m, [x.node_id for x in nodes]))
 
     def _measure_resnet(self) -> Profile:
         import torch
@@ -139,3 +141,48 @@ class ProfileSource:
             per_v = sum(n.forward_ms + n.backward_ms for n in v100.layers) / b
             self._factor = per / per_v
         return self._factor
+
+
+def _full_shapes(name: str, batch: int):  # noqa: ANN202 - a workloads Dataset, or None
+    """Samples of ``name``'s full-scale shapes where its default data does not serve
+    (None: profile on the default data): S2VT's full default dataset is 12,000 clips x 80
+    frames x 4,096 features (16 GB), so a few clips of the same shapes; the GPT models
+    take their vocabulary from the data and the default Markov stream has 10,000 tokens,
+    so random windows of the scale's own vocabulary and length (GPT-2's 50,257 x 1,024),
+    which cost what text would (dense embedding and logits)."""
+    import torch
+
+    from workloads import registry
+
+    if name == "s2vt":
+        from workloads.data_seq2seq import synthetic_captions
+        from workloads.s2vt import _DATA
+
+        concepts, frames, feat, _ = _DATA["full"]
+        return synthetic_captions(concepts, frames, feat, 2 * batch, batch, noise=1.0,
+                                  seed=0).train
+    if name in ("gpt", "gpt-llama"):
+        from workloads.data_text import windows
+
+        cfg = registry.get(name).spec("full").model
+        gen = torch.Generator().manual_seed(0)
+        stream = torch.randint(cfg["vocab"], (batch * cfg["seq"] + 1,), generator=gen)
+        return windows(stream, cfg["seq"], {"vocab_size": cfg["vocab"]})
+    return None
+
+
+def tie_extra(model, node_ids: list[str]) -> dict:  # noqa: ANN001 - a LayerModel
+    """A profile's ``extra`` for ``model``'s ties: ``{"ties": [{"layers": [a, b], "bytes":
+    B}]}``, the two nodes (one per layer) holding one weight of B bytes ({} without ties).
+    A profile counts such a weight in both layers' parameter bytes, as a pipeline holding
+    them on two stages keeps two copies; the simulator does not model ties (no tied-gradient
+    messages, and one stage holding both counts it twice), so its users say so."""
+    from pipedream_impl.runtime.ties import find_ties
+
+    ties = []
+    for t in find_ties(model, tuple((i, i + 1) for i in range(len(node_ids)))):
+        a, b = t.stages
+        p = model.layers[a].get_parameter(t.names[0].split(".", 2)[2])
+        ties.append({"layers": [node_ids[a], node_ids[b]],
+                     "bytes": float(p.numel() * p.element_size())})
+    return {"ties": ties} if ties else {}

@@ -5,13 +5,16 @@ flush (GPipe, PipeDream-Flush), delay updates by one step (PipeDream-2BW), inter
 several stages per worker (Megatron's interleaved 1F1B) or split the backward to fill the
 bubble (zero bubble: ZB1P, ZB-V, DualPipeV). This table simulates one system per schedule
 (``systems.COMPARED``) for VGG-16, GNMT-16 and ResNet-50 on the paper's clusters (the
-authors' V100 profiles) and on a current one (preset H, our H100 profiles), and reports
-per schedule: throughput (and its ratio to the row's best), the bubble (in steady state,
-the fraction of a worker's time per minibatch spent not computing: pipeline bubble and
-exposed communication, mean over workers), the largest worker's peak memory (weights + one
-optimizer slot, stashed versions, activations in flight) and the weight staleness (the
-most minibatches by which the weights a gradient is applied to are newer than those its
-forward used).
+authors' V100 profiles) and on a current one (preset H, our H100 profiles), and for our
+GPT-2 124M and Llama-style 0.95B workloads (``gpt``, ``gpt-llama``) on the paper's
+one-server clusters A:1x4 and B:1x8 (our full-scale profiles measured on a CPU and scaled
+to a V100 by one factor, as ``reproduce table1`` does for S2VT and AWD-LM: an estimate, so
+compare within a row), and reports per schedule: throughput (and its ratio to the row's
+best), the bubble (in steady state, the fraction of a worker's time per minibatch spent
+not computing: pipeline bubble and exposed communication, mean over workers), the largest
+worker's peak memory (weights + one optimizer slot, stashed versions, activations in
+flight) and the weight staleness (the most minibatches by which the weights a gradient is
+applied to are newer than those its forward used).
 
 Layouts: PipeDream gets the planner's configuration for the whole cluster; every straight
 schedule a pipeline over every worker (the planner's straight split; two stages per
@@ -30,24 +33,28 @@ import json
 from pathlib import Path
 
 from core.errors import UserInputError
-from core.markdown import markdown_table
 from harness import systems
-from harness.reporting.units import fmt_bytes
 from harness.sim.costs import AllReduceModel
-from harness.sim.simulator import SimOptions, SimResult, layout_for, simulate_system
+from harness.sim.simulator import SimLayout, SimOptions, SimResult, layout_for, simulate_system
 from pipedream_impl.planner.cluster import Cluster, parse_cluster
 from pipedream_impl.profiling.profile import Profile, load_profile
 from pipedream_impl.runtime.weight_stash import staleness
 
-__all__ = ["COLUMNS", "PAPER_CLUSTERS", "TODAY_CLUSTERS", "WORKLOADS", "cell", "markdown",
-           "plot", "rows", "staleness_of", "write_json"]
+__all__ = ["LM_CLUSTERS", "LM_WORKLOADS", "PAPER_CLUSTERS", "TODAY_CLUSTERS", "WORKLOADS",
+           "cell", "largest_layer", "plot", "repeated_layers", "rows", "stage_shares",
+           "staleness_of", "straight_cells", "tie_status", "write_json"]
 
 # (paper's label for the shared V100 profile, our workload name for the H100 profile)
 WORKLOADS = (("VGG-16", "vgg16"), ("GNMT-16", "gnmt16"), ("ResNet-50", "resnet50"))
 PAPER_CLUSTERS = ("A:1x4", "A:4x4", "B:1x8", "C:4x1")
 TODAY_CLUSTERS = ("H:1x8", "H:2x8")
-COLUMNS = ("workload", "cluster", "system", "layout", "samples/s", "of best", "bubble",
-           "peak memory per worker", "staleness")
+# our GPT workloads (``profile_source.OWN``: no V100 profile exists, so our full-scale CPU
+# profiles scaled to a V100, as ``reproduce table1``'s S2VT and AWD-LM rows) on the paper's
+# one-server clusters, 4 V100s on PCIe and 8 on NVLink (a DGX-1), with the calibrated
+# links the V100 rows use: one depth and twice that, where an 8-stage pipeline meets
+# GPT-2's head
+LM_WORKLOADS = ("GPT-2 124M", "Llama-style 0.95B")
+LM_CLUSTERS = ("A:1x4", "B:1x8")
 
 
 def staleness_of(system: str, result: SimResult) -> int:
@@ -75,13 +82,45 @@ def cell(prof: Profile, cl: Cluster, system: str, minibatches: int, factor: floa
         return {"system": system, "error": str(e)}
     # steady state: a worker's compute per minibatch over the time per minibatch
     busy = sum(r.utilisation.values()) * r.total_s / len(r.utilisation) / r.minibatches
-    return {"system": system, "layout": r.config,
-            "throughput_samples_s": r.throughput_samples_s,
-            "time_per_minibatch_s": r.time_per_minibatch_s,
-            "bubble": max(0.0, 1 - busy / r.time_per_minibatch_s),
-            "peak_memory_bytes": max(x["total"] for x in r.peak_memory.values()),
-            "bytes_per_sample": r.bytes_per_sample,
-            "staleness": staleness_of(system, r)}
+    out = {"system": system, "layout": r.config,
+           "throughput_samples_s": r.throughput_samples_s,
+           "time_per_minibatch_s": r.time_per_minibatch_s,
+           "bubble": max(0.0, 1 - busy / r.time_per_minibatch_s),
+           "peak_memory_bytes": max(x["total"] for x in r.peak_memory.values()),
+           "bytes_per_sample": r.bytes_per_sample,
+           "staleness": staleness_of(system, r),
+           "stage_shares": stage_shares(prof, layout)}
+    for tie in (prof.extra or {}).get("ties", [])[:1]:
+        out["tie"] = tie_status(layout, system, tie["layers"])
+    return out
+
+
+def stage_shares(prof: Profile, layout: SimLayout) -> list[float]:
+    """Each stage's share of the model's compute (forward + backward) per worker: a
+    replicated stage's divided by its replicas. A straight pipeline of p stages runs at
+    the pace of its largest share, so it idles at least 1 - 1/(p x largest) of the time."""
+    ms = {n.node_id: n.forward_ms + n.backward_ms for n in prof.layers}
+    total = sum(ms.values()) or 1.0
+    per = len(layout.groups) == len(layout.replicas)  # else several stages per worker
+    return [sum(ms[x] for x in g) / total / (layout.replicas[i] if per else 1)
+            for i, g in enumerate(layout.groups)]
+
+
+def tie_status(layout: SimLayout, system: str, layers: list[str]) -> str:
+    """Where a layout puts two layers sharing one weight, and whether a run could: "one
+    stage"; "synced" (two unreplicated stages of our runtime, which exchanges the tied
+    gradient: ``pipedream_impl.runtime.ties``; the simulator leaves those messages out);
+    "refused: replicated stage" or "refused: engine" (a peer engine keeps no tied copies
+    in sync) where a run is refused."""
+    on = {i for i, g in enumerate(layout.groups) for x in layers if x in g}
+    if len(on) < 2:
+        return "one stage"
+    if not systems.get(system).syncs_ties:
+        return "refused: engine"
+    per = len(layout.groups) == len(layout.replicas)
+    if per and any(layout.replicas[i] > 1 for i in on):
+        return "refused: replicated stage"
+    return "synced"
 
 
 def rows(profiles: str | None, cpu_profiles: str | None, today_profiles: str | None,
@@ -105,6 +144,9 @@ def rows(profiles: str | None, cpu_profiles: str | None, today_profiles: str | N
                  for spec in PAPER_CLUSTERS]
     plan += [(label, spec, load_profile(today[wl]), 1.0, "H100 (ours)", None)
              for label, wl in WORKLOADS if wl in today for spec in TODAY_CLUSTERS]
+    for label in LM_WORKLOADS:
+        prof, where, factor = source.get(label)
+        plan += [(label, spec, prof, factor, where, fit.model) for spec in LM_CLUSTERS]
     for label, spec, prof, factor, where, model in plan:
         progress.note(f"{label} on {spec}")
         cells = [cell(prof, parse_cluster(spec), s, minibatches, factor, model)
@@ -116,50 +158,40 @@ def rows(profiles: str | None, cpu_profiles: str | None, today_profiles: str | N
         out.append({"workload": label, "cluster": spec, "profile": where,
                     "batch": prof.batch_size,
                     "allreduce": "ideal ring" if model is None else "calibrated",
-                    "cells": cells})
+                    "parameter_bytes": sum(n.parameter_bytes for n in prof.layers),
+                    "largest_layer": largest_layer(prof),
+                    "repeated_layers": repeated_layers(prof),
+                    "ties": (prof.extra or {}).get("ties", []), "cells": cells})
     return out
 
 
-def _summary(row: dict) -> str:
-    ok = sorted((c for c in row["cells"] if "error" not in c),
-                key=lambda c: -c["throughput_samples_s"])
-    if len(ok) < 2:
-        return f"{row['workload']} on {row['cluster']}: fewer than two schedules ran"
-    a, b = ok[0], ok[1]
-    dp = next((c for c in ok if systems.get(c["system"]).kind == "data-parallel"), None)
-    light = min(ok, key=lambda c: c["peak_memory_bytes"])
-    text = (f"**{row['workload']} on {row['cluster']}** ({row['allreduce']} all-reduce): "
-            f"{a['system']} wins, "
-            f"{a['throughput_samples_s'] / b['throughput_samples_s'] - 1:+.0%} over "
-            f"{b['system']} (bubble {a['bubble']:.0%} vs {b['bubble']:.0%}")
-    if dp is not None and dp is not a:
-        text += f"; {a['throughput_samples_s'] / dp['throughput_samples_s']:.2f}x data " \
-                "parallelism"
-    text += f"); least memory: {light['system']} ({fmt_bytes(light['peak_memory_bytes'])})"
-    slow = ok[-1]
-    return text + (f"; slowest: {slow['system']} "
-                   f"({slow['throughput_samples_s'] / a['throughput_samples_s']:.2f} of the "
-                   "best).")
+def largest_layer(prof: Profile) -> dict:
+    """The layer with the most compute (forward + backward), its share and position."""
+    ms = [n.forward_ms + n.backward_ms for n in prof.layers]
+    i = max(range(len(ms)), key=ms.__getitem__)
+    where = "first" if i == 0 else "last" if i == len(ms) - 1 else f"number {i + 1}"
+    return {"id": prof.layers[i].node_id, "position": where,
+            "share": ms[i] / (sum(ms) or 1.0)}
 
 
-def markdown(table: list[dict], command: str, png: str | None = None) -> str:
-    lines = ["# Which schedule wins where", "", f"Generated by `{command}`.", "",
-             __doc__.split("\n\n", 1)[1].strip(), "", "## Row by row", ""]
-    lines += [f"- {_summary(r)}" for r in table]
-    if png:
-        lines += ["", f"![throughput and memory per schedule]({png})"]
-    lines += ["", "## Every schedule", ""]
-    cells = []
-    for r in table:
-        for c in r["cells"]:
-            head = [r["workload"], r["cluster"], c["system"]]
-            if "error" in c:
-                cells.append([*head, "n/a: " + c["error"][:70], "", "", "", "", ""])
-                continue
-            cells.append([*head, c["layout"], f"{c['throughput_samples_s']:.0f}",
-                          f"{c['of_best']:.2f}", f"{c['bubble']:.0%}",
-                          fmt_bytes(c["peak_memory_bytes"]), str(c["staleness"])])
-    return "\n".join(lines + markdown_table(COLUMNS, cells)) + "\n" + EXPLANATION
+def repeated_layers(prof: Profile) -> dict | None:
+    """The largest group of identical layers (one description: a transformer's blocks),
+    their count and their least and largest share of the compute. They do the same work,
+    so their spread is the profile's measurement noise. None without such a group."""
+    ms = [n.forward_ms + n.backward_ms for n in prof.layers]
+    groups: dict[str, list[float]] = {}
+    for n, t in zip(prof.layers, ms, strict=True):
+        groups.setdefault(n.desc, []).append(t / (sum(ms) or 1.0))
+    same = max(groups.values(), key=len)
+    return ({"count": len(same), "min_share": min(same), "max_share": max(same)}
+            if len(same) > 1 else None)
+
+
+def straight_cells(cells: list[dict]) -> list[dict]:
+    """The cells that ran a straight pipeline of one stage per worker (the planner's
+    straight split, the same for every such schedule of a row)."""
+    return [c for c in cells if "error" not in c and systems.get(c["system"]).straight
+            and systems.get(c["system"]).stages_per_rank == 1]
 
 
 def plot(table: list[dict], path: str) -> None:
@@ -196,64 +228,3 @@ def plot(table: list[dict], path: str) -> None:
 
 def write_json(table: list[dict], path: str) -> None:
     Path(path).write_text(json.dumps(table, indent=1) + "\n")
-
-
-EXPLANATION = """
-## Why the ranking comes out as it does
-
-- **PipeDream wins where its planner's replicated stages are cheap to synchronise and the
-  alternative is communication-bound** (VGG-16 on A:1x4 and A:4x4): it replicates the
-  convolutional front, where weights are small and activations large, and runs the fully
-  connected back on one worker; no flush, so the steady state has almost no bubble. On
-  GNMT-16 A:1x4 its plan is a straight 1-1-1-1 and it ties with 2BW (neither flushes).
-  It pays in memory (a stashed version per minibatch in flight: the largest peak in
-  almost every row) and in staleness (in minibatches: a replicated input stage applies r
-  at a time, up to 15 on GNMT-16 A:4x4).
-- **PipeDream loses where the planner's plan meets a slower all-reduce than it planned
-  for**: the planner sees nominal bandwidth, the paper rows simulate the calibrated
-  all-reduce (NVLink at a fitted 0.2 GB/s effective, `reproduce table1`), so on B:1x8 its
-  6-2 (VGG-16) or 3-5 (GNMT-16) spends most of each period synchronising; with the ideal
-  ring (preset H) it comes second to DP. Its 1F1B-RR also waits at a blocking all-reduce
-  barrier each round (see `reproduce today`).
-- **Among the straight pipelines, 2BW leads** wherever compute dominates (B:1x8, GNMT-16
-  on A:4x4): no flush, so no (p - 1) / (m + p - 1) bubble per minibatch; its remaining
-  bubble is the stages' imbalance (the slowest stage sets the pace). PipeDream-Flush and
-  GPipe pay the flush. With equal stages and free links their bubbles are equal (tests);
-  here GPipe is ahead in about half the rows, which we attribute to unequal stages and transfers
-  (all forwards first lets a fast stage run ahead; 1F1B ties each backward to the next
-  forward) without having isolated it; GPipe holds all m microbatches' activations for
-  it (its memory column), PipeDream-Flush at most p.
-- **ZB-H1 (our runtime's zero-bubble schedule, one stage per worker) is the best flushing
-  straight pipeline in most rows**: the same 1F1B order with each backward split into the
-  input gradient (sent at once) and the weight gradient (deferred into the drain), so its
-  bubble is a third of PipeDream-Flush's with equal F, I, W (tests) at the same activation
-  peak; 2BW, which does not flush at all, is still ahead of it in most rows. Here W is
-  charged as half of each weighted layer's backward, an assumption, not a measurement.
-- **Two stages per worker (torch's interleaved 1F1B, ZB1P, ZB-V, DualPipeV) helps only
-  where the model splits evenly into 2p pieces and links are fast**: their bubble is
-  smaller in theory ((p - 1)/(vm), zero for ZB-V; see tests) but each extra cut crosses a
-  link (bytes per sample up to about 1.7x the straight split's, e.g. GNMT-16 on A:1x4) and
-  VGG-16's and ResNet-50's uneven layers give a worse slowest stage at 2p stages. ZB-V and
-  DualPipeV keep the V's turn on one worker (one cut fewer on a link than the looped
-  placements) and fill the bubble with weight gradients, so they lead this group and beat
-  the flush schedules on ResNet-50 (A:1x4, B:1x8). Rows with fewer layers than 2p stages
-  (GNMT-16 and ResNet-50 on H:2x8, our 19- and 23-layer profiles) cannot run them.
-- **Data parallelism wins on C:4x1 and on every current-cluster row**: on C (one GPU per
-  server on 10 Gbps) the calibrated network efficiency is 1.0 and DP's ring overlaps with
-  the backward, while every pipeline's cut crosses the same slow network; on preset H
-  (NVLink 4, 400 Gbps, ideal ring) the all-reduce hides behind the backward entirely.
-  Where the calibrated all-reduce is slow (A and B rows) DP's exposed communication is
-  its bubble column (up to 94% for GNMT-16, whose LSTM weights are large).
-- **Deep straight pipelines (16 stages on A:4x4 and H:2x8) all lose**: the profiles'
-  layers are too unequal for 16 or 32 balanced stages, and cuts cross the slow
-  inter-server link.
-- **Memory**: flush schedules hold one weight version; 2BW two; PipeDream one per
-  minibatch in flight on early stages. Activations in flight: GPipe keeps all m
-  microbatches, 1F1B-style schedules at most the pipeline's depth, interleaving about one
-  more round, ZB-V as 1F1B. PipeDream-Flush is the lightest in most rows.
-- **Staleness**: 0 for every flushing schedule and data parallelism, 1 for 2BW, more for
-  PipeDream (counted in minibatches; a replicated stage applies r at a time).
-- Microbatch compute scales linearly here; on a real GPU small microbatches run below
-  peak, which penalises the microbatched schedules (not modelled). GNMT-16's V100
-  profile is of a small batch, hence its low samples/s: compare within a row.
-"""

@@ -1,4 +1,5 @@
-"""workloads/metrics.py and the Markov source's entropy rate, against known values."""
+"""workloads/metrics.py, the language-model perplexity (data_text.evaluate_perplexity) and the
+Markov source's entropy rate, against known values."""
 
 from __future__ import annotations
 
@@ -9,9 +10,8 @@ import pytest
 import torch
 
 from workloads import metrics
-from workloads.awd_lm import evaluate_perplexity
 from workloads.base import Layer, LayerModel
-from workloads.data_text import MarkovSource, windows
+from workloads.data_text import MarkovSource, evaluate_perplexity, windows
 
 
 def test_bleu_of_identical_and_disjoint_sentences() -> None:

@@ -1,5 +1,6 @@
-"""harness/sim/calibration.py and reproduce.py: the calibrated all-reduce against its closed
-form written out by hand, the fit's residuals recomputed, the rows and the JSON schema."""
+"""harness/sim/calibration.py, reproduce.py and profile_source.py: the calibrated all-reduce
+against its closed form written out by hand, the fit's residuals recomputed, the rows and
+the JSON schema, and what the GPT CPU profiles are measured on."""
 
 from __future__ import annotations
 
@@ -162,3 +163,26 @@ def test_a_cluster_outside_the_papers_is_refused() -> None:
     odd = Cluster((Level(4, 7e9),))
     with pytest.raises(UserInputError, match="preset cluster"):
         MODEL.seconds(Topology(odd, [0, 1, 2, 3]), (0, 1), MB)
+
+
+def test_gpt_cpu_profiles_use_the_full_scales_vocabulary_and_record_the_tie() -> None:
+    """The default Markov data has 10,000 tokens and the GPT models take their vocabulary
+    from the data: the profiled minibatch must carry the scale's own (GPT-2's 50,257), and
+    GPT-2's embedding and head, one matrix, are recorded as a tie of that many bytes."""
+    import torch
+
+    from harness.sim.profile_source import _full_shapes, tie_extra
+    from workloads.registry import get
+
+    for name in ("gpt", "gpt-llama"):
+        cfg = get(name).spec("full").model
+        data = _full_shapes(name, 2)
+        assert data.meta["vocab_size"] == cfg["vocab"] and len(data) == 2
+        x = data.take(torch.arange(2))["x"]
+        assert x.shape == (2, cfg["seq"]) and int(x.max()) < cfg["vocab"]
+    gpt2 = get("gpt").build("tiny", {})
+    width, vocab = get("gpt").spec("tiny").model["width"], get("gpt").spec("tiny").model["vocab"]
+    ids = [f"layer{i}" for i in range(len(gpt2.layers))]
+    assert tie_extra(gpt2, ids) == {"ties": [{"layers": ["layer0", ids[-1]],
+                                              "bytes": 4.0 * width * vocab}]}
+    assert tie_extra(get("gpt-llama").build("tiny", {}), ids) == {}
