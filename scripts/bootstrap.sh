@@ -66,6 +66,9 @@ $PIP install --quiet cloudpickle pyyaml packaging  # Horovod's runtime requireme
 # openssh-server: tests/test_multinode.py starts horovodrun's remote rank over ssh inside a
 # network namespace (apt, idempotent; skipped with a note when neither root nor sudo)
 ./scripts/install_sshd.sh
+# Slurm and MUNGE: tests/test_slurm.py starts a two-node Slurm cluster (scripts/slurm_cluster.sh)
+# on network-namespace hosts (apt, no service started; skipped with a note without root)
+./scripts/install_slurm.sh
 
 log "installing pipebench (editable)"
 $PIP install --quiet --no-deps --no-build-isolation -e .

@@ -3,6 +3,7 @@ group), ``regressions``, ``compare`` (from the MLflow store) and ``dashboard``."
 
 from __future__ import annotations
 
+from types import SimpleNamespace
 from typing import Annotated
 
 import typer
@@ -10,7 +11,18 @@ import typer
 from core.errors import UserInputError, require_int, require_output
 from harness import systems
 from harness.cli.app import app, command_line, console, emit
-from harness.cli.options import Output, Quiet
+from harness.cli.options import (
+    DryRun,
+    GpusPerNode,
+    Launcher,
+    Nodes,
+    Output,
+    Partition,
+    Quiet,
+    SbatchArg,
+    TimeLimit,
+)
+from harness.cli.slurm import check_launcher, job_argv, submit_job
 
 __all__ = ["bench", "check_cells", "compare", "dashboard", "regressions"]
 
@@ -74,31 +86,37 @@ def bench(
     plant: _Plant = None,
     output: Output = None,
     quiet: Quiet = False,
+    launcher: Launcher = "local",
+    nodes: Nodes = 1,
+    gpus_per_node: GpusPerNode = 0,
+    partition: Partition = None,
+    time_limit: TimeLimit = None,
+    dry_run: DryRun = False,
+    sbatch_arg: SbatchArg = None,
 ) -> None:
     """Run a benchmark suite (repeated, systems interleaved; median and spread) and report it.
 
-    The numbers are recorded, never asserted."""
+    The numbers are recorded, never asserted. --launcher slurm runs the whole suite as one
+    Slurm job (its cells one after another on the same nodes)."""
+    flags = SimpleNamespace(**locals())  # every option, by its parameter's name
     from harness.experiments import bench as bench_lib
-    from harness.experiments.suite import load_suite
     from harness.experiments.suite_run import run_suite
     from harness.reporting.progress import Progress
     from harness.reporting.results import write_result
 
-    if repeats is not None and repeats < 1:
-        raise UserInputError(f"--repeats must be at least 1 (got {repeats})")
+    check_launcher(flags)
     require_output(json_out, "--json")
     require_output(output)
     plants = planted(plant)
-    if suite:
-        spec = load_suite(suite)
-    else:
-        names = tuple(s.strip() for s in system_names.split(",") if s.strip())
-        if not names:
-            raise UserInputError("--systems needs at least one system, e.g. pipedream,gpipe")
-        spec = bench_lib.adhoc_suite(workload, names, workers, scale, epochs, steps,
-                                     repeats or 3, threads, device, batch_size, microbatches)
+    spec = _suite(flags)
     check_cells(spec)
-    result = run_suite(spec, Progress(enabled=not quiet), experiment, repeats, plants)
+    if launcher == "slurm":
+        submit_job(f"pipebench-bench-{spec.name}", [c.workers for c in spec.cells
+                                                    if systems.get(c.system).multi_process]
+                   or [1], spec.threads, flags, job_argv("bench", bench, flags), quiet)
+        return
+    result = run_suite(spec, Progress(enabled=not quiet), experiment, repeats, plants,
+                       launcher)
     if json_out:
         write_result(result, json_out)
         console.print(f"wrote {json_out}")
@@ -106,6 +124,23 @@ def bench(
     if result["mlflow"]:
         console.print(f"MLflow parent run {result['mlflow']['parent_run_id']} "
                       f"({result['mlflow']['tracking_uri']})", highlight=False)
+
+
+def _suite(f: SimpleNamespace):  # noqa: ANN202 - a harness.experiments.suite.Suite
+    """``--suite``'s suite, else the ad-hoc group ``bench``'s options describe."""
+    from harness.experiments import bench as bench_lib
+    from harness.experiments.suite import load_suite
+
+    if f.repeats is not None and f.repeats < 1:
+        raise UserInputError(f"--repeats must be at least 1 (got {f.repeats})")
+    if f.suite:
+        return load_suite(f.suite)
+    names = tuple(s.strip() for s in f.system_names.split(",") if s.strip())
+    if not names:
+        raise UserInputError("--systems needs at least one system, e.g. pipedream,gpipe")
+    return bench_lib.adhoc_suite(f.workload, names, f.workers, f.scale, f.epochs, f.steps,
+                                 f.repeats or 3, f.threads, f.device, f.batch_size,
+                                 f.microbatches)
 
 
 def check_cells(spec) -> None:  # noqa: ANN001 - a harness.experiments.suite.Suite

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import os
 from types import SimpleNamespace
 from typing import Annotated
 
@@ -12,9 +11,24 @@ import typer
 from core.errors import UserInputError, require_output
 from harness import systems
 from harness.cli.app import app, command_line, console
-from harness.cli.options import Device, Epochs, MaxSteps, Quiet, Scale, Seed, Workload
+from harness.cli.options import (
+    Device,
+    DryRun,
+    Epochs,
+    GpusPerNode,
+    Launcher,
+    MaxSteps,
+    Nodes,
+    Partition,
+    Quiet,
+    SbatchArg,
+    Scale,
+    Seed,
+    TimeLimit,
+    Workload,
+)
+from harness.cli.slurm import check_launcher, job_argv, submit_job
 from harness.config import FailureOptions, PipelineOptions, RunConfig
-from pipedream_impl.runtime import LAUNCHERS
 
 __all__ = ["compare_run", "run", "workloads"]
 
@@ -61,26 +75,6 @@ _InjectFault = Annotated[str | None, typer.Option(
          "(every ACTION of RANK takes FACTOR times as long), e.g. slow:1:F:1.2")]
 
 
-_Launcher = Annotated[str, typer.Option(
-    help="local: workers on this machine; slurm: submit this run as a Slurm job (sbatch) "
-         "and follow it; srun: inside a Slurm allocation, workers on every node")]
-_Nodes = Annotated[int, typer.Option(help="--launcher slurm: nodes (--workers split evenly)")]
-_GpusPerNode = Annotated[int, typer.Option(
-    help="--launcher slurm: GPUs per node (one worker each)")]
-_Partition = Annotated[str | None, typer.Option(help="--launcher slurm: partition")]
-_TimeLimit = Annotated[str | None, typer.Option(
-    "--time", help="--launcher slurm: time limit (Slurm's format, e.g. 1:00:00)")]
-_DryRun = Annotated[bool, typer.Option(
-    help="--launcher slurm: print the batch script (and make its output folder), submit "
-         "nothing")]
-_SbatchArg = Annotated[list[str] | None, typer.Option(
-    help="--launcher slurm: another sbatch option, verbatim (repeatable), e.g. "
-         "--sbatch-arg=--account=proj")]
-# the options that shape the job, not the run: not passed on to the job's own run
-_SUBMIT_ONLY = ("launcher", "nodes", "gpus_per_node", "partition", "time_limit", "dry_run",
-                "sbatch_arg")
-
-
 @app.command()
 def run(
     workload: _RunWorkload = None,
@@ -119,13 +113,13 @@ def run(
     = FailureOptions.checkpoint_every_epochs,
     resume: _Resume = None,
     inject_fault: _InjectFault = None,
-    launcher: _Launcher = RunConfig.launcher,
-    nodes: _Nodes = 1,
-    gpus_per_node: _GpusPerNode = 0,
-    partition: _Partition = None,
-    time_limit: _TimeLimit = None,
-    dry_run: _DryRun = False,
-    sbatch_arg: _SbatchArg = None,
+    launcher: Launcher = RunConfig.launcher,
+    nodes: Nodes = 1,
+    gpus_per_node: GpusPerNode = 0,
+    partition: Partition = None,
+    time_limit: TimeLimit = None,
+    dry_run: DryRun = False,
+    sbatch_arg: SbatchArg = None,
 ) -> None:
     """Train a workload with one system until the target or the epoch budget (here, or as
     a Slurm job: --launcher slurm)."""
@@ -134,42 +128,14 @@ def run(
     from harness.reporting.progress import Progress
     from harness.reporting.tables import print_summary
 
-    if launcher not in LAUNCHERS:
-        raise UserInputError(f"--launcher must be one of {', '.join(LAUNCHERS)} "
-                             f"(got {launcher!r})")
-    if launcher == "srun" and not os.environ.get("SLURM_JOB_NODELIST"):
-        raise UserInputError("--launcher srun runs inside a Slurm allocation (the job that "
-                             "--launcher slurm submits, or salloc); SLURM_JOB_NODELIST is "
-                             "not set")
+    check_launcher(flags)
     cfg, ckpt = _resumed(flags) if resume is not None else (_run_config(flags), None)
     if launcher == "slurm":
-        from harness.cli.slurm import submit_run
-
-        submit_run(cfg, flags, _job_argv(flags), quiet)
+        submit_job(f"pipebench-{cfg.system}-{cfg.workload}", [cfg.workers], cfg.threads,
+                   flags, job_argv("run", run, flags), quiet)
         return
-    if dry_run:
-        raise UserInputError("--dry-run prints a Slurm job's script: give --launcher slurm")
-    summary = run_system(cfg.replace(launcher=launcher), Progress(enabled=not quiet),
-                         resume=ckpt)
-    print_summary(summary, console)
-
-
-def _job_argv(f: SimpleNamespace) -> list[str]:
-    """``run``'s arguments for the job's own run: every option not at its default, less
-    the submission's own, then ``--launcher srun``."""
-    import inspect
-
-    argv: list[str] = []
-    for name, param in inspect.signature(run).parameters.items():
-        value = getattr(f, name)
-        if name in _SUBMIT_ONLY or value == param.default:
-            continue
-        flag = "--" + name.replace("_", "-")
-        if isinstance(value, bool):
-            argv.append(flag if value else f"--no-{name.replace('_', '-')}")
-        else:
-            argv += [flag, str(value)]
-    return ["run", *argv, "--launcher", "srun"]
+    print_summary(run_system(cfg.replace(launcher=launcher), Progress(enabled=not quiet),
+                             resume=ckpt), console)
 
 
 def _run_config(f: SimpleNamespace):  # noqa: ANN202 - a harness.config.RunConfig

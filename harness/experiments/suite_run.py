@@ -188,10 +188,12 @@ def _order(cells: list[Cell], repeat: int) -> list[Cell]:
 
 
 def run_suite(suite: Suite, progress: Progress, experiment: str = "pipebench-suite",
-              repeats: int | None = None, plant: dict | None = None) -> dict:
+              repeats: int | None = None, plant: dict | None = None,
+              launcher: str = "local") -> dict:
     """Run ``suite`` and return its result document (schema in ``results``); ``plant``:
     {system: a straggler ``Fault``} injected into that system's runs (a planted
-    regression, recorded in the result's ``suite.plant``)."""
+    regression, recorded in the result's ``suite.plant``); ``launcher``: where the cells'
+    workers run (``srun``: across the Slurm allocation the suite runs in)."""
     plant = plant or {}
     from harness.experiments.runner import run
     from pipedream_impl.runtime.launcher import PipelineFailure
@@ -220,7 +222,7 @@ def run_suite(suite: Suite, progress: Progress, experiment: str = "pipebench-sui
                     if cell.group not in group_setups:
                         group_setups[cell.group] = _Group(cell, suite, experiment,
                                                           Path(tmp) / str(len(group_setups)))
-                    cfg = group_setups[cell.group].config(cell)
+                    cfg = group_setups[cell.group].config(cell).replace(launcher=launcher)
                     if cell.system in plant:
                         cfg = cfg.replace(fault=plant[cell.system])
                     if cell.mode == "time-to-target":  # a claim over seeds: seed = repeat

@@ -98,3 +98,24 @@ def test_gpus_and_worker_counts_must_fit_the_nodes(tmp_path: Path,
     monkeypatch.delenv("SLURM_JOB_NODELIST", raising=False)
     r = runner.invoke(app, ["run", *FLAGS, "--launcher", "srun"])
     assert r.exit_code != 0 and "runs inside a Slurm allocation" in _said(r)
+
+
+def test_a_suite_is_one_job_whose_bench_has_the_same_options(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Options named unlike their parameter (--json, --systems) and repeated ones (--plant)
+    reach the job's own bench as given."""
+    monkeypatch.chdir(tmp_path)
+    r = CliRunner().invoke(app, ["bench", "--systems", "pipedream,ddp", "--workers", "4",
+                                 "--json", "out.json", "--plant", "ddp=slow:*:*:1.2",
+                                 "--plant", "pipedream=slow:1:F:1.1", "--launcher", "slurm",
+                                 "--nodes", "2", "--dry-run"])
+    assert r.exit_code == 0, _said(r)
+    exec_line = next(x for x in r.output.splitlines() if x.startswith("exec "))
+    assert shlex.split(exec_line)[2:] == [
+        "bench", "--json", "out.json", "--workers", "4", "--systems", "pipedream,ddp",
+        "--plant", "ddp=slow:*:*:1.2", "--plant", "pipedream=slow:1:F:1.1",
+        "--launcher", "srun"]
+    assert "#SBATCH --job-name=pipebench-bench-adhoc" in r.output
+    r = CliRunner().invoke(app, ["bench", "--systems", "pipedream", "--workers", "3",
+                                 "--launcher", "slurm", "--nodes", "2", "--dry-run"])
+    assert r.exit_code != 0 and "does not split evenly over --nodes 2" in _said(r)
