@@ -7,7 +7,7 @@ run in the first namespace, the "login node". Each test submits through the real
 and compares with an independent reference: the same run on this machine's local launcher,
 which must give bit-identical training (the epochs' losses and qualities in MLflow).
 - two-node jobs of our runtime (pipedream) and of Horovod equal their local runs, and their
-  MLflow runs are like local ones;
+  MLflow runs are like local ones, with each node's system metrics;
 - ``scancel`` mid-run: the run ends KILLED with its newest checkpoint, and ``--resume`` in
   a new job continues the same MLflow run to the same numbers as an uninterrupted run;
 - a node that dies mid-run (its slurmd and every process on it killed): the job ends
@@ -143,6 +143,9 @@ def test_two_node_jobs_equal_the_local_runs(cluster: dict[str, str]) -> None:
         assert f"RUNNING on {nodes}" in out and "completed: state COMPLETED" in out, out
         job = _run(cluster["URI"], f"job-{s}")
         assert job.info.status == "FINISHED"
+        for node in (cluster["NODE0"], cluster["NODE1"]):  # each node's, in the one run
+            assert f"system/{node}/cpu_utilization_percentage" in job.data.metrics, (
+                s, sorted(job.data.metrics))
         assert job.data.params["config"] == ("1-1" if s == "pipedream" else "2")
         assert _history(cluster["URI"], f"job-{s}") == _history(cluster["URI"], f"here-{s}")
 

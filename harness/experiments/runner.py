@@ -9,6 +9,8 @@ and the artifacts of ``harness.reporting.artifacts`` (tables, figures, trace, pl
 from __future__ import annotations
 
 import dataclasses
+import os
+import socket
 import time
 
 import torch
@@ -85,6 +87,8 @@ def _train_tracked(cfg: RunConfig, workload: Workload, target: float, splits: Da
     if resume is not None:
         trainer.restore(resume.worker_states(), own_state)
         progress.note(f"resuming from {resume.path} ({resume.epochs_done} epochs done)")
+    if cfg.launcher == "srun":  # several nodes log their system metrics into this run
+        tracking.name_this_node(os.environ.get("SLURMD_NODENAME") or socket.gethostname())
     with tracking.tracked_run(cfg.experiment, run_name, tags=cfg.tags,
                               parent_run_id=parent_run_id, system_metrics=True,
                               resume_run_id=resume.run_id if resume else None) as tracker:
@@ -102,6 +106,9 @@ def _train_tracked(cfg: RunConfig, workload: Workload, target: float, splits: Da
                              metrics.TRAIN_LOSS: stats.train_loss, metrics.QUALITY: quality,
                              metrics.EVAL_TIME: eval_s}, step=epoch)
 
+        if cfg.definition.multi_process and tracker.run_id:
+            trainer.launcher.monitor(tracker.run_id, tracker.uri,
+                                     tracking.SYSTEM_METRICS_INTERVAL_S)
         saver = _Saver(cfg, trainer, tracker, progress)
         resumed = resume.summary(cfg, workload.metric, target) if resume else None
         try:

@@ -46,14 +46,22 @@ from harness.reporting.fallback import (
 )
 
 __all__ = ["EPOCH_METRICS", "PARAM_KEYS", "RUN_METRICS", "SYSTEM_METRICS_INTERVAL_S",
-           "DetachedRun", "Tracker", "artifact_root", "default_tracking_uri",
-           "detached_run", "enabled", "git_sha", "hardware", "local_tracking_uri",
-           "peak_memory_key", "tracked_run"]
+           "artifact_root", "default_tracking_uri", "detached_run", "DetachedRun",
+           "enabled", "git_sha", "hardware", "local_tracking_uri", "name_this_node",
+           "peak_memory_key", "tracked_run", "Tracker"]
 
 PARAM_KEYS = ("system", "workload", "scale", "batch_size", "global_batch_size", "workers",
               "seed", "epochs", "target", "metric", "data", "optimizer", "lr", "threads",
               "device", "hardware", "git_sha", "torch_version", "num_parameters", "warmup_steps")
 SYSTEM_METRICS_INTERVAL_S = 2.0
+
+
+def name_this_node(node: str) -> None:
+    """This process's system metrics go under ``system/<node>/`` (a run several nodes log
+    their system metrics into: ``--launcher srun``)."""
+    import mlflow
+
+    mlflow.set_system_metrics_node_id(node)
 
 
 def enabled() -> bool:

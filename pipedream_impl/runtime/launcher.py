@@ -97,6 +97,11 @@ class Launcher:
             p.start()
             self.procs.append(p)
 
+    def monitor(self, run_id: str, uri: str, interval_s: float) -> None:
+        """Have every other machine's workers log its system metrics into MLflow run
+        ``run_id`` at ``uri`` (the launcher's own process logs this machine's): nothing
+        to do when every worker runs here."""
+
     def restore(self, states: list[dict]) -> None:
         """Load each rank's checkpoint state before its next epoch (in rank order)."""
         for q, state in zip(self.controls, states, strict=True):

@@ -18,6 +18,7 @@ import pickle
 import queue
 import signal
 import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -165,9 +166,52 @@ class SocketLauncher(Launcher):
             self._tmp.cleanup()
 
 
+class _MonitoredControl:
+    """A worker's control end that also takes ``("monitor", run_id, uri, interval, node)``:
+    sample this node's system metrics into that MLflow run until ``("stop",)``
+    (``Launcher.monitor``); every other message passes through."""
+
+    def __init__(self, end: ConnEnd) -> None:
+        self.end, self.monitor = end, None
+
+    def get(self, timeout: float | None = None) -> object:
+        while True:
+            msg = self.end.get(timeout)
+            if msg[0] == "monitor":
+                self._start(*msg[1:])
+                continue
+            if msg[0] == "stop" and self.monitor is not None:
+                self._finish()
+            return msg
+
+    def _start(self, run_id: str, uri: str, interval_s: float, node: str) -> None:
+        import logging
+
+        from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
+
+        logging.getLogger("mlflow.system_metrics").setLevel(logging.WARNING)
+        self.monitor = SystemMetricsMonitor(run_id, sampling_interval=interval_s,
+                                            samples_before_logging=1, resume_logging=True,
+                                            node_id=node, tracking_uri=uri)
+        self.first_step = self.monitor._logging_step  # noqa: SLF001 - after other nodes'
+        self.monitor.start()
+
+    def _finish(self) -> None:
+        """Stop sampling; a run shorter than one interval still gets this node's samples
+        (MLflow's monitor drops the samples of an interval cut short)."""
+        m = self.monitor
+        m.finish()
+        if m._logging_step == self.first_step:  # noqa: SLF001 - nothing published yet
+            try:
+                m.publish_metrics(m.aggregate_metrics())
+                m.mlflow_logger.flush()
+            except Exception as e:  # noqa: BLE001 - metrics must not fail the run
+                print(f"system metrics of this node not logged: {e}", file=sys.stderr)
+
+
 def connect_back(spec: WorkerSpec, host: str, port: int, authkey_hex: str) -> None:
     """A worker started by another program: connect to the launcher at ``host:port``, say
     the rank (``spec.rank``, already this worker's), then serve it like a spawned one."""
     end = ConnEnd(Client((host, port), authkey=bytes.fromhex(authkey_hex)))
     end.put(spec.rank)
-    worker_main(spec, end, end)
+    worker_main(spec, _MonitoredControl(end), end)

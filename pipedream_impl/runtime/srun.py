@@ -86,6 +86,12 @@ class SrunLauncher(SocketLauncher):
         self.spec_dir = str(shared)
         super()._start(specs)
 
+    def monitor(self, run_id: str, uri: str, interval_s: float) -> None:
+        """The first worker of every node but the launcher's samples that node's system
+        metrics into the run, under ``system/<node>/`` (``remote.connect_back``)."""
+        for i, node in enumerate(self.nodes[1:], start=1):
+            self.controls[i * self.per_node].put(("monitor", run_id, uri, interval_s, node))
+
     def where(self, rank: int) -> str:
         """As on one machine, plus the node the rank ran on."""
         return f"{super().where(rank)} on {self.nodes[rank // self.per_node]}"
