@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import math
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -79,14 +80,19 @@ def _aa_section(base: dict, runs: list[dict]) -> list[str]:
     rows = []
     for cell in base["cells"]:
         key = cell["key"]
-        judged = [c for _, ch in pairs for c in ch if c.cell == key and c.name in THROUGHPUTS
-                  and c.mdc is not None and not c.verdict.startswith("not judged")]
+        judged: dict[str, list[float]] = {}  # metric -> its MDC in each pair
+        for _, ch in pairs:
+            for c in ch:
+                if c.cell == key and c.name in THROUGHPUTS and c.mdc is not None \
+                        and math.isfinite(c.mdc) and not c.verdict.startswith("not judged"):
+                    judged.setdefault(c.name, []).append(c.mdc)
         false = sum(1 for _, ch in pairs for c in ch if c.cell == key
                     and c.verdict in ("regression", "improvement"))
         rows.append((key, f"{_median(cell, metrics.STEADY_THROUGHPUT) or 0:.0f}",
                      *(_spread(cell, n) for n in THROUGHPUTS),
-                     ", ".join(sorted({c.name for c in judged})) or "-",
-                     ", ".join(f"{100 * c.mdc:.1f}%" for c in judged) or "-",
+                     ", ".join(sorted(judged)) or "none (no noise estimate)",
+                     ", ".join(f"{100 * statistics.median(v):.1f}%"
+                               for _, v in sorted(judged.items())) or "-",
                      f"{false} of {len(pairs)}"))
     flagged = [c for _, ch in pairs for c in ch if c.verdict in ("regression", "improvement")]
     suites = sum(1 for _, ch in pairs if any(c.verdict in ("regression", "improvement")
@@ -94,8 +100,9 @@ def _aa_section(base: dict, runs: list[dict]) -> list[str]:
     return ["## A/A: the same commit twice (every flag is a false alarm)", "",
             "Spreads: the deviation of the repeats' logs (the rule's noise) of each "
             "throughput figure; `judged on`: the stabler of each raw / drift-cancelled pair "
-            "in the baseline; MDC: the smallest change each judged figure would flag with "
-            f"{verdicts.POWER:.0%} probability; false alarms: flags on any metric of the "
+            "in the baseline (none where a cell has no noise estimate: one repeat); MDC: the "
+            f"smallest change each judged figure would flag with {verdicts.POWER:.0%} "
+            "probability (median over the pairs); false alarms: flags on any metric of the "
             "cell.", "",
             *markdown_table(("cell", "steady samples/s (A1)",
                              *(f"spread {n}" for n in THROUGHPUTS), "judged on", "MDC",

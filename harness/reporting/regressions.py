@@ -5,10 +5,11 @@ that something got worse, and does not cry wolf over the noise of a shared machi
 
 Rules (the cell key matches cells across results; see ``results`` for the statistics):
 - counters (``results.COUNTERS``: bytes per sample, parameter count, steps and actions per
-  epoch) must be identical: any difference, however small, is a regression; except bytes
-  per sample where the two cells ran different layer ranges (``split``: the planner
-  splits on a profile measured in the suite run, so a near-tie between two boundaries can
-  fall either way on one commit): then the bytes are listed, not judged;
+  epoch) must be identical: any difference, however small, is a regression; except the
+  counters that depend on the layout (``LAYOUT_COUNTERS``) where the two cells ran
+  different layouts (``config`` and ``split``, the replicas and layer ranges: the planner
+  decides them on a profile measured in the suite run, so a near-tie can fall either way
+  on one commit): then those are listed, not judged;
 - a noisy metric (``results.METRICS``) is judged by ``verdicts.test``: a one-sided t-test
   of the repeats' logs against one or two baselines, or of the result against the
   prediction interval of a history of results, at a false-alarm rate ``alpha`` per metric
@@ -39,7 +40,8 @@ from harness.reporting.results import COUNTERS, METRICS, summarise
 __all__ = ["COLUMNS", "Change", "compare_results", "detectability", "has_regression",
            "judged_against", "over_nights", "rows"]
 
-SPLIT_COUNTERS = ("bytes_per_sample",)  # the counters that depend on the layer ranges
+# the counters that depend on the stages, their replicas and layer ranges
+LAYOUT_COUNTERS = ("bytes_per_sample", "actions_per_epoch")
 
 COLUMNS = ("verdict", "cell", "what", "baseline", "current", "change", "flagged beyond",
            "MDC")
@@ -128,16 +130,23 @@ def judged_against(history: list[dict], window: int) -> list[dict]:
     return history[:-1][-window:]
 
 
+def _layout(cell: dict) -> str | None:
+    """The cell's replicas per stage and layer ranges, e.g. ``1-1 0-16|16-40`` (None: not
+    recorded, in results from before the split was)."""
+    return f"{cell.get('config')} {cell['split']}" if cell.get("split") else None
+
+
 def _counter_changes(key: str, base: dict, cur: dict) -> list[Change]:
     out = []
-    moved = base.get("split") and cur.get("split") and base["split"] != cur["split"]
+    was, now = _layout(base), _layout(cur)
+    moved = was and now and was != now
     for name in COUNTERS:
         a, b = base.get("counters", {}).get(name), cur.get("counters", {}).get(name)
         if a != b:
             rel = (b / a - 1) if isinstance(a, (int, float)) and isinstance(b, (int, float)) \
                 and a else None
-            verdict = f"not judged (split {base['split']} -> {cur['split']})" \
-                if moved and name in SPLIT_COUNTERS else "regression"
+            verdict = f"not judged (layout {was} -> {now})" \
+                if moved and name in LAYOUT_COUNTERS else "regression"
             out.append(Change(key, name, verdict, a, b, rel, 0.0))
     if not cur.get("counters_consistent", True):
         out.append(Change(key, "counters", "regression", "consistent",

@@ -83,21 +83,25 @@ def test_counters_must_match_exactly() -> None:
         assert _verdicts(changes) == {("ddp", name): "regression"}
 
 
-def test_bytes_are_judged_only_between_cells_of_one_split() -> None:
-    """A split moved by the suite's profile changes the bytes but is no regression of the
-    code: listed, not judged; every other counter, and the bytes of an unmoved split, must
-    still match exactly."""
+def test_layout_counters_are_judged_only_between_cells_of_one_layout() -> None:
+    """A layout moved by the suite's profile (a split, or the planner's replicas) changes
+    bytes and actions but is no regression of the code: listed, not judged; every other
+    counter, and the counters of an unmoved layout, must still match exactly."""
     base, cur = copy.deepcopy(BASE), copy.deepcopy(BASE)
-    base["cells"][0]["split"] = "0-16|16-40"
-    cur["cells"][0].update(split="0-14|14-40")
+    base["cells"][0].update(config="1-1", split="0-16|16-40")
+    cur["cells"][0].update(config="1-1", split="0-14|14-40")
     cur["cells"][0]["counters"]["bytes_per_sample"] = 1300.0
     changes = compare_results([base], cur)
     assert not has_regression(changes)
     moved = next(c for c in changes if c.name == "bytes_per_sample")
-    assert moved.verdict == "not judged (split 0-16|16-40 -> 0-14|14-40)"
-    cur["cells"][0]["counters"]["actions_per_epoch"] = 161.0
+    assert moved.verdict == "not judged (layout 1-1 0-16|16-40 -> 1-1 0-14|14-40)"
+    replicated = copy.deepcopy(cur)
+    replicated["cells"][0].update(config="2", split="0-40")
+    replicated["cells"][0]["counters"]["actions_per_epoch"] = 64.0
+    assert _verdicts(compare_results([base], replicated)) == {}
+    cur["cells"][0]["counters"]["num_parameters"] = 650_001
     assert _verdicts(compare_results([base], cur)) == {
-        ("pipedream", "actions_per_epoch"): "regression"}
+        ("pipedream", "num_parameters"): "regression"}
     same = copy.deepcopy(base)
     same["cells"][0]["counters"]["bytes_per_sample"] = 1300.0
     assert _verdicts(compare_results([base], same)) == {
