@@ -11,7 +11,7 @@ run starts.
 from __future__ import annotations
 
 import os
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import dataclass, field, fields
 
 from core.errors import UserInputError
 from harness import systems
@@ -106,9 +106,11 @@ class RunConfig:
     def flat(self) -> dict:
         """The flat form ``from_flags`` reads (what a checkpoint's run.json keeps)."""
         out = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in SECTIONS}
-        for name in SECTIONS:
-            for key, value in asdict(getattr(self, name)).items():
-                out["data" if (name, key) == ("data", "path") else key] = value
+        for name in SECTIONS:  # field by field: a Fault stays a Fault (asdict would not)
+            section = getattr(self, name)
+            for f in fields(section):
+                out["data" if (name, f.name) == ("data", "path") else f.name] = \
+                    getattr(section, f.name)
         return out
 
     def __post_init__(self) -> None:

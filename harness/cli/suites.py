@@ -148,12 +148,15 @@ def check_cells(spec) -> None:  # noqa: ANN001 - a harness.experiments.suite.Sui
     suite computes on the way), before the suite's MLflow run or any worker starts."""
     from harness.config import RunConfig
     from harness.experiments.layout import check_run
+    from harness.experiments.training import resolve_device
     from workloads import registry
 
     for c in spec.cells:
         require_int("--epochs", c.epochs)
         require_int("--steps", c.steps)
-        registry.get(c.workload).spec(c.scale)
+        batch = c.batch_size or registry.get(c.workload).spec(c.scale).batch_size
+        if c.workers > 1:  # a missing committed layout profile: said before anything runs
+            spec.layout_profile(c.workload, c.scale, batch, resolve_device(spec.device).type)
         one = not systems.get(c.system).multi_process
         check_run(RunConfig.from_flags(
             system=c.system, workload=c.workload, scale=c.scale, epochs=c.epochs,

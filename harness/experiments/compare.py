@@ -126,12 +126,13 @@ def plan_key(system: str) -> str:
     return "straight" if s.stages_per_rank == 1 else f"straight-x{s.stages_per_rank}"
 
 
-def shared_plans(base: RunConfig, workdir: Path) -> dict[str, str]:
+def shared_plans(base: RunConfig, workdir: Path, profile=None) -> dict[str, str]:  # noqa: ANN001
     """Plan files computed once from one local profile: 'planned' (the planner's plan, for
     systems that replicate stages), 'straight' (the planner's unreplicated pipeline) and,
     for the systems that hold ``v`` stages per worker, 'straight-xV' (the planner's
     unreplicated pipeline of ``workers x v`` stages; left out where the model has fewer
-    layers: such a run is refused with the layout's own error)."""
+    layers: such a run is refused with the layout's own error). ``profile``: plan on this
+    one (a suite's committed profile) instead of measuring one here."""
     from harness.experiments.layout import LOCAL_BANDWIDTH
     from pipedream_impl.planner.cluster import Cluster, Level
     from pipedream_impl.planner.plan import plan_profile
@@ -139,7 +140,8 @@ def shared_plans(base: RunConfig, workdir: Path) -> dict[str, str]:
 
     wl = registry.get(base.workload)
     batch = base.data.batch_size or wl.spec(base.scale).batch_size
-    prof = profile_workload(wl, base.scale, batch, resolve_device(base.device), steps=3)
+    prof = profile or profile_workload(wl, base.scale, batch, resolve_device(base.device),
+                                       steps=3)
     several = sorted({s.stages_per_rank for s in systems.SYSTEMS if s.stages_per_rank > 1})
     wanted = [("planned", base.workers, False), ("straight", base.workers, True)]
     wanted += [(f"straight-x{v}", base.workers * v, True) for v in several

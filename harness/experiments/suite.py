@@ -48,7 +48,8 @@ __all__ = ["MODES", "SUITES_DIR", "Cell", "Suite", "builtin_suites", "load_suite
 
 SUITES_DIR = REPO / "suites"
 MODES = ("throughput", "time-to-target")
-_SUITE_KEYS = {"name", "description", "repeats", "threads", "device", "matrix"}
+_SUITE_KEYS = {"name", "description", "repeats", "threads", "device", "layout_profiles",
+               "matrix"}
 _MATRIX_KEYS = {"workloads", "systems", "workers", "scale", "mode", "epochs", "steps",
                 "tracking", "batch_size", "microbatches"}
 
@@ -88,6 +89,25 @@ class Suite:
     device: str
     cells: tuple[Cell, ...]
     source: str
+    # a folder of committed profiles the cells' layouts are planned on (the same layouts
+    # every night); None: a profile measured in each suite run
+    layout_profiles: str | None = None
+
+    def layout_profile(self, workload: str, scale: str, batch: int, device: str) -> Path | None:
+        """The committed profile a group's layouts are planned on (None: measure one); a
+        missing one is an error naming the command that makes it."""
+        if self.layout_profiles is None:
+            return None
+        folder = Path(self.layout_profiles)
+        if not folder.is_absolute():
+            folder = SUITES_DIR.parent / folder
+        path = folder / f"{workload}-{scale}-b{batch}-{device}.json"
+        if not path.is_file():
+            raise UserInputError(
+                f"suite {self.name}: no layout profile {path}; make it with `pipebench "
+                f"profile --workload {workload} --scale {scale} --batch-size {batch} "
+                f"--device {device} --threads {self.threads} -o {path}`")
+        return path
 
 
 def builtin_suites() -> list[str]:
@@ -157,8 +177,11 @@ def parse_suite(data: dict, source: str) -> Suite:
                                  f"settings ({seen[c.key]} and {c}); a cell key holds one")
         seen.setdefault(c.key, c)
     unique = list(seen.values())
+    profiles = data.get("layout_profiles")
+    if profiles is not None and not isinstance(profiles, str):
+        raise UserInputError(f"suite {source}: layout_profiles must be a folder (a string)")
     return Suite(name, data.get("description", ""), repeats, threads, device, tuple(unique),
-                 source)
+                 source, profiles)
 
 
 def _expand(m: dict, where: str) -> list[Cell]:

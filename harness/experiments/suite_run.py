@@ -102,7 +102,16 @@ class _Group:
                               microbatches=cell.microbatches)
         self.workload = registry.get(cell.workload)
         workdir.mkdir(parents=True, exist_ok=True)
-        self.plans = shared_plans(self.base, workdir) if cell.workers > 1 else {}
+        from harness.experiments.training import resolve_device
+        from pipedream_impl.profiling.profile import load_profile
+
+        self.plans, self.profile = {}, None
+        if cell.workers > 1:
+            batch = self.base.data.batch_size or self.workload.spec(cell.scale).batch_size
+            self.profile = suite.layout_profile(cell.workload, cell.scale, batch,
+                                                resolve_device(suite.device).type)
+            self.plans = shared_plans(self.base, workdir,
+                                      load_profile(self.profile) if self.profile else None)
         self.n_train = len(load_splits(self.workload, cell.scale, None, 0).train)
 
     def config(self, cell: Cell) -> RunConfig:
@@ -264,6 +273,7 @@ def run_suite(suite: Suite, progress: Progress, experiment: str = "pipebench-sui
                   "suite": {"name": suite.name, "description": suite.description,
                             "source": suite.source, "repeats": repeats,
                             "threads": suite.threads, "device": suite.device,
+                            "layout_profiles": suite.layout_profiles,
                             "plant": {k: str(v) for k, v in plant.items()}},
                   "environment": env, "rule": RULE,
                   "mlflow": parent.describe(), "cells": out_cells,

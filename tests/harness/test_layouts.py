@@ -156,3 +156,11 @@ def test_cli_defaults_are_read_from_the_config_not_written_again() -> None:
                 literal.append((fn.name, arg.arg, default.value))
     assert literal == []
     assert app is not None
+
+
+def test_replace_keeps_an_injected_fault_a_fault() -> None:
+    from pipedream_impl.runtime.faults import Fault
+
+    cfg = RunConfig.from_flags(system="pipedream", workload="vgg16", workers=2,
+                               fault=Fault.parse("raise:1:F3"))
+    assert cfg.replace(launcher="srun").failures.fault == cfg.failures.fault

@@ -107,3 +107,36 @@ def test_the_nightly_overhead_twins_differ_only_in_tracking() -> None:
     assert pairs
     for on, off in pairs:
         assert dataclasses.replace(on, tracking=False) == off
+
+
+def test_the_cpu_suites_plan_every_night_on_their_committed_profiles(
+        tmp_path) -> None:  # noqa: ANN001
+    """Every multi-worker group of the CPU suites has its committed layout profile, and a
+    plan from it is the same every time (a measured profile moved layouts between runs of
+    one commit: results/smoke-aa.md); a missing profile names the command that makes it."""
+    from pathlib import Path
+
+    from harness.config import RunConfig
+    from harness.experiments.compare import shared_plans
+    from pipedream_impl.profiling.profile import load_profile
+    from workloads import registry
+
+    for name in ("smoke", "nightly", "power"):
+        suite = load_suite(name)
+        assert suite.layout_profiles == "suites/profiles"
+        for c in suite.cells:
+            if c.workers > 1:
+                b = c.batch_size or registry.get(c.workload).spec(c.scale).batch_size
+                assert suite.layout_profile(c.workload, c.scale, b, "cpu").is_file()
+    suite = load_suite("smoke")
+    prof = load_profile(suite.layout_profile("vgg16", "tiny", 32, "cpu"))
+    base = RunConfig.from_flags(system="pipedream", workload="vgg16", workers=2)
+    for d in ("a", "b"):
+        (tmp_path / d).mkdir()
+    once, twice = (shared_plans(base, tmp_path / d, prof) for d in ("a", "b"))
+    assert {k: Path(v).read_text() for k, v in once.items()} == {
+        k: Path(v).read_text() for k, v in twice.items()}
+    mine = dataclasses.replace(suite, layout_profiles=str(tmp_path))
+    with pytest.raises(UserInputError, match="pipebench profile --workload vgg16 --scale tiny "
+                                             "--batch-size 32 --device cpu --threads 1 -o"):
+        mine.layout_profile("vgg16", "tiny", 32, "cpu")
