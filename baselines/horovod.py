@@ -24,7 +24,9 @@ Launcher side (``HorovodLauncher``): the shared launcher (``pipedream_impl.runti
 workers started by ``horovodrun -np W -H localhost:W --gloo`` instead of
 ``torch.multiprocessing``; they connect back to the launcher over a local authenticated
 socket that carries the same control messages and epoch reports as the spawn queues
-(``pipedream_impl.runtime.remote``).
+(``pipedream_impl.runtime.remote``). Across a Slurm allocation (``--launcher srun``)
+``HorovodSrunLauncher`` starts them with srun instead, Horovod's own gloo rendezvous
+run by the launcher.
 The bootstrap builds Horovod for the CPU (gloo); GPU runs need a Horovod built with
 ``HOROVOD_GPU_OPERATIONS=NCCL``.
 """
@@ -44,8 +46,9 @@ from baselines.data_parallel import DataParallelExecutor
 from pipedream_impl.runtime.contract import WorkerSpec
 from pipedream_impl.runtime.launcher import PipelineFailure
 from pipedream_impl.runtime.remote import SocketLauncher, connect_back
+from pipedream_impl.runtime.srun import SrunLauncher, cpus_per_task
 
-__all__ = ["HOROVOD_ENV", "HorovodExecutor", "HorovodLauncher"]
+__all__ = ["HOROVOD_ENV", "HorovodExecutor", "HorovodLauncher", "HorovodSrunLauncher"]
 
 REPO = Path(__file__).resolve().parent.parent
 HOROVOD_ENV = {"HOROVOD_AUTOTUNE": "0"}  # fusion threshold and cycle time: defaults
@@ -120,6 +123,10 @@ class HorovodLauncher(SocketLauncher):
     name = "horovodrun"
     cwd = str(REPO)
 
+    def _start(self, specs: list[WorkerSpec]) -> None:
+        horovodrun()  # missing: said before a listener or a folder is opened
+        super()._start(specs)
+
     def _command(self, specs: list[WorkerSpec], spec_file: Path, address: tuple[str, int],
                  authkey: bytes) -> tuple[list[str], dict[str, str]]:
         n = len(specs)
@@ -129,6 +136,56 @@ class HorovodLauncher(SocketLauncher):
         env = {**os.environ, **HOROVOD_ENV,
                "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
         return cmd, env
+
+
+class HorovodSrunLauncher(SrunLauncher):
+    """Horovod's ranks across a Slurm allocation, without horovodrun's ssh: what
+    ``horovodrun --gloo`` does (``horovod.runner.gloo_run``: an HTTP rendezvous server in
+    the launching process, initialised with every slot's host assignment, each rank
+    started with its slot's ``HOROVOD_*`` variables), with one ``srun`` step whose tasks
+    take their slot from Slurm's (``SLURM_PROCID``/``LOCALID``/``NODEID``; block
+    distribution, as the assignment fills hosts in order). ``GLOO_SOCKET_IFNAME``, when
+    set, is also Horovod's gloo interface."""
+
+    name = "srun (horovod)"
+
+    def _start(self, specs: list[WorkerSpec]) -> None:
+        from horovod.runner.http.http_server import RendezvousServer
+
+        self._rendezvous = RendezvousServer()  # initialised once the nodes are known
+        self._rendezvous_port = self._rendezvous.start()
+        super()._start(specs)
+
+    def _command(self, specs: list[WorkerSpec], spec_file: Path, address: tuple[str, int],
+                 authkey: bytes) -> tuple[list[str], dict[str, str]]:
+        from horovod.runner.common.util.hosts import get_host_assignments, parse_hosts
+
+        hosts = ",".join(f"{n}:{self.per_node}" for n in self.nodes)
+        self._rendezvous.init(get_host_assignments(parse_hosts(hosts), len(specs)))
+        task = ('export HOROVOD_RANK=$SLURM_PROCID HOROVOD_LOCAL_RANK=$SLURM_LOCALID '
+                'HOROVOD_CROSS_RANK=$SLURM_NODEID HOROVOD_HOSTNAME=$SLURMD_NODENAME; '
+                f'exec "{sys.executable}" -m baselines.horovod "{spec_file}" {address[0]} '
+                f"{address[1]} {authkey.hex()}")
+        cmd = ["srun", f"--nodes={len(self.nodes)}", f"--ntasks={len(specs)}",
+               f"--ntasks-per-node={self.per_node}", *cpus_per_task(self.per_node),
+               "--distribution=block", "--kill-on-bad-exit=1", "--job-name=pipebench-horovod",
+               "bash", "-c", task]
+        env = {**os.environ, **HOROVOD_ENV,
+               "HOROVOD_GLOO_RENDEZVOUS_ADDR": self.advertise,
+               "HOROVOD_GLOO_RENDEZVOUS_PORT": str(self._rendezvous_port),
+               "HOROVOD_CONTROLLER": "gloo", "HOROVOD_CPU_OPERATIONS": "gloo",
+               "HOROVOD_SIZE": str(len(specs)), "HOROVOD_LOCAL_SIZE": str(self.per_node),
+               "HOROVOD_CROSS_SIZE": str(len(self.nodes)),
+               "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+        if os.environ.get("GLOO_SOCKET_IFNAME"):
+            env["HOROVOD_GLOO_IFACE"] = os.environ["GLOO_SOCKET_IFNAME"]
+        return cmd, env
+
+    def close(self, kill: bool = False) -> None:
+        super().close(kill)
+        if getattr(self, "_rendezvous", None) is not None:
+            self._rendezvous.stop()
+            self._rendezvous = None
 
 
 def main(argv: list[str]) -> None:

@@ -254,6 +254,12 @@ class RunConfig:
         return registry.get(self.workload).stall_timeout_s(self.scale)
 
     def threads_per_worker(self) -> int:
+        """``threads``, else this machine's cores shared by its workers (under ``--launcher
+        srun``: the job's CPUs on this node, by the workers of one node)."""
         if self.threads is not None:
             return self.threads
+        if self.launcher == "srun":
+            cpus = int(os.environ.get("SLURM_CPUS_ON_NODE") or os.cpu_count() or 1)
+            nodes = int(os.environ.get("SLURM_JOB_NUM_NODES") or 1)
+            return max(1, cpus // max(1, self.workers // nodes))
         return max(1, (os.cpu_count() or 1) // self.workers)

@@ -149,7 +149,7 @@ _DECLARED: tuple[System, ...] = (
            in_flight=1, aliases=("mp",)),
     System("horovod", "data-parallel", "Horovod data parallelism (horovodrun --gloo)",
            "baselines.horovod:HorovodExecutor", "baselines.horovod:HorovodLauncher",
-           cluster_launcher="baselines.horovod_srun:HorovodSrunLauncher",
+           cluster_launcher="baselines.horovod:HorovodSrunLauncher",
            params={"gradient_sync": "hvd.DistributedOptimizer(op=Average, compression=none)",
                    "broadcast": "parameters and optimizer state from rank 0",
                    "tensor_fusion": "default (HOROVOD_FUSION_THRESHOLD unset: 128 MiB)",

@@ -19,11 +19,9 @@ import typer
 from core.errors import UserInputError
 from harness.cli.app import console
 from harness.cli.options import SUBMIT_ONLY
-from pipedream_impl.runtime import LAUNCHERS
+from pipedream_impl.runtime import JOBS_DIR, LAUNCHERS
 
-__all__ = ["JOBS_DIR", "check_launcher", "job_argv", "submit_job"]
-
-JOBS_DIR = ".pipebench-jobs"  # under the submit directory: scripts and job output
+__all__ = ["check_launcher", "job_argv", "submit_job"]
 
 
 def check_launcher(flags: SimpleNamespace) -> None:

@@ -118,10 +118,11 @@ def _ratio(a: float, b: float | None) -> str:
     return f"{a / b:.2f}x"
 
 
-def plan_key(system: str) -> str:
-    """Which of ``shared_plans``'s plans ``system`` runs."""
+def plan_key(system: str, replicate: bool = True) -> str:
+    """Which of ``shared_plans``'s plans ``system`` runs (``replicate=False``: a straight
+    one even for the systems that replicate stages, as bench's throughput cells do)."""
     s = systems.get(system)
-    if s.replicated_stages:
+    if s.replicated_stages and replicate:
         return "planned"
     return "straight" if s.stages_per_rank == 1 else f"straight-x{s.stages_per_rank}"
 

@@ -22,7 +22,6 @@ from harness.config import RunConfig
 from pipedream_impl.planner.cluster import Cluster, Level
 from pipedream_impl.planner.plan import balanced_bounds, load_plan, plan_profile
 from pipedream_impl.profiling.profiler import profile_workload, update_ms
-from pipedream_impl.runtime import STAGE_EXECUTOR
 from pipedream_impl.runtime.ties import check_ties, find_ties
 from workloads.base import Workload
 
@@ -115,8 +114,8 @@ def pipeline_layout(cfg: RunConfig, workload: Workload, batch_size: int,
                 "profile" + (f" into {len(bounds)} stages ({per} per worker)"
                              if per > 1 else "")
     ties = find_ties(model, bounds)
-    if ties and system.executor != STAGE_EXECUTOR:
-        ours = ", ".join(s.name for s in systems.SYSTEMS if s.executor == STAGE_EXECUTOR)
+    if ties and not system.syncs_ties:
+        ours = ", ".join(s.name for s in systems.SYSTEMS if s.syncs_ties)
         raise WorkloadError(f"this split puts a tied parameter ({ties[0].names[0]}) on stages "
                             f"{ties[0].stages[0]} and {ties[0].stages[1]}, and {cfg.system} "
                             f"keeps no tied copies in sync: use {ours}, or keep the tied "

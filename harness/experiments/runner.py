@@ -107,7 +107,8 @@ def _train_tracked(cfg: RunConfig, workload: Workload, target: float, splits: Da
                              metrics.EVAL_TIME: eval_s}, step=epoch)
 
         if cfg.definition.multi_process and tracker.run_id:
-            trainer.launcher.monitor(tracker.run_id, tracker.uri,
+            trainer.launcher.monitor("harness.reporting.node_metrics:NodeMetrics",
+                                     tracker.run_id, tracker.uri,
                                      tracking.SYSTEM_METRICS_INTERVAL_S)
         saver = _Saver(cfg, trainer, tracker, progress)
         resumed = resume.summary(cfg, workload.metric, target) if resume else None

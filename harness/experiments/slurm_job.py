@@ -16,7 +16,8 @@ in a new job continues it. A node failure ends the worker step; the run fails na
 the node and ranks.
 
 Submission is plain ``sbatch --parsable`` of a script a user can read and submit
-unchanged (``--dry-run`` prints it), and following is ``squeue``/``scontrol``. We chose
+unchanged (``--dry-run`` prints it), and following is ``scontrol`` (and ``sinfo`` for
+the nodes a failed job lost). We chose
 this over submitit (which pickles a Python callable into an opaque job) and TorchX
 (another scheduler abstraction and dependency): the product here is the batch script.
 """
@@ -37,6 +38,7 @@ __all__ = ["JobEnd", "JobRequest", "batch_script", "follow", "submit"]
 
 SIGNAL_LEAD_S = 60  # with --time: SIGTERM this long before the limit (time to checkpoint)
 POLL_S = 1.0  # how often the job's state and output are read while following it
+STATE_PATIENCE_S = 120.0  # how long a busy controller may not answer while following
 ENDED = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY",
          "PREEMPTED", "BOOT_FAIL", "DEADLINE")
 
@@ -48,7 +50,7 @@ class JobRequest:
     gpus_per_node: int = 0
     partition: str | None = None
     time: str | None = None  # Slurm's formats: MM, HH:MM:SS, D-HH, ...
-    cpus_per_node: int | None = None  # for the node's workers (threads x workers per node)
+    cpus_per_node: int | None = None  # threads x workers per node (None: whole nodes)
     extra: tuple[str, ...] = ()  # more sbatch options, verbatim (--account=..., --qos=...)
 
     def check(self, workers: int) -> None:
@@ -80,8 +82,10 @@ def batch_script(argv: list[str], req: JobRequest, name: str, output: str, cwd: 
              f"#SBATCH --job-name={name}",
              f"#SBATCH --nodes={req.nodes}",
              "#SBATCH --ntasks-per-node=1"]
-    if req.cpus_per_node:
-        lines.append(f"#SBATCH --cpus-per-task={req.cpus_per_node}")
+    # the node's workers' threads; without --threads, whole nodes (the workers then share
+    # the node's CPUs: RunConfig.threads_per_worker)
+    lines.append(f"#SBATCH --cpus-per-task={req.cpus_per_node}" if req.cpus_per_node
+                 else "#SBATCH --exclusive")
     if req.gpus_per_node:
         lines.append(f"#SBATCH --gpus-per-node={req.gpus_per_node}")
     if req.partition:
@@ -101,6 +105,8 @@ def batch_script(argv: list[str], req: JobRequest, name: str, output: str, cwd: 
 def _slurm(*cmd: str) -> subprocess.CompletedProcess:
     try:
         return subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    except subprocess.TimeoutExpired:  # a busy controller: as a failed call
+        return subprocess.CompletedProcess(cmd, 1, "", f"{cmd[0]}: no answer within 60 s")
     except FileNotFoundError:
         raise UserInputError(f"{cmd[0]} not found: --launcher slurm runs on a machine with "
                              "Slurm's client commands (a login node); --dry-run prints "
@@ -132,6 +138,10 @@ class JobEnd:
         why = {"CANCELLED": "cancelled (scancel)", "TIMEOUT": "hit its time limit",
                "NODE_FAIL": "lost a node", "COMPLETED": "completed"}.get(self.state,
                                                                         self.state.lower())
+        if self.state == "FAILED" and self.exit_code.startswith("143:"):
+            why = ("was stopped by SIGTERM (its time limit was near, or a signal): the run "
+                   "saved its newest checkpoint with --checkpoint-dir, and --resume DIR "
+                   "continues it")
         text = f"job {self.job_id} {why}: state {self.state}, exit code {self.exit_code}"
         if self.reason and self.reason != "None":
             text += f", reason {self.reason}"
@@ -140,10 +150,16 @@ class JobEnd:
 
 
 def job_state(job_id: str) -> dict[str, str] | None:
-    """The job's fields from ``scontrol show job`` (None: Slurm no longer knows it)."""
-    r = _slurm("scontrol", "show", "job", job_id, "-o")
-    if r.returncode != 0 or "JobState=" not in r.stdout:
-        return None
+    """The job's fields from ``scontrol show job`` (None: Slurm no longer knows it). A
+    controller that does not answer is asked again, for up to ``STATE_PATIENCE_S``."""
+    deadline = time.monotonic() + STATE_PATIENCE_S
+    while True:
+        r = _slurm("scontrol", "show", "job", job_id, "-o")
+        if r.returncode == 0 and "JobState=" in r.stdout:
+            break
+        if "Invalid job id" in r.stderr or time.monotonic() > deadline:
+            return None
+        time.sleep(POLL_S)
     out = {}
     for field in r.stdout.split():
         key, _, value = field.partition("=")

@@ -116,10 +116,11 @@ class _Group:
 
     def config(self, cell: Cell) -> RunConfig:
         system = systems.get(cell.system)
-        plan = self.plans.get(plan_key(cell.system))
-        if cell.mode == "time-to-target":
-            return system_config(self.base, cell.system, plan, epochs=cell.epochs,
-                                 max_steps_per_epoch=cell.steps)
+        if cell.mode == "time-to-target":  # compare-run's layouts: PipeDream's plan
+            return system_config(self.base, cell.system, self.plans.get(plan_key(cell.system)),
+                                 epochs=cell.epochs, max_steps_per_epoch=cell.steps)
+        # throughput: every pipeline a straight split (bench's rule)
+        plan = self.plans.get(plan_key(cell.system, replicate=False))
         straight = self.plans.get("straight")  # M: by the pipeline's depth in workers
         stages = len(json.loads(Path(straight).read_text())["stages"]) if straight else 1
         m = self.base.pipeline.microbatches or schedules.MICROBATCHES_PER_STAGE * stages

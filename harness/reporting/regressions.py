@@ -8,8 +8,9 @@ Rules (the cell key matches cells across results; see ``results`` for the statis
   epoch) must be identical: any difference, however small, is a regression; except the
   counters that depend on the layout (``LAYOUT_COUNTERS``) where the two cells ran
   different layouts (``config`` and ``split``, the replicas and layer ranges: the planner
-  decides them on a profile measured in the suite run, so a near-tie can fall either way
-  on one commit): then those are listed, not judged;
+  decides them on a profile, and one measured in each suite run lets a near-tie fall
+  either way on one commit; a suite's committed profiles, once remade, move them too):
+  then those are listed, not judged;
 - a noisy metric (``results.METRICS``) is judged by ``verdicts.test``: a one-sided t-test
   of the repeats' logs against one or two baselines, or of the result against the
   prediction interval of a history of results, at a false-alarm rate ``alpha`` per metric

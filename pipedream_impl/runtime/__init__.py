@@ -13,6 +13,7 @@ SPAWN_LAUNCHER = "pipedream_impl.runtime.launcher:Launcher"
 # the same workers, started across a Slurm allocation's nodes (``--launcher srun``)
 SRUN_LAUNCHER = "pipedream_impl.runtime.srun:SrunLauncher"
 LAUNCHERS = ("local", "slurm", "srun")  # --launcher: here, submit a Slurm job, in a job
+JOBS_DIR = ".pipebench-jobs"  # under a job's submit directory: its script, output, specs
 
 # The runtime's defaults, here so that they are light to import: ``contract``'s settings
 # and ``harness.config`` (whose classes the CLI's flags read) take them from here.

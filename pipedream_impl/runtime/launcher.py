@@ -76,8 +76,8 @@ class Launcher:
         try:
             self._start([dataclasses.replace(s, progress_dir=self.board_dir,
                                              launcher_pid=os.getpid()) for s in specs])
-        except BaseException:  # nothing half-started may outlive a failed start
-            Launcher.close(self, kill=True)
+        except BaseException:  # nothing half-started may outlive a failed start (a
+            self.close(kill=True)  # subclass's close copes with a half-made start)
             raise
 
     def _start(self, specs: list[WorkerSpec]) -> None:
@@ -97,10 +97,10 @@ class Launcher:
             p.start()
             self.procs.append(p)
 
-    def monitor(self, run_id: str, uri: str, interval_s: float) -> None:
-        """Have every other machine's workers log its system metrics into MLflow run
-        ``run_id`` at ``uri`` (the launcher's own process logs this machine's): nothing
-        to do when every worker runs here."""
+    def monitor(self, sampler: str, *args: object) -> None:
+        """On every other machine, have one worker run ``sampler`` (``module:Class``,
+        called with ``*args`` and the machine's name; ``finish()`` at stop): the harness's
+        system metrics of that machine. Nothing to do when every worker runs here."""
 
     def restore(self, states: list[dict]) -> None:
         """Load each rank's checkpoint state before its next epoch (in rank order)."""

@@ -25,6 +25,7 @@ import time
 from multiprocessing.connection import Client, Connection, Listener
 from pathlib import Path
 
+from core.imports import load
 from pipedream_impl.runtime.contract import WorkerSpec, worker_main
 from pipedream_impl.runtime.launcher import Launcher
 
@@ -84,6 +85,7 @@ class SocketLauncher(Launcher):
     bind = advertise = "127.0.0.1"
     spec_dir: str | None = None  # where the spec file goes (the workers must see it)
     cwd: str | None = None  # the starting program's working directory
+    handle = PopenHandle  # how the starting program is stopped
 
     def _command(self, specs: list[WorkerSpec], spec_file: Path, address: tuple[str, int],
                  authkey: bytes) -> tuple[list[str], dict[str, str]]:
@@ -103,7 +105,7 @@ class SocketLauncher(Launcher):
         with open(self.log_path, "wb") as log:
             popen = subprocess.Popen(cmd, cwd=self.cwd, env=env, stdout=log,
                                      stderr=subprocess.STDOUT, start_new_session=True)
-        self.procs, self.names = [PopenHandle(popen)], [self.name]
+        self.procs, self.names = [self.handle(popen)], [self.name]
         self.results: queue.Queue = queue.Queue()
         self.controls: list[ConnEnd] = []  # until every rank has connected
         self.controls = self._connect(n, popen)
@@ -161,15 +163,17 @@ class SocketLauncher(Launcher):
 
     def close(self, kill: bool = False) -> None:
         super().close(kill)
-        if hasattr(self, "_listener"):
+        if getattr(self, "_listener", None) is not None:
             self._listener.close()
+        if getattr(self, "_tmp", None) is not None:
             self._tmp.cleanup()
 
 
 class _MonitoredControl:
-    """A worker's control end that also takes ``("monitor", run_id, uri, interval, node)``:
-    sample this node's system metrics into that MLflow run until ``("stop",)``
-    (``Launcher.monitor``); every other message passes through."""
+    """A worker's control end that also takes ``("monitor", "module:Class", *args)``: start
+    that sampler of this node (the harness names it: the runtime knows no tracking store)
+    until ``("stop",)``, when its ``finish()`` runs (``Launcher.monitor``); every other
+    message passes through. A sampler that fails says so and the run goes on."""
 
     def __init__(self, end: ConnEnd) -> None:
         self.end, self.monitor = end, None
@@ -178,35 +182,14 @@ class _MonitoredControl:
         while True:
             msg = self.end.get(timeout)
             if msg[0] == "monitor":
-                self._start(*msg[1:])
+                try:
+                    self.monitor = load(msg[1])(*msg[2:])
+                except Exception as e:  # noqa: BLE001 - metrics must not fail the run
+                    print(f"this node's system metrics are not logged: {e}", file=sys.stderr)
                 continue
             if msg[0] == "stop" and self.monitor is not None:
-                self._finish()
+                self.monitor.finish()
             return msg
-
-    def _start(self, run_id: str, uri: str, interval_s: float, node: str) -> None:
-        import logging
-
-        from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
-
-        logging.getLogger("mlflow.system_metrics").setLevel(logging.WARNING)
-        self.monitor = SystemMetricsMonitor(run_id, sampling_interval=interval_s,
-                                            samples_before_logging=1, resume_logging=True,
-                                            node_id=node, tracking_uri=uri)
-        self.first_step = self.monitor._logging_step  # noqa: SLF001 - after other nodes'
-        self.monitor.start()
-
-    def _finish(self) -> None:
-        """Stop sampling; a run shorter than one interval still gets this node's samples
-        (MLflow's monitor drops the samples of an interval cut short)."""
-        m = self.monitor
-        m.finish()
-        if m._logging_step == self.first_step:  # noqa: SLF001 - nothing published yet
-            try:
-                m.publish_metrics(m.aggregate_metrics())
-                m.mlflow_logger.flush()
-            except Exception as e:  # noqa: BLE001 - metrics must not fail the run
-                print(f"system metrics of this node not logged: {e}", file=sys.stderr)
 
 
 def connect_back(spec: WorkerSpec, host: str, port: int, authkey_hex: str) -> None:

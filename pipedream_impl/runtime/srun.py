@@ -10,8 +10,10 @@ ranks 0..G-1 sit on the first node, the next G on the second, ...). Each worker 
 ``torch.distributed`` through ``env://`` and connects back to the launcher
 (``remote.connect_back``), as Horovod's ranks do.
 
-Where: the launcher is told the first node's address by Slurm (``NodeAddr`` of the
-first host in ``SLURM_JOB_NODELIST``; ``PIPEBENCH_HEAD_ADDR`` overrides it). The spec
+Where: torchrun's rendezvous is the first node's ``NodeAddr``; the workers reach the
+launcher at its own node's (``PIPEBENCH_HEAD_ADDR`` overrides it; under ``salloc`` on a
+login node, the login node's address). Each step gets the node's CPUs
+(``SLURM_CPUS_ON_NODE``) as ``--cpus-per-task``. The spec
 file goes to the job's submit directory, which every node must see (a shared
 filesystem, as Slurm's own output files assume). ``GLOO_SOCKET_IFNAME`` /
 ``NCCL_SOCKET_IFNAME`` pass through to the workers (srun exports the environment).
@@ -27,15 +29,20 @@ import dataclasses
 import os
 import pickle
 import shutil
+import signal
+import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
+from pipedream_impl.runtime import JOBS_DIR
 from pipedream_impl.runtime.contract import WorkerSpec
 from pipedream_impl.runtime.launcher import PipelineFailure, free_port
-from pipedream_impl.runtime.remote import SocketLauncher, connect_back
+from pipedream_impl.runtime.remote import PopenHandle, SocketLauncher, connect_back
 
-__all__ = ["SrunLauncher", "head_address", "job_nodes"]
+__all__ = ["SrunHandle", "SrunLauncher", "cpus_per_task", "job_nodes", "launcher_address",
+           "node_address"]
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -57,20 +64,59 @@ def job_nodes() -> list[str]:
     return _scontrol("show", "hostnames", nodelist).split()
 
 
-def head_address(node: str) -> str:
-    """The address the workers reach ``node`` at: ``PIPEBENCH_HEAD_ADDR``, else its
-    NodeAddr in Slurm."""
-    if os.environ.get("PIPEBENCH_HEAD_ADDR"):
-        return os.environ["PIPEBENCH_HEAD_ADDR"]
+def node_address(node: str) -> str:
+    """The address the other nodes reach ``node`` at: its NodeAddr in Slurm."""
     for field in _scontrol("show", "node", node, "-o").split():
         if field.startswith("NodeAddr="):
             return field.split("=", 1)[1]
     return node
 
 
+def launcher_address() -> str:
+    """Where the workers reach this process: ``PIPEBENCH_HEAD_ADDR``; else, on a node of
+    the job (the batch script), that node's NodeAddr; else (``salloc`` on a login node)
+    the address of this host's name."""
+    if os.environ.get("PIPEBENCH_HEAD_ADDR"):
+        return os.environ["PIPEBENCH_HEAD_ADDR"]
+    if os.environ.get("SLURMD_NODENAME"):
+        return node_address(os.environ["SLURMD_NODENAME"])
+    return socket.gethostbyname(socket.gethostname())
+
+
+def cpus_per_task(tasks_per_node: int) -> list[str]:
+    """srun's ``--cpus-per-task`` for a step of ``tasks_per_node`` tasks per node: the
+    node's CPUs in the job, shared evenly (a step inherits no CPU count from the batch
+    script on every Slurm version); none outside a job."""
+    cpus = os.environ.get("SLURM_CPUS_ON_NODE")
+    return [f"--cpus-per-task={max(1, int(cpus) // tasks_per_node)}"] if cpus else []
+
+
+class SrunHandle(PopenHandle):
+    """srun as a worker handle: killing it kills the job step's tasks on every node (two
+    SIGINTs within a second make srun SIGKILL every task; a SIGKILL to srun itself would
+    leave them running on the other nodes), then srun."""
+
+    def kill(self) -> None:
+        for _ in range(2):
+            try:
+                os.killpg(self.popen.pid, signal.SIGINT)
+            except ProcessLookupError:
+                return
+            time.sleep(0.2)  # srun's second SIGINT must come within a second of the first
+        self.join(timeout=10)
+        super().kill()
+
+
 class SrunLauncher(SocketLauncher):
+    """Our runtime's workers (and the torch peers', DDP's) across a Slurm allocation: one
+    srun step of one torchrun per node, the static rendezvous on the first node; the
+    workers connect back to this process wherever it runs (the batch script's node, or a
+    login node under salloc). The watchdog sees the progress boards of this node's
+    workers only (a rank stuck on another node is found by its peers' timeouts)."""
+
     name = "srun"
     bind = "0.0.0.0"  # workers on every node of the allocation connect
+    handle = SrunHandle
 
     def _start(self, specs: list[WorkerSpec]) -> None:
         self.nodes = job_nodes()
@@ -80,17 +126,18 @@ class SrunLauncher(SocketLauncher):
                                   f"({', '.join(self.nodes)}): give --workers a multiple "
                                   f"of {len(self.nodes)}")
         self.per_node = len(specs) // len(self.nodes)
-        self.advertise = head_address(self.nodes[0])
-        shared = Path(os.environ.get("SLURM_SUBMIT_DIR", os.getcwd())) / ".pipebench-jobs"
+        self.master = node_address(self.nodes[0])  # torchrun's rendezvous
+        self.advertise = launcher_address()
+        shared = Path(os.environ.get("SLURM_SUBMIT_DIR", os.getcwd())) / JOBS_DIR
         shared.mkdir(exist_ok=True)
         self.spec_dir = str(shared)
         super()._start(specs)
 
-    def monitor(self, run_id: str, uri: str, interval_s: float) -> None:
-        """The first worker of every node but the launcher's samples that node's system
-        metrics into the run, under ``system/<node>/`` (``remote.connect_back``)."""
+    def monitor(self, sampler: str, *args: object) -> None:
+        """The first worker of every node but the launcher's runs ``sampler(*args, node)``
+        (``remote._MonitoredControl``)."""
         for i, node in enumerate(self.nodes[1:], start=1):
-            self.controls[i * self.per_node].put(("monitor", run_id, uri, interval_s, node))
+            self.controls[i * self.per_node].put(("monitor", sampler, *args, node))
 
     def where(self, rank: int) -> str:
         """As on one machine, plus the node the rank ran on."""
@@ -102,11 +149,12 @@ class SrunLauncher(SocketLauncher):
         torchrun = Path(sys.executable).parent / "torchrun"
         # one torchrun per node; its node rank is the node's index in the step
         agent = (f'exec "{torchrun}" --nnodes {nodes} --nproc-per-node {per_node} '
-                 f'--node-rank "$SLURM_NODEID" --master-addr {self.advertise} '
+                 f'--node-rank "$SLURM_NODEID" --master-addr {self.master} '
                  f"--master-port {free_port()} -m pipedream_impl.runtime.srun "
                  f'"{spec_file}" {address[0]} {address[1]} {authkey.hex()}')
         cmd = ["srun", f"--nodes={nodes}", f"--ntasks={nodes}", "--ntasks-per-node=1",
-               "--kill-on-bad-exit=1", "--job-name=pipebench-workers", "bash", "-c", agent]
+               *cpus_per_task(1), "--kill-on-bad-exit=1", "--job-name=pipebench-workers",
+               "bash", "-c", agent]
         env = {**os.environ,
                "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
         return cmd, env

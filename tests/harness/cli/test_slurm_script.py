@@ -68,6 +68,7 @@ def test_the_job_runs_the_same_run_with_srun(tmp_path: Path,
     (output,) = [x for x in sbatch if x.startswith("#SBATCH --output=")]
     assert re.fullmatch(rf"#SBATCH --output={tmp_path}/\.pipebench-jobs/"
                         r"pipebench-gpipe-vgg16-[0-9-]+-%j\.out", output), output
+    assert "#SBATCH --exclusive" in sbatch  # no --threads: whole nodes
     assert (tmp_path / ".pipebench-jobs").is_dir()  # Slurm needs it before the job starts
     assert f"cd {tmp_path}" in lines
     assert f"export MLFLOW_TRACKING_URI=sqlite:///{tmp_path}/m.db" in lines
@@ -83,8 +84,10 @@ def test_the_job_runs_the_same_run_with_srun(tmp_path: Path,
 
 def test_gpus_and_worker_counts_must_fit_the_nodes(tmp_path: Path,
                                                    monkeypatch: pytest.MonkeyPatch) -> None:
-    script = _script(tmp_path, monkeypatch, "--nodes", "2", "--gpus-per-node", "2")
+    script = _script(tmp_path, monkeypatch, "--nodes", "2", "--gpus-per-node", "2",
+                     "--threads", "3")
     assert "#SBATCH --gpus-per-node=2" in script.splitlines()
+    assert "#SBATCH --cpus-per-task=6" in script.splitlines()  # 3 threads x 2 workers
     runner = CliRunner()
     for extra, why in ((["--nodes", "3"], "does not split evenly over --nodes 3"),
                        (["--nodes", "2", "--gpus-per-node", "4"], "must be --nodes x "

@@ -7,6 +7,7 @@ import json
 from types import SimpleNamespace
 
 from harness.experiments.suite_run import _measure, _per_worker
+from harness.paths import REPO
 
 FINAL = {"throughput_samples_per_s": 40.0, "peak_memory_bytes_max": 300,
          "bytes_communicated_per_sample": 96.0, "actions_per_epoch": 12.0,
@@ -37,3 +38,41 @@ def test_per_worker_numbers_keep_the_runs_order() -> None:
                                '"bubble_fraction": {"1": 0.5, "0": 0.25}}')
     assert _per_worker({"throughput_samples_per_s": 1.0}) == {"peak_memory_bytes": {},
                                                               "bubble_fraction": {}}
+
+
+def test_a_group_plans_on_the_suites_committed_profile_and_throughput_runs_straight(
+        tmp_path, monkeypatch) -> None:  # noqa: ANN001
+    """With ``layout_profiles`` no profile is measured (the layouts are the same every
+    night); throughput cells run straight splits (bench's rule: PipeDream too, one stage
+    per worker), the several-stages-per-worker peers workers x 2 stages; time-to-target
+    PipeDream runs the planner's plan."""
+    import dataclasses
+    from pathlib import Path
+
+    from harness.experiments import suite_run
+    from harness.experiments.suite import Cell, load_suite
+
+    def measured(*a, **k):  # noqa: ANN002, ANN003, ANN202
+        raise AssertionError("a profile was measured")
+
+    monkeypatch.setattr("pipedream_impl.profiling.profiler.profile_workload", measured)
+    # the committed profile with every activation 1000x as large: the planner then
+    # replicates (one stage on both workers), which a throughput cell must not run
+    prof = json.loads((REPO / "suites/profiles/vgg16-tiny-b32-cpu.json").read_text())
+    for layer in prof["layers"]:
+        layer["activation_bytes"] = [1000 * a for a in layer["activation_bytes"]]
+    (tmp_path / "vgg16-tiny-b32-cpu.json").write_text(json.dumps(prof))
+    suite = dataclasses.replace(load_suite("smoke"), layout_profiles=str(tmp_path))
+    cell = Cell("vgg16", "pipedream", 2, "tiny", "throughput", 1, 1, True, None, None)
+    group = suite_run._Group(cell, suite, "e", tmp_path / "g")
+
+    def stages(system: str, mode: str = "throughput") -> list[tuple[int, int]]:
+        c = Cell("vgg16", system, 2, "tiny", mode, 1, 1, True, None, None)
+        plan = group.config(c).pipeline.plan
+        return [tuple(s["replicas"] for s in json.loads(Path(plan).read_text())["stages"])]
+
+    assert stages("pipedream") == stages("gpipe") == [(1, 1)]
+    assert stages("torch-zbv") == [(1, 1, 1, 1)]
+    planned = json.loads(Path(group.plans["planned"]).read_text())
+    assert stages("pipedream", "time-to-target") == [
+        tuple(s["replicas"] for s in planned["stages"])] == [(2,)]
