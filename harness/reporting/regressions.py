@@ -42,7 +42,7 @@ __all__ = ["COLUMNS", "Change", "compare_results", "detectability", "has_regress
            "judged_against", "over_nights", "rows"]
 
 # the counters that depend on the stages, their replicas and layer ranges
-LAYOUT_COUNTERS = ("bytes_per_sample", "actions_per_epoch")
+LAYOUT_COUNTERS = ("bytes_per_sample", metrics.ACTIONS_PER_EPOCH)
 
 COLUMNS = ("verdict", "cell", "what", "baseline", "current", "change", "flagged beyond",
            "MDC")

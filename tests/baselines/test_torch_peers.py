@@ -190,8 +190,18 @@ def test_too_few_layers_for_two_stages_per_worker_is_refused_in_one_line(tmp_pat
     with pytest.raises(UserInputError, match="only 4 layers; use at most 2 workers"):
         check_run(RunConfig.from_flags(system="torch-zbv", workload="s2vt", workers=3))
     check_run(RunConfig.from_flags(system="torch-zbv", workload="s2vt", workers=2))  # fine
-    plan = tmp_path / "plan.json"
-    plan.write_text("{}")
-    with pytest.raises(UserInputError, match="drop --plan"):
-        check_run(RunConfig.from_flags(
-            system="torch-interleaved-1f1b", workload="vgg16", workers=2, plan=str(plan)))
+    # a plan for them lists every stage: workers x 2 unreplicated ones, covering the model
+    from pipedream_impl.planner.plan import Plan, Stage
+
+    def plan(bounds: list[tuple[int, int]]) -> str:
+        path = tmp_path / f"plan{len(bounds)}.json"
+        path.write_text(Plan(tuple(Stage(b, 1, (i,), 0.0) for i, b in enumerate(bounds)),
+                             len(bounds), {}).to_json())
+        return str(path)
+
+    four = plan([(0, 10), (10, 20), (20, 30), (30, 40)])
+    check_run(RunConfig.from_flags(system="torch-interleaved-1f1b", workload="vgg16",
+                                   workers=2, plan=four))  # fine
+    with pytest.raises(UserInputError, match="its plan lists 4 stages of one replica each"):
+        check_run(RunConfig.from_flags(system="torch-interleaved-1f1b", workload="vgg16",
+                                       workers=2, plan=plan([(0, 20), (20, 40)])))
