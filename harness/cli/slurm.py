@@ -68,17 +68,16 @@ def _flag(hint: object, key: str) -> str:
     return "--" + key.replace("_", "-")
 
 
-def submit_job(name: str, workers: list[int], threads: int | None, flags: SimpleNamespace,
-               argv: list[str], quiet: bool) -> None:
+def submit_job(name: str, workers: list[int], cpus_per_node: int | None,
+               flags: SimpleNamespace, argv: list[str], quiet: bool) -> None:
     """Submit the job running ``argv`` (``workers``: each run's worker count, which every
-    node must share evenly) and follow it; exit 1 unless the job completed."""
+    node must share evenly; ``cpus_per_node``: None for whole nodes) and follow it; exit 1
+    unless the job completed."""
     from harness.experiments.slurm_job import JobRequest, batch_script, submit
 
-    most = max(workers)
     req = JobRequest(nodes=flags.nodes, gpus_per_node=flags.gpus_per_node,
                      partition=flags.partition, time=flags.time_limit,
-                     cpus_per_node=threads * most // flags.nodes if threads else None,
-                     extra=tuple(flags.sbatch_arg or ()))
+                     cpus_per_node=cpus_per_node, extra=tuple(flags.sbatch_arg or ()))
     for n in sorted(set(workers)):
         req.check(n)
     workdir = Path.cwd() / JOBS_DIR

@@ -110,10 +110,11 @@ def bench(
     plants = planted(plant)
     spec = _suite(flags)
     check_cells(spec)
-    if launcher == "slurm":
-        submit_job(f"pipebench-bench-{spec.name}", [c.workers for c in spec.cells
-                                                    if systems.get(c.system).multi_process]
-                   or [1], spec.threads, flags, job_argv("bench", bench, flags), quiet)
+    if launcher == "slurm":  # CPUs per node: a one-process cell's threads of all workers
+        spread = [c.workers for c in spec.cells if systems.get(c.system).multi_process]
+        submit_job(f"pipebench-bench-{spec.name}", spread or [1],
+                   spec.threads * max(c.workers for c in spec.cells), flags,
+                   job_argv("bench", bench, flags), quiet)
         return
     result = run_suite(spec, Progress(enabled=not quiet), experiment, repeats, plants,
                        launcher)

@@ -131,9 +131,9 @@ def run(
     check_launcher(flags)
     cfg, ckpt = _resumed(flags) if resume is not None else (_run_config(flags), None)
     if launcher == "slurm":
-        submit_job(f"pipebench-{cfg.system}-{cfg.workload}", [cfg.workers], cfg.threads,
-                   flags, job_argv("run", run, flags), quiet)
-        return
+        cpus = cfg.threads and cfg.threads * cfg.workers // nodes  # None: whole nodes
+        return submit_job(f"pipebench-{cfg.system}-{cfg.workload}", [cfg.workers], cpus,
+                          flags, job_argv("run", run, flags), quiet)
     print_summary(run_system(cfg.replace(launcher=launcher), Progress(enabled=not quiet),
                              resume=ckpt), console)
 

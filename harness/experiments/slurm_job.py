@@ -1,8 +1,9 @@
-"""``pipebench run --launcher slurm``: the same run as a Slurm job, submitted and followed.
+"""``--launcher slurm`` (``run``, ``bench``): the same run or suite as a Slurm job,
+submitted and followed.
 
 Why: on GPU clusters runs go through a job scheduler, mostly Slurm. The job is the run
-itself, not a stand-in: its batch script ``exec``s ``pipebench run`` with the same flags
-and ``--launcher srun`` on the allocation's first node, whose launcher starts one
+itself, not a stand-in: its batch script ``exec``s ``pipebench run`` (or ``bench``) with
+the same flags and ``--launcher srun`` on the allocation's first node, whose launcher starts one
 torchrun per node (``pipedream_impl.runtime.srun``) and logs to the MLflow store the
 submitting shell uses (``MLFLOW_TRACKING_URI`` travels with the job; a server the nodes
 cannot reach falls back to a local store that ``pipebench sync`` moves later, as any run
@@ -17,9 +18,9 @@ the node and ranks.
 
 Submission is plain ``sbatch --parsable`` of a script a user can read and submit
 unchanged (``--dry-run`` prints it), and following is ``scontrol`` (and ``sinfo`` for
-the nodes a failed job lost). We chose
-this over submitit (which pickles a Python callable into an opaque job) and TorchX
-(another scheduler abstraction and dependency): the product here is the batch script.
+the nodes a failed job lost). We chose this over submitit (which pickles a Python
+callable into an opaque job) and TorchX (another scheduler abstraction and dependency):
+the product here is the batch script.
 """
 
 from __future__ import annotations

@@ -119,6 +119,8 @@ def test_a_suite_is_one_job_whose_bench_has_the_same_options(
         "--plant", "ddp=slow:*:*:1.2", "--plant", "pipedream=slow:1:F:1.1",
         "--launcher", "srun"]
     assert "#SBATCH --job-name=pipebench-bench-adhoc" in r.output
+    # a one-process cell runs the threads of all 4 workers on one node
+    assert "#SBATCH --cpus-per-task=4" in r.output.splitlines()
     r = CliRunner().invoke(app, ["bench", "--systems", "pipedream", "--workers", "3",
                                  "--launcher", "slurm", "--nodes", "2", "--dry-run"])
     assert r.exit_code != 0 and "does not split evenly over --nodes 2" in _said(r)
