@@ -10,8 +10,9 @@ which must give bit-identical training (the epochs' losses and qualities in MLfl
   MLflow runs are like local ones, with each node's system metrics;
 - ``scancel`` mid-run: the run ends KILLED with its newest checkpoint, and ``--resume`` in
   a new job continues the same MLflow run to the same numbers as an uninterrupted run;
-- a node that dies mid-run (its slurmd and every process on it killed): the job ends
-  within ``LOST_BOUND_S``, naming the node and the rank.
+- a node's slurmd killed mid-run: the job ends NODE_FAIL within ``LOST_BOUND_S``, naming
+  the node, and the run KILLED; a node that dies (its slurmd and every process on it
+  killed): the job ends within ``LOST_BOUND_S``, naming the node and the rank.
 
 Needs root, iproute2, util-linux's unshare and the Slurm packages (the fixture installs
 them with apt when missing); the cluster is torn down even when a test fails.
@@ -63,7 +64,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]
 
         plan = Plan(tuple(Stage(b, 1, (i,), 0.0) for i, b in enumerate(BOUNDS)), 2, {})
         (work / "plan.json").write_text(plan.to_json())
-        env.update(WORK=str(work), URI=f"sqlite:///{work}/mlflow.db")
+        env.update(WORK=str(work), URI=f"sqlite:///{work}/mlflow.db", PREFIX=prefix)
         import mlflow  # the store's tables made once: jobs that start together race to
 
         mlflow.MlflowClient(tracking_uri=env["URI"]).search_experiments()  # create them
@@ -180,14 +181,38 @@ def test_scancel_checkpoints_and_a_new_job_resumes_bit_identically(
     assert _history(cluster["URI"], "cancelled") == _history(cluster["URI"], "uninterrupted")
 
 
-def test_a_node_that_dies_ends_the_job_naming_node_and_rank(cluster: dict[str, str]) -> None:
+def _long_job(cluster: dict[str, str], experiment: str) -> tuple[subprocess.Popen, list[str]]:
+    """A job that would run for minutes, once its first epoch is done."""
     args = [*RUN, "--system", "pipedream", "--plan", f"{cluster['WORK']}/plan.json",
-            "--epochs", "200", "--experiment", "lost", "--timeout", "20"]
+            "--epochs", "200", "--experiment", experiment, "--timeout", "20"]
+    subprocess.run([str(CLUSTER), "up", cluster["PREFIX"]], check=True, timeout=120,
+                   capture_output=True)  # both nodes up (a test before may have lost one)
     proc = _submit(cluster, args)
     seen: list[str] = []
     _job_id(proc, seen)
     output = Path(re.search(r"its output: (\S+)", "".join(seen)).group(1))
     _wait_for("first epoch", lambda: output.exists() and "epoch 1/" in output.read_text(), 240)
+    return proc, seen
+
+
+def test_a_lost_slurmd_ends_the_job_naming_the_node(cluster: dict[str, str]) -> None:
+    """Only the node's slurmd dies (its workers go on): Slurm notices (SlurmdTimeout),
+    ends the job NODE_FAIL and stops the launcher, which ends the run KILLED; pipebench
+    names the node Slurm holds down."""
+    proc, seen = _long_job(cluster, "lost-slurmd")
+    node = cluster["NODE1"]
+    t0 = time.monotonic()
+    os.kill(int(Path(cluster["STATE_DIR"], f"slurmd-{node}.pid").read_text()), signal.SIGKILL)
+    out = "".join(seen) + proc.communicate(timeout=LOST_BOUND_S + 60)[0]
+    took = time.monotonic() - t0
+    assert took < LOST_BOUND_S, f"the job took {took:.0f} s to end:\n{out}"
+    assert proc.returncode == 1, out
+    assert "lost a node: state NODE_FAIL" in out and f"down: {node}" in out, out
+    assert _run(cluster["URI"], "lost-slurmd").info.status == "KILLED"
+
+
+def test_a_node_that_dies_ends_the_job_naming_node_and_rank(cluster: dict[str, str]) -> None:
+    proc, seen = _long_job(cluster, "lost")
     node = cluster["NODE1"]
     pids = subprocess.run(["ip", "netns", "pids", node], capture_output=True, text=True,
                           check=True).stdout.split()
