@@ -23,6 +23,7 @@ from harness.cli.options import (
     TimeLimit,
 )
 from harness.cli.slurm import check_launcher, job_argv, submit_job
+from pipedream_impl.runtime import LAUNCHERS
 
 __all__ = ["bench", "check_cells", "compare", "dashboard", "regressions"]
 
@@ -86,7 +87,7 @@ def bench(
     plant: _Plant = None,
     output: Output = None,
     quiet: Quiet = False,
-    launcher: Launcher = "local",
+    launcher: Launcher = LAUNCHERS[0],
     nodes: Nodes = 1,
     gpus_per_node: GpusPerNode = 0,
     partition: Partition = None,
