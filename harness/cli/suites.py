@@ -121,9 +121,10 @@ def bench(
                        launcher)
     if json_out:
         write_result(result, json_out)
-        console.print(f"wrote {json_out}")
+        if not quiet:
+            console.print(f"wrote {json_out}")
     emit(bench_lib.markdown(result, command_line()), output, quiet)
-    if result["mlflow"]:
+    if result["mlflow"] and not quiet:
         console.print(f"MLflow parent run {result['mlflow']['parent_run_id']} "
                       f"({result['mlflow']['tracking_uri']})", highlight=False)
 

@@ -33,6 +33,7 @@ COMPARE_COLUMNS = ("run", "system", "workload", "scale", "workers", "config", "s
 def _mlflow():  # noqa: ANN202
     import mlflow
 
+    tracking.mlflow_output_defaults()
     mlflow.set_tracking_uri(tracking.default_tracking_uri())
     return mlflow
 

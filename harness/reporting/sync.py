@@ -17,12 +17,12 @@ server (``FALLBACK_FROM_TAG``), if still RUNNING there, is ended KILLED and tagg
 
 from __future__ import annotations
 
-import os
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from core.errors import UserInputError
+from harness.reporting import tracking
 from harness.reporting.fallback import (
     FALLBACK_FROM_TAG,
     INTENDED_TAG,
@@ -103,8 +103,7 @@ def sync_runs(to: str, source: str | None = None, experiment: str | None = None,
     from mlflow import MlflowClient
 
     bound_http_calls()
-    os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")  # one line a run
-    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
+    tracking.mlflow_output_defaults()
     progress = progress or Progress()
     to, source = _check_uri(to, "--to"), _check_uri(source or local_tracking_uri(), "--from")
     if to == source:

@@ -64,6 +64,14 @@ def name_this_node(node: str) -> None:
     mlflow.set_system_metrics_node_id(node)
 
 
+def mlflow_output_defaults() -> None:
+    """MLflow prints a URL per run and a progress bar per artifact download; for a
+    command's own output neither says anything (one home for both defaults; a user's own
+    setting of either variable wins)."""
+    os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")
+    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
+
+
 def enabled() -> bool:
     """False when ``PIPEBENCH_TRACKING`` is off (``off``, ``0``, ``false``, ``no``)."""
     return os.environ.get("PIPEBENCH_TRACKING", "on").strip().lower() not in (

@@ -84,6 +84,9 @@ def suite_result(server: str, tmp_path_factory: pytest.TempPathFactory) -> dict:
     r = _run(["bench", "--suite", str(root / "tiny.toml"), "--json", str(out),
               "--experiment", EXPERIMENT, "--quiet"], server)
     assert r.returncode == 0, r.stdout + r.stderr
+    # --quiet: the report (no -o) and nothing else: no pointer lines, no mlflow progress
+    assert "MLflow parent run" not in r.stdout and f"wrote {out}" not in r.stdout, r.stdout
+    assert "Downloading artifacts" not in r.stderr, r.stderr
     return json.loads(out.read_text())
 
 
