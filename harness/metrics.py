@@ -14,9 +14,10 @@ with ``per_worker``, ``select`` and ``parse``, derived values come from ``aggreg
 
 The names are module constants (``THROUGHPUT`` is ``"throughput_samples_per_s"``); a
 pattern's fields are ``worker`` (a rank), ``kind`` (an action kind: F, B, SF, wait, ...),
-``src``/``dst`` (ranks of a link), ``system`` (a system's name), and, for a suite's cell
-runs, ``metric`` (one of ``SUITE_METRICS``) and ``stat`` (``""`` the median, ``"_min"``,
-``"_max"``). MLflow's own system metrics (``system/...``) are not ours and not listed.
+``stage`` (a pipeline stage), ``src``/``dst`` (ranks of a link), ``system`` (a system's
+name), and, for a suite's cell runs, ``metric`` (one of ``SUITE_METRICS``) and ``stat``
+(``""`` the median, ``"_min"``, ``"_max"``). MLflow's own system metrics (``system/...``)
+are not ours and not listed.
 """
 
 from __future__ import annotations
@@ -32,7 +33,8 @@ __all__ = [
     "EPOCHS_TO_TARGET", "EPOCH_METRICS", "EPOCH_SAMPLES_PER_S", "EPOCH_TIME", "EVAL_TIME",
     "FINAL_QUALITY", "IDLE", "LINK_BYTES", "PEAK_MEMORY", "PEAK_MEMORY_MAX", "QUALITY",
     "RUN_METRICS", "SCHEMA", "STASH_ACTIVATIONS", "STASH_WEIGHTS", "SUITE_METRICS",
-    "SYSTEM_THROUGHPUT", "TARGET_METRICS", "THROUGHPUT", "THROUGHPUT_PER_REFERENCE",
+    "STAGE_MEASURED", "STAGE_PREDICTED", "SYSTEM_THROUGHPUT", "TARGET_METRICS", "THROUGHPUT",
+    "THROUGHPUT_PER_REFERENCE",
     "REFERENCE_SPEED", "DRIFT_PAIRS", "TIME_TO_TARGET", "TOTAL_TIME", "STEADY_THROUGHPUT",
     "STEADY_SPREAD", "STEADY_WINDOWS", "STEADY_PER_REFERENCE", "CPU_PER_SAMPLE",
     "TRACE_EVENTS_DROPPED", "TRAIN_LOSS", "Metric", "aggregate", "get", "key", "mean_bubble",
@@ -69,6 +71,8 @@ ACTION_TIME = "action_s"
 STASH_WEIGHTS = "stash_weight_bytes"
 STASH_ACTIVATIONS = "stash_activation_bytes"
 LINK_BYTES = "bytes_link"
+STAGE_PREDICTED = "stage_ms_predicted"
+STAGE_MEASURED = "stage_ms_measured"
 ACTIONS_PER_EPOCH = "actions_per_epoch"
 TRACE_EVENTS_DROPPED = "trace_events_dropped"
 SYSTEM_THROUGHPUT = "system_samples_per_s"
@@ -95,6 +99,7 @@ _EVERY = "every training run"
 _REACHED = "training runs that reached the target"
 _MULTI = "multi-process systems"
 _IDLE = "systems that time their idle (`reports_idle`: the pipelines of our runtime and torch's)"
+_OURS = "the pipelines of our runtime (one stage per worker)"
 _COMPARISON = "the parent run of `compare-run`"
 _CELL = "the cell runs of a suite (`bench`)"
 
@@ -103,7 +108,7 @@ AGGREGATIONS = {"sum": sum, "mean": statistics.mean, "max": max}
 
 # a pattern's fields: the regular expression a value matches, and its type
 _FIELDS: dict[str, tuple[str, type]] = {
-    "worker": (r"\d+", int), "src": (r"\d+", int), "dst": (r"\d+", int),
+    "worker": (r"\d+", int), "stage": (r"\d+", int), "src": (r"\d+", int), "dst": (r"\d+", int),
     "kind": (r".+?", str), "system": (r".+", str),
     "metric": ("|".join(SUITE_METRICS), str), "stat": ("|".join(s for s, _ in CELL_STATS), str),
 }
@@ -219,6 +224,13 @@ SCHEMA: tuple[Metric, ...] = (
            pattern=STASH_ACTIVATIONS + _W, aggregate="max"),
     Metric(LINK_BYTES, "bytes", "Payload bytes sent from rank `src` to rank `dst`.",
            runs=_MULTI, pattern=LINK_BYTES + "_{src}_to_{dst}"),
+    Metric(STAGE_PREDICTED, "ms", "The stage's compute per minibatch that the local profile "
+           "its layers were balanced on predicts: forward, backward and optimizer step of its "
+           "layers, over its replicas (`harness/experiments/stage_times.py`).",
+           runs=_OURS, pattern=STAGE_PREDICTED + "_stage_{stage}"),
+    Metric(STAGE_MEASURED, "ms", "The stage's compute per minibatch in the run: its workers' "
+           "F, B, I, W and U seconds over the minibatches run, over its replicas.",
+           runs=_OURS, pattern=STAGE_MEASURED + "_stage_{stage}"),
     Metric(ACTIONS_PER_EPOCH, "count", "Timed spans (actions) per epoch over all workers.",
            runs=_MULTI),
     Metric(TRACE_EVENTS_DROPPED, "count", "Timed spans left out of the trace (beyond its "

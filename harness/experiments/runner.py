@@ -21,6 +21,7 @@ from harness.config import RunConfig
 from harness.experiments import checkpoint
 from harness.experiments.checkpoint import Checkpoint
 from harness.experiments.layout import check_run
+from harness.experiments.stage_times import gap_note, measure, predict, stage_metrics
 from harness.experiments.training import (
     EpochStats,
     RunSummary,
@@ -31,6 +32,7 @@ from harness.experiments.training import (
 from harness.reporting import tracking
 from harness.reporting.artifacts import log_artifacts
 from harness.reporting.progress import Progress
+from pipedream_impl.runtime import STAGE_EXECUTOR
 from workloads import registry
 from workloads.base import DataSplits, Workload, count_parameters
 from workloads.recipe import load_splits, peak_memory_bytes
@@ -126,6 +128,7 @@ def _train_tracked(cfg: RunConfig, workload: Workload, target: float, splits: Da
             trainer.close()
         summary.num_parameters, summary.batch_size = num_parameters, batch_size
         final = _final_metrics(cfg, trainer, summary, device, workload)
+        final.update(_stage_times(trainer, batch_size, progress))
         summary.data_description = splits.description
         tracker.metrics(final)
         summary.final_metrics, summary.layout_params = final, layout_params
@@ -201,17 +204,33 @@ def _trainer(cfg: RunConfig, workload: Workload, splits: DataSplits, device: tor
     from harness.experiments.layout import pipeline_layout
     from harness.experiments.pipeline_trainer import PipelineTrainer
 
+    layer_ms = None  # a resumed run's layout was balanced on another run's profile
     if resumed is not None:
         replicas, bounds = resumed["layout"]
         how = "the checkpoint's layout"
     else:
-        replicas, bounds, how = pipeline_layout(cfg, workload, batch_size, device)
+        replicas, bounds, how, layer_ms = pipeline_layout(cfg, workload, batch_size, device)
     progress.note(f"pipeline {'-'.join(map(str, replicas))} on {cfg.workers} workers, "
                   f"layers {list(bounds)}: {how}")
     trainer = PipelineTrainer(cfg, workload, splits, replicas, bounds, device, progress)
+    trainer.predicted_stage_ms = None if layer_ms is None or \
+        cfg.definition.stages_per_rank > 1 else predict(layer_ms, replicas, bounds)
     params = dict(trainer.params)
     params.update(config="-".join(map(str, replicas)), stages=list(bounds), layout_source=how)
     return trainer, params
+
+
+def _stage_times(trainer, batch_size: int, progress: Progress) -> dict[str, float]:  # noqa: ANN001
+    """Each stage's compute per minibatch, predicted and measured (``stage_times``), for the
+    pipelines of our runtime (the other engines time no compute actions per stage)."""
+    m = getattr(trainer, "metrics", None)
+    if m is None or not m.action_s or not m.placement or \
+            trainer.cfg.definition.executor != STAGE_EXECUTOR or \
+            trainer.cfg.definition.stages_per_rank > 1:
+        return {}
+    measured = measure(m.action_s, m.placement, trainer.replicas, m.samples // batch_size)
+    progress.note(gap_note(trainer.predicted_stage_ms, measured))
+    return stage_metrics(trainer.predicted_stage_ms, measured)
 
 
 def _final_metrics(cfg: RunConfig, trainer, summary: RunSummary,  # noqa: ANN001

@@ -19,7 +19,7 @@ from harness.metrics import (
     parse,
 )
 
-SAMPLE = {"worker": 12, "src": 3, "dst": 10, "kind": "SF", "system": "torch-1f1b",
+SAMPLE = {"worker": 12, "stage": 7, "src": 3, "dst": 10, "kind": "SF", "system": "torch-1f1b",
           "metric": "bubble_fraction", "stat": "_max"}
 
 

@@ -69,3 +69,24 @@ def test_a_one_process_run_that_missed_its_target() -> None:
     assert list(final) == [*metrics.RUN_METRICS, "peak_memory_bytes_worker_0"]
     assert (final["best_quality"], final["bytes_communicated_per_sample"]) == (0.3, 0.0)
     assert final["peak_memory_bytes_max"] == final["peak_memory_bytes_worker_0"] > 0
+
+
+def test_stage_times_predicted_and_measured_per_minibatch() -> None:
+    """Closed forms: predicted = the stage's layer times over its replicas; measured = the
+    stage's workers' compute seconds (not sends, receives, all-reduces) per minibatch over
+    its replicas."""
+    from harness.experiments import stage_times
+
+    layer_ms = [1.0, 2.0, 3.0, 4.0, 10.0]
+    assert stage_times.predict(layer_ms, (1, 2), ((0, 3), (3, 5))) == [6.0, 7.0]
+    action_s = {0: {"F": 0.5, "B": 1.0, "U": 0.1, "SF": 9.0, "RB": 9.0},
+                1: {"F": 1.0, "B": 1.5, "A": 9.0}, 2: {"I": 0.5, "W": 0.5, "U": 0.5}}
+    placement = {0: (0, 0), 1: (1, 0), 2: (1, 1)}
+    got = stage_times.measure(action_s, placement, (1, 2), minibatches=100)
+    assert got == pytest.approx({0: 16.0, 1: 20.0})  # 1.6 s / 100; 4.0 s / 100 / 2
+    keys = stage_times.stage_metrics([6.0, 7.0], got)
+    assert keys == {"stage_ms_measured_stage_0": got[0], "stage_ms_measured_stage_1": got[1],
+                    "stage_ms_predicted_stage_0": 6.0, "stage_ms_predicted_stage_1": 7.0}
+    assert all(metrics.parse(k) is not None for k in keys)
+    assert "stage 1 7.0 -> 20.0 ms (+186%)" in stage_times.gap_note([6.0, 7.0], got)
+    assert "predicted" not in stage_times.gap_note(None, got)
