@@ -134,7 +134,7 @@ def shared_plans(base: RunConfig, workdir: Path, profile=None) -> dict[str, str]
     unreplicated pipeline of ``workers x v`` stages; left out where the model has fewer
     layers: such a run is refused with the layout's own error). ``profile``: plan on this
     one (a suite's committed profile) instead of measuring one here."""
-    from harness.experiments.layout import LOCAL_BANDWIDTH
+    from harness.experiments.link import local_bandwidth
     from pipedream_impl.planner.cluster import Cluster, Level
     from pipedream_impl.planner.plan import plan_profile
     from pipedream_impl.profiling.profiler import profile_workload
@@ -147,9 +147,9 @@ def shared_plans(base: RunConfig, workdir: Path, profile=None) -> dict[str, str]
     wanted = [("planned", base.workers, False), ("straight", base.workers, True)]
     wanted += [(f"straight-x{v}", base.workers * v, True) for v in several
                if base.workers * v <= len(prof.layers)]
-    out = {}
+    out, bandwidth = {}, local_bandwidth()
     for name, workers, straight in wanted:
-        cluster = Cluster((Level(workers, LOCAL_BANDWIDTH),))
+        cluster = Cluster((Level(workers, bandwidth),))
         path = workdir / f"plan-{name}.json"
         path.write_text(plan_profile(prof, cluster, straight=straight).to_json())
         out[name] = str(path)

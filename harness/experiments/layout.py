@@ -19,15 +19,14 @@ import torch
 from core.errors import UserInputError, WorkloadError
 from harness import layouts, systems
 from harness.config import RunConfig
+from harness.experiments.link import local_bandwidth
 from pipedream_impl.planner.cluster import Cluster, Level
 from pipedream_impl.planner.plan import balanced_bounds, load_plan, plan_profile
 from pipedream_impl.profiling.profiler import profile_workload, update_ms
 from pipedream_impl.runtime.ties import check_ties, find_ties
 from workloads.base import Workload
 
-__all__ = ["LOCAL_BANDWIDTH", "check_run", "layer_count", "pipeline_layout"]
-
-LOCAL_BANDWIDTH = 1e9  # bytes/s assumed between local worker processes when planning
+__all__ = ["check_run", "layer_count", "pipeline_layout"]
 
 
 def _updates(workload: Workload, cfg: RunConfig, device: torch.device) -> list[float]:
@@ -103,7 +102,7 @@ def pipeline_layout(cfg: RunConfig, workload: Workload, batch_size: int,
         bounds = tuple(tuple(s.layers) for s in plan.stages)
         how = f"plan {p.plan} ({plan.config})"
     elif choice.source == layouts.PLANNER:
-        planned = plan_profile(prof, Cluster((Level(cfg.workers, LOCAL_BANDWIDTH),)))
+        planned = plan_profile(prof, Cluster((Level(cfg.workers, local_bandwidth()),)))
         replicas = tuple(s.replicas for s in planned.stages)
         bounds = tuple(tuple(s.layers) for s in planned.stages)
         how = f"planned here ({planned.config}) from a local profile"

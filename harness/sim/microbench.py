@@ -17,7 +17,7 @@ from contextlib import contextmanager
 
 import torch
 
-__all__ = ["measure_allreduce", "measure_link", "measure_transfers"]
+__all__ = ["link_rate", "measure_allreduce", "measure_link", "measure_transfers"]
 
 
 def _bench_worker(rank: int, world: int, port: int, out, fn, args) -> None:  # noqa: ANN001
@@ -74,30 +74,41 @@ def _bench(fn, world: int, args: tuple, load: int = 0):  # noqa: ANN001, ANN202
 
 
 def _pingpong(rank: int, sizes: list[int], reps: int) -> dict[int, float]:
+    """One-way time of each message size: the median over ``reps`` round trips (halved)
+    after two warm-up ones; the median, because a loaded machine adds rare long stalls."""
     import torch.distributed as dist
 
     times = {}
     for n in sizes:
         t = torch.zeros(max(1, n // 4))
+        laps = []
         for rep in range(reps + 2):
-            if rep == 2:
-                t0 = time.perf_counter()
+            t0 = time.perf_counter()
             if rank == 0:
                 dist.send(t, 1)
                 dist.recv(t, 1)
             else:
                 dist.recv(t, 0)
                 dist.send(t, 0)
-        times[n] = (time.perf_counter() - t0) / (2 * reps)  # one way
+            if rep >= 2:
+                laps.append((time.perf_counter() - t0) / 2)
+        times[n] = statistics.median(laps)
     return times
 
 
 def measure_link(reps: int = 50) -> tuple[float, float]:
-    """(latency s, bandwidth bytes/s) of gloo between two local processes."""
+    """(latency s, bandwidth bytes/s) of gloo between two local processes: a 4-byte and a
+    4 MiB message's one-way times; the bandwidth is the large message's size over its time
+    beyond the latency, or over its whole time where noise leaves less than half of it
+    (never an absurd rate from a difference of two noisy numbers)."""
     sizes = [4, 4 << 20]
     times = _bench(_pingpong, 2, (sizes, reps))
-    latency = times[sizes[0]]
-    return latency, sizes[1] / max(1e-9, times[sizes[1]] - latency)
+    return times[sizes[0]], link_rate(times[sizes[0]], times[sizes[1]], sizes[1])
+
+
+def link_rate(latency: float, big: float, nbytes: int) -> float:
+    """Bytes/s from a small message's one-way time and a large one's (``nbytes``)."""
+    return nbytes / (big - latency if big - latency > big / 2 else big)
 
 
 def _allreduce_bench(rank: int, sizes: list[int], reps: int) -> dict[int, float]:
