@@ -17,8 +17,9 @@ interval of the repeats' geometric mean and the cell's minimum detectable change
 (``results.cell_mdc``). Time-to-target cells run seed r in repeat r, and each pair of
 systems is tested for "reaches the target faster" over those seeds (``seed_claims``).
 
-Targets (from the baselines issue), reported, never asserted: our gpipe >= 0.95x
-torch-gpipe; pipedream faster than every flush pipeline. The report also gives Horovod /
+Targets (issue 24), reported, never asserted (``checks``): each of our flush pipelines
+>= 0.95x every peer engine running the same schedule on the same split; pipedream >= 1.10x
+the fastest flush pipeline at equal microbatch size. The report also gives Horovod /
 DDP and the harness's overhead (tracking on vs off) where the suite measured them.
 """
 
@@ -52,25 +53,32 @@ def adhoc_suite(workload: str, system_names: tuple[str, ...], workers: int, scal
                  threads, device, cells, "command line")
 
 
+SAME_SCHEDULE_GOAL = 0.95  # our engine against a peer's running the same schedule and split
+PIPEDREAM_GOAL = 1.10  # PipeDream (no flush) against the fastest flush pipeline
+
+
 def checks(rates: dict[str, float]) -> list[tuple[str, bool | None, str]]:
-    """The issue's two throughput targets on one group's median rates: (what, passed, how)."""
+    """Issue 24's throughput goals on one group's median rates, (what, passed, how): each
+    of our pipelines against every peer engine that runs the same schedule on the same
+    split (gpipe / torch-gpipe; pipedream-flush / torch-1f1b and deepspeed-pipe), and
+    PipeDream against the fastest flush pipeline at equal microbatch size."""
     kinds = {s: systems.get(s) for s in rates}
-    gpipe = systems.get(systems.PAPER["flush"]).schedule
-    ours = next((s for s, k in kinds.items() if k.schedule == gpipe
-                 and k.executor == STAGE_EXECUTOR), None)  # our own GPipe
-    peer = next((s for s, k in kinds.items() if k.schedule == gpipe
-                 and k.executor != STAGE_EXECUTOR), None)  # an engine's own GPipe (a peer)
-    planned = next((s for s, k in kinds.items() if k.replicated_stages), None)
     out = []
-    if ours and peer:
-        x = rates[ours] / rates[peer]
-        out.append((f"{ours} >= 0.95x {peer}", x >= 0.95, f"{x:.2f}x"))
+    for ours, k in kinds.items():
+        if k.executor != STAGE_EXECUTOR or not k.flushes or k.schedule == "custom":
+            continue
+        for peer, pk in kinds.items():
+            if pk.executor != STAGE_EXECUTOR and pk.schedule == k.schedule:
+                x = rates[ours] / rates[peer]
+                out.append((f"{ours} >= {SAME_SCHEDULE_GOAL}x {peer}",
+                            x >= SAME_SCHEDULE_GOAL, f"{x:.2f}x"))
+    planned = next((s for s, k in kinds.items() if k.replicated_stages), None)
     flush = {s: v for s, v in rates.items() if kinds[s].flushes}
     if planned and flush:
         best = max(flush, key=flush.get)
         x = rates[planned] / flush[best]
-        out.append((f"{planned} faster than every flush pipeline", x > 1.0,
-                    f"{x:.2f}x the fastest, {best}"))
+        out.append((f"{planned} >= {PIPEDREAM_GOAL}x every flush pipeline",
+                    x >= PIPEDREAM_GOAL, f"{x:.2f}x the fastest, {best}"))
     return out
 
 

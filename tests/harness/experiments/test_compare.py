@@ -15,14 +15,19 @@ from harness.experiments.compare import system_config
 
 def test_bench_targets_compare_the_right_rows() -> None:
     rates = {"pipedream": 120.0, "gpipe": 94.0, "torch-gpipe": 100.0, "torch-1f1b": 110.0,
+             "pipedream-flush": 105.0, "deepspeed-pipe": 100.0, "torch-zbv": 300.0,
              "ddp": 500.0}
     got = {what: ok for what, ok, _ in checks(rates)}
-    assert got == {"gpipe >= 0.95x torch-gpipe": False,
-                   "pipedream faster than every flush pipeline": True}
-    rates.update(gpipe=95.0, pipedream=109.0)
+    assert got == {"gpipe >= 0.95x torch-gpipe": False,  # 0.94
+                   "pipedream-flush >= 0.95x torch-1f1b": True,  # 0.955
+                   "pipedream-flush >= 0.95x deepspeed-pipe": True,
+                   "pipedream >= 1.1x every flush pipeline": False}  # torch-zbv flushes too
+    rates.update(gpipe=95.0, pipedream=340.0, **{"pipedream-flush": 104.0})
     got = {what: ok for what, ok, _ in checks(rates)}
     assert got == {"gpipe >= 0.95x torch-gpipe": True,
-                   "pipedream faster than every flush pipeline": False}
+                   "pipedream-flush >= 0.95x torch-1f1b": False,  # 0.945
+                   "pipedream-flush >= 0.95x deepspeed-pipe": True,
+                   "pipedream >= 1.1x every flush pipeline": True}  # 340 / 300
 
 
 def test_one_rule_gives_every_compared_system_its_config(tmp_path) -> None:  # noqa: ANN001
