@@ -127,13 +127,15 @@ def plan_key(system: str, replicate: bool = True) -> str:
     return "straight" if s.stages_per_rank == 1 else f"straight-x{s.stages_per_rank}"
 
 
-def shared_plans(base: RunConfig, workdir: Path, profile=None) -> dict[str, str]:  # noqa: ANN001
+def shared_plans(base: RunConfig, workdir: Path, profile=None,  # noqa: ANN001
+                 bandwidth: float | None = None) -> dict[str, str]:
     """Plan files computed once from one local profile: 'planned' (the planner's plan, for
     systems that replicate stages), 'straight' (the planner's unreplicated pipeline) and,
     for the systems that hold ``v`` stages per worker, 'straight-xV' (the planner's
     unreplicated pipeline of ``workers x v`` stages; left out where the model has fewer
     layers: such a run is refused with the layout's own error). ``profile``: plan on this
-    one (a suite's committed profile) instead of measuring one here."""
+    one (a suite's committed profile) instead of measuring one here; ``bandwidth``: bytes/s
+    between the workers (default: this machine's, ``link.local_bandwidth``)."""
     from harness.experiments.link import local_bandwidth
     from pipedream_impl.planner.cluster import Cluster, Level
     from pipedream_impl.planner.plan import plan_profile
@@ -147,7 +149,7 @@ def shared_plans(base: RunConfig, workdir: Path, profile=None) -> dict[str, str]
     wanted = [("planned", base.workers, False), ("straight", base.workers, True)]
     wanted += [(f"straight-x{v}", base.workers * v, True) for v in several
                if base.workers * v <= len(prof.layers)]
-    out, bandwidth = {}, local_bandwidth()
+    out, bandwidth = {}, bandwidth or local_bandwidth()
     for name, workers, straight in wanted:
         cluster = Cluster((Level(workers, bandwidth),))
         path = workdir / f"plan-{name}.json"

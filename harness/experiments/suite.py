@@ -41,6 +41,7 @@ from pathlib import Path
 from core.errors import UserInputError
 from harness import systems
 from harness.paths import REPO
+from pipedream_impl.planner.cluster import parse_bandwidth
 from workloads import registry
 from workloads.base import SCALES
 
@@ -49,6 +50,7 @@ __all__ = ["MODES", "SUITES_DIR", "Cell", "Suite", "builtin_suites", "load_suite
 SUITES_DIR = REPO / "suites"
 MODES = ("throughput", "time-to-target")
 _SUITE_KEYS = {"name", "description", "repeats", "threads", "device", "layout_profiles",
+               "layout_bandwidth",
                "matrix"}
 _MATRIX_KEYS = {"workloads", "systems", "workers", "scale", "mode", "epochs", "steps",
                 "tracking", "batch_size", "microbatches"}
@@ -92,6 +94,9 @@ class Suite:
     # a folder of committed profiles the cells' layouts are planned on (the same layouts
     # every night); None: a profile measured in each suite run
     layout_profiles: str | None = None
+    # bytes/s between workers those layouts are planned with (a pinned layout must not
+    # move with a machine's measurement); None: this machine's (``link.local_bandwidth``)
+    layout_bandwidth: float | None = None
 
     def layout_profile(self, workload: str, scale: str, batch: int, device: str) -> Path | None:
         """The committed profile a group's layouts are planned on (None: measure one); a
@@ -180,8 +185,14 @@ def parse_suite(data: dict, source: str) -> Suite:
     profiles = data.get("layout_profiles")
     if profiles is not None and not isinstance(profiles, str):
         raise UserInputError(f"suite {source}: layout_profiles must be a folder (a string)")
+    bandwidth = data.get("layout_bandwidth")
+    if bandwidth is not None:
+        if not isinstance(bandwidth, str):
+            raise UserInputError(f"suite {source}: layout_bandwidth must be a rate such as "
+                                 f"\"1GB/s\" (a string)")
+        bandwidth = parse_bandwidth(bandwidth, f"suite {source}: layout_bandwidth")
     return Suite(name, data.get("description", ""), repeats, threads, device, tuple(unique),
-                 source, profiles)
+                 source, profiles, bandwidth)
 
 
 def _expand(m: dict, where: str) -> list[Cell]:

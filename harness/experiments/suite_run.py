@@ -111,7 +111,8 @@ class _Group:
             self.profile = suite.layout_profile(cell.workload, cell.scale, batch,
                                                 resolve_device(suite.device).type)
             self.plans = shared_plans(self.base, workdir,
-                                      load_profile(self.profile) if self.profile else None)
+                                      load_profile(self.profile) if self.profile else None,
+                                      suite.layout_bandwidth)
         self.n_train = len(load_splits(self.workload, cell.scale, None, 0).train)
 
     def config(self, cell: Cell) -> RunConfig:
@@ -275,6 +276,7 @@ def run_suite(suite: Suite, progress: Progress, experiment: str = "pipebench-sui
                             "source": suite.source, "repeats": repeats,
                             "threads": suite.threads, "device": suite.device,
                             "layout_profiles": suite.layout_profiles,
+                            "layout_bandwidth": suite.layout_bandwidth,
                             "plant": {k: str(v) for k, v in plant.items()}},
                   "environment": env, "rule": RULE,
                   "mlflow": parent.describe(), "cells": out_cells,

@@ -49,6 +49,10 @@ def test_a_suite_file_by_path(tmp_path) -> None:  # noqa: ANN001
      "workers must be a positive integer"),
     ('repeats = 1\n', "at least one [[matrix]]"),
     ('[[matrix]\n', "not valid TOML"),
+    ('layout_bandwidth = 5\n[[matrix]]\nworkloads = ["vgg16"]\nepochs = 1\nsteps = 1\n',
+     "layout_bandwidth must be a rate"),
+    ('layout_bandwidth = "fast"\n[[matrix]]\nworkloads = ["vgg16"]\nepochs = 1\nsteps = 1\n',
+     "layout_bandwidth"),
 ])
 def test_bad_suites_say_what_is_wrong(tmp_path, text: str, needle: str) -> None:  # noqa: ANN001
     f = tmp_path / "bad.toml"
@@ -124,6 +128,7 @@ def test_the_cpu_suites_plan_every_night_on_their_committed_profiles(
     for name in ("smoke", "nightly", "power"):
         suite = load_suite(name)
         assert suite.layout_profiles == "suites/profiles"
+        assert suite.layout_bandwidth == 1e9  # "1GB/s": not this machine's measurement
         for c in suite.cells:
             if c.workers > 1:
                 b = c.batch_size or registry.get(c.workload).spec(c.scale).batch_size
@@ -133,7 +138,8 @@ def test_the_cpu_suites_plan_every_night_on_their_committed_profiles(
     base = RunConfig.from_flags(system="pipedream", workload="vgg16", workers=2)
     for d in ("a", "b"):
         (tmp_path / d).mkdir()
-    once, twice = (shared_plans(base, tmp_path / d, prof) for d in ("a", "b"))
+    once, twice = (shared_plans(base, tmp_path / d, prof, suite.layout_bandwidth)
+                   for d in ("a", "b"))
     assert {k: Path(v).read_text() for k, v in once.items()} == {
         k: Path(v).read_text() for k, v in twice.items()}
     mine = dataclasses.replace(suite, layout_profiles=str(tmp_path))
