@@ -18,6 +18,8 @@ from harness.reporting.progress import quiet
 from pipedream_impl.runtime.comm import FAKE_HOSTS_ENV, Comm
 from pipedream_impl.runtime.grad_buckets import BUCKET_MB_ENV, GradBuckets, plan_buckets
 from pipedream_impl.runtime.launcher import free_port
+from pipedream_impl.runtime.stage_executor import _last_backwards
+from pipedream_impl.schedule import Layout, one_f_one_b
 from workloads.registry import get
 
 
@@ -26,6 +28,21 @@ def test_buckets_run_in_reverse_parameter_order_up_to_the_cap() -> None:
     assert plan_buckets([4, 100, 4, 4], 8) == [[3, 2], [1], [0]]
     assert plan_buckets([4, 4, 4], 1e9) == [[2, 1, 0]]
     assert plan_buckets([4, 4, 4], 0) == [[2], [1], [0]]
+
+
+def test_the_overlapped_backward_is_the_last_one_before_each_all_reduce() -> None:
+    """1F1B-RR 2-1: each replica of stage 0 all-reduces after every backward (a round of 2
+    minibatches is one per replica); the unreplicated stage has no A, so no overlap."""
+    sched = one_f_one_b(Layout((2, 1)), 8, "stash")
+    for rank in (0, 1):
+        acts = sched.actions[rank]
+        picked = _last_backwards(acts)
+        assert picked and all(acts[p].kind == "B" for p in picked)
+        # each picked B is followed by A with no other backward between
+        assert all(next(a.kind for a in acts[p + 1:] if a.kind in ("A", "B")) == "A"
+                   for p in picked)
+        assert len(picked) == sum(a.kind == "A" for a in acts)
+    assert _last_backwards(sched.actions[2]) == set()
 
 
 def _model() -> torch.nn.Module:
