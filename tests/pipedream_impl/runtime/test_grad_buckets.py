@@ -1,12 +1,14 @@
 """pipedream_impl/runtime/grad_buckets.py: the bucket plan as a pure function; on real gloo
 processes, every bucket's all-reduce started during the backward (flat and across faked
 hosts) and the result equal to the blocking ``Comm.allreduce_mean``'s to the bit; a
-replicated pipeline's weights identical with and without the overlap."""
+replicated pipeline's weights identical with and without the overlap; a replica killed
+with buckets in flight ending the job."""
 
 from __future__ import annotations
 
 import datetime
 import multiprocessing as mp
+import time
 
 import pytest
 import torch
@@ -16,8 +18,9 @@ from harness.config import RunConfig
 from harness.experiments.pipeline_trainer import PipelineTrainer
 from harness.reporting.progress import quiet
 from pipedream_impl.runtime.comm import FAKE_HOSTS_ENV, Comm
+from pipedream_impl.runtime.faults import Fault
 from pipedream_impl.runtime.grad_buckets import BUCKET_MB_ENV, GradBuckets, plan_buckets
-from pipedream_impl.runtime.launcher import free_port
+from pipedream_impl.runtime.launcher import PipelineFailure, free_port
 from pipedream_impl.runtime.stage_executor import _last_backwards
 from pipedream_impl.schedule import Layout, one_f_one_b
 from workloads.registry import get
@@ -138,3 +141,24 @@ def test_replicated_pipeline_weights_equal_the_blocking_all_reduces(monkeypatch,
         for k in a.state:
             assert torch.equal(a.state[k], b.state[k]), (a.rank, k)
     assert blocking[0].allreduce_bytes > 0
+
+
+@pytest.mark.multiprocess
+def test_a_replica_killed_with_buckets_in_flight_ends_the_job() -> None:
+    """2-1: rank 1 dies at its first A, after its last backward started the buckets that
+    rank 0 now waits for; the job ends naming rank 1, within the bound, no worker left."""
+    wl = get("vgg16")
+    splits = wl.default_data("tiny", 0)
+    cfg = RunConfig.from_flags(system="pipedream", workload="vgg16", scale="tiny", workers=3,
+                               threads=1, max_steps_per_epoch=6, epochs=1, timeout_s=20,
+                               fault=Fault("kill", 1, "A", 1))
+    t0 = time.monotonic()
+    t = PipelineTrainer(cfg, wl, splits, (2, 1), ((0, 20), (20, 40)), torch.device("cpu"),
+                        quiet())
+    try:
+        with pytest.raises(PipelineFailure, match="rank 1"):
+            t.launcher.epoch(0)
+    finally:
+        t.close()
+    assert time.monotonic() - t0 < 60
+    assert all(not p.is_alive() for p in t.launcher.procs)
