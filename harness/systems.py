@@ -110,6 +110,13 @@ class System:
         return self.executor == STAGE_EXECUTOR
 
     @property
+    def overlaps_allreduce(self) -> bool:
+        """Its replicas' gradient all-reduce overlaps the backward: DDP's and Horovod's
+        hooks, our executor's buckets (``pipedream_impl.runtime.grad_buckets``); peer
+        pipeline engines all-reduce after it."""
+        return self.kind == "data-parallel" or self.executor == STAGE_EXECUTOR
+
+    @property
     def straight(self) -> bool:
         """A pipeline of unreplicated stages (one worker per stage)."""
         return self.kind == "pipeline" and not self.replicated_stages

@@ -16,9 +16,9 @@ receive, plus all-reduce); ``ClusterCosts`` answers them from a profile and a cl
   per stage and direction (``transfer_s``), the sender's own time in the send call
   (``send_s``), and ``rendezvous``: the message moves only once the receiver posts its
   receive (gloo);
-- all-reduce of a replicated stage (our runtime: after the backward, not overlapped),
-  as the planner models it (``sync_levels``): inside a machine (every level but the
-  outermost) a ring among the k groups the replicas form at each level,
+- all-reduce of a replicated stage, as the planner models it (``sync_levels``): inside
+  a machine (every level but the outermost) a ring among the k groups the replicas form
+  at each level,
   ``2 (k-1)/k x bytes / bandwidth`` of that level plus ``2 (k-1)`` latencies (the local
   reduce BytePS also does first); among the n machines the replicas span (the outermost
   level, one NIC per machine; on a one-level cluster every worker is a machine) the
@@ -31,9 +31,15 @@ receive, plus all-reduce); ``ClusterCosts`` answers them from a profile and a cl
   ring share once, not once per GPU (a hierarchical ring over g x n ranks then moves
   2 (gn-1)/(gn) x bytes per rank, a flat ring's count), plus the CPU machines' traffic
   under ps and byteps;
-- data parallelism (``dp``): DDP/Horovod overlap the all-reduce with the backward, so
-  only what the backward does not hide is exposed: ``max(0, allreduce - backward)``
-  (``dp_overlap=False``: not overlapped, as PipeDream's optimizer models it).
+- overlap: DDP/Horovod (``dp``) overlap the all-reduce with the backward, and so does our
+  runtime's replicated pipeline stage (``pipedream_impl.runtime.grad_buckets``: buckets
+  all-reduced during the round's last backward, B or W, the ``overlap_with`` kind), so
+  only what that one backward does not hide is exposed after the last replica reaches
+  the all-reduce: ``max(0, allreduce - backward)``, the backward of one unit (a
+  microbatch where the schedule splits minibatches: only the last one overlaps).
+  ``dp_overlap=False`` / ``pipeline_overlap=False``: not overlapped (PipeDream's
+  optimizer's model; our runtime before the buckets). Peer engines' pipelines
+  (``multistage``) are charged unoverlapped.
 
 ``MachineModel`` holds what a validation measured on the machine it simulates (replacing
 the profile's compute, the link model and the ring formula where given); ``Topology``
@@ -210,11 +216,12 @@ class ClusterCosts:
                  placement: list[int], unit_share: float, compute_factor: float,
                  latency_s: float, allreduce: str, overlap_allreduce: bool,
                  machine: MachineModel | None = None, cpu_machines: int = 0,
-                 model: AllReduceModel | None = None) -> None:
+                 model: AllReduceModel | None = None, overlap_with: str = "B") -> None:
         self.layout, self.stages, self.cluster = layout, stages, cluster
         self.topology = Topology(cluster, placement)
         self.unit_share, self.factor = unit_share, compute_factor
         self.latency, self.mode, self.overlap = latency_s, allreduce, overlap_allreduce
+        self.overlap_with = overlap_with  # the kind of backward that hides the all-reduce
         self.sync = Sync(allreduce, cpu_machines)  # among machines (``sync_levels``)
         self.machine = machine or MachineModel()
         self.model = model  # a calibrated all-reduce (time only), overlapped if it says so
@@ -271,7 +278,7 @@ class ClusterCosts:
             dur = self.model.seconds(self.topology, ranks, nbytes)
         # hidden behind the backward that produced the gradients
         if self.overlap or (self.model is not None and self.model.overlap):
-            dur = max(0.0, dur - self.compute(ranks[0], Action("B", 0)))
+            dur = max(0.0, dur - self.compute(ranks[0], Action(self.overlap_with, 0)))
         return dur
 
 

@@ -6,8 +6,8 @@ simulator`` on the profile ``profile_source`` names). Each configuration, the pa
 ours, is simulated twice against data parallelism on the same cluster:
 
 - **ideal**: every all-reduce a hierarchical ring at each link's full bandwidth, data
-  parallelism's overlapped with the backward, a pipeline's replicated stages after it (our
-  runtime);
+  parallelism's overlapped with the backward, a pipeline's replicated stages with the
+  round's last backward (our runtime's gradient buckets);
 - **calibrated**: every all-reduce, data parallelism's and PipeDream's replicated stages'
   alike, the model fitted on the paper's BSP speedups only (``harness.sim.calibration``).
 

@@ -159,8 +159,9 @@ EXPLANATION = """
   for**: the planner sees nominal bandwidth, the paper rows simulate the calibrated
   all-reduce (NVLink at a fitted 0.2 GB/s effective, `reproduce table1`), so on B:1x8 its
   6-2 (VGG-16) or 3-5 (GNMT-16) spends most of each period synchronising; with the ideal
-  ring (preset H) it comes second to DP. Its 1F1B-RR also waits at a blocking all-reduce
-  barrier each round (see `reproduce today`).
+  ring (preset H) it comes second to DP. Its 1F1B-RR also waits at each round's
+  all-reduce for the round's other replicas (the transfer itself overlaps the last
+  backward; see `reproduce today`).
 - **Among the straight pipelines, 2BW leads** wherever compute dominates (B:1x8, GNMT-16
   on A:4x4): no flush, so no (p - 1) / (m + p - 1) bubble per minibatch; its remaining
   bubble is the stages' imbalance (the slowest stage sets the pace). PipeDream-Flush and

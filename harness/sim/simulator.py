@@ -113,6 +113,9 @@ class SimOptions:
     cpu_machines: int = 0  # k: CPU-only server machines (ps: at least 1; byteps)
     optimizer_slots: int = 1  # optimizer state as copies of the weights
     dp_overlap: bool = True  # data parallelism: all-reduce overlapped with the backward
+    # our runtime's replicated pipeline stages: all-reduce overlapped with the round's last
+    # backward (``pipedream_impl.runtime.grad_buckets``); False: blocking after it
+    pipeline_overlap: bool = True
     unit_profiled: bool = False
     machine: MachineModel | None = None
     # a fitted all-reduce (``harness.sim.calibration``) for every replicated stage, data
@@ -152,9 +155,12 @@ def simulate_system(profile: Profile, cluster: Cluster, system: str, layout: Sim
     share = 1.0 if o.unit_profiled else 1.0 / m
     costs = ClusterCosts(sched.layout, stages, cluster, placement, share, o.compute_factor,
                          o.latency_s, allreduce,
-                         overlap_allreduce=kind == "data-parallel" and o.dp_overlap,
+                         overlap_allreduce=o.dp_overlap if kind == "data-parallel"
+                         else sys_.overlaps_allreduce and o.pipeline_overlap,
                          machine=machine, cpu_machines=o.cpu_machines,
-                         model=o.allreduce_model)
+                         model=o.allreduce_model,
+                         overlap_with="W" if any(a.kind == "W" for row in sched.actions
+                                                 for a in row) else "B")
     timeline = simulate(sched, costs=costs)
     total = max((e for row in timeline for _, e, _ in row), default=0.0)
     n = sched.minibatches

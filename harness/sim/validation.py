@@ -25,9 +25,9 @@ off the runs it is compared with:
   the plain ping-pong's latency and bandwidth are reported beside;
 - the gloo all-reduce among W processes, fitted as fixed + per-byte time at two sizes,
   with the cores kept busy (DDP reduces while every worker computes);
-- cores: with no spare core DDP cannot overlap its all-reduce with the backward; with
-  more workers than cores a run takes at least all ranks' busy time divided by the cores
-  (``MachineModel.cores``).
+- cores: with no spare core DDP (and our pipeline's replicated stages) cannot overlap the
+  all-reduce with the backward; with more workers than cores a run takes at least all
+  ranks' busy time divided by the cores (``MachineModel.cores``).
 """
 
 from __future__ import annotations
@@ -230,7 +230,8 @@ def _one(setup: _Setup, prof: Profile, system: str, w: int, progress: Progress) 
     sim = simulate_system(prof, cluster, system, SimLayout(groups, replicas, placement),
                           SimOptions(minibatches=k * w if kind == "data-parallel" else k,
                                      microbatches=m, latency_s=setup.latency,
-                                     dp_overlap=spare, machine=model))
+                                     dp_overlap=spare, pipeline_overlap=spare,
+                                     machine=model))
     # the runtime drains its pipeline at every epoch end: an epoch is k minibatches
     simulated = k * b / sim.total_s
     costs = " / ".join(" ".join([f"{kind} {1e3 * actions[st][kind]:.2f}"

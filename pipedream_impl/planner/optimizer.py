@@ -60,8 +60,12 @@ its bandwidth:
   breaks), P when the unit pipelines it unreplicated (dividing by G there, as an earlier
   version did, made cross-server replication of straight pipelines look G times cheaper
   than the simulator finds it). Data parallelism: (total compute + sum over levels of
-  2 (n-1)/n * P / B_level) / workers. Like the runtime, weight synchronisation is not
-  overlapped with compute; point-to-point transfers are (max). ``sync``
+  2 (n-1)/n * P / B_level) / workers. Weight synchronisation is summed with compute,
+  not overlapped (point-to-point transfers are: max), for the pipeline and data
+  parallelism alike: an upper bound, since the runtime all-reduces a replicated stage's
+  buckets during the round's last backward (``runtime.grad_buckets``) and the simulator
+  charges only max(0, AR - that backward); kept so the plans and the comparison with
+  unoverlapped data parallelism stay the paper's. ``sync``
   (``--allreduce ring|ps|ps-colocated|byteps --cpu-machines k``, ``core.collectives.Sync``)
   replaces the ring at the outermost level, where the units are machines with one NIC
   each: AR(m, P_eff) = its closed form for m machines (0 for m = 1); levels inside a

@@ -34,6 +34,10 @@ when the first replicated stage's groups are made; ``PIPEBENCH_FAKE_HOSTS`` (a t
 one comma-separated name per global rank) overrides them, to fake several hosts on one
 machine.
 
+``allreduce_start`` starts one bucket's all-reduce and returns its wait, so a stage can
+reduce its gradients while its backward still runs (``grad_buckets``); ``allreduce_mean``
+is the blocking form (start, wait, average, copy back).
+
 Backends: NCCL when the tensors live on a GPU (chosen by the runtime), else gloo.
 """
 
@@ -44,7 +48,8 @@ import os
 import socket
 import time
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import torch
@@ -173,6 +178,7 @@ class Comm:
         self._groups: dict[tuple[int, ...], dist.ProcessGroup] = {}
         self._hierarchies: dict[tuple[int, ...], Hierarchy] = {}
         self.hosts: list[str] | None = None  # each global rank's host, once exchanged
+        self._chain: ThreadPoolExecutor | None = None  # hierarchical all-reduces, in order
 
     def _wait(self, work: dist.Work, what: str) -> None:
         t0 = time.perf_counter()
@@ -266,37 +272,57 @@ class Comm:
 
     def allreduce_mean(self, tensors: list[Tensor], ranks: tuple[int, ...]) -> None:
         """Average ``tensors`` over ``ranks`` in place: reduce inside each host, all-reduce
-        among the hosts' leaders, broadcast inside each host (one host: one all-reduce)."""
+        among the hosts' leaders, broadcast inside each host (one host: one all-reduce).
+        Blocking: ``allreduce_start`` and its wait, as one bucket."""
         if len(ranks) < 2:
             return
+        flat = torch.cat([t.reshape(-1) for t in tensors])
+        self.allreduce_start(flat, ranks)()
+        flat /= len(ranks)
+        self.count_allreduce(flat.numel() * flat.element_size(), ranks)
+        pos = 0
+        for t in tensors:
+            t.copy_(flat[pos:pos + t.numel()].view_as(t))
+            pos += t.numel()
+
+    def allreduce_start(self, flat: Tensor, ranks: tuple[int, ...]) -> Callable[[], None]:
+        """Start summing ``flat`` over ``ranks`` in place; returns the wait (it raises
+        ``CommTimeout`` for a peer that died). One host: one asynchronous all-reduce. Several:
+        the reduce, the leaders' all-reduce and the broadcast run in that order on one
+        background thread (each level waits for the one before), so the caller goes on.
+        Every rank of ``ranks`` must start its buckets in the same order. Bytes are counted
+        apart (``count_allreduce``), so bucketing does not change the totals' rounding."""
         h = self._hierarchies.get(ranks)
         if h is None:  # groups are made collectively, by every rank: never lazily here
             raise RuntimeError(f"no all-reduce groups for ranks {ranks}: call "
                                "Comm.allreduce_groups for every replica group on every rank "
                                "at start, in the same order")
-        flat = torch.cat([t.reshape(-1) for t in tensors])
         where = f"all-reduce among ranks {ranks}"
-        mine = h.host_of(self.rank)
         if len(h.leaders) == 1:
-            self._wait(dist.all_reduce(flat, group=self.group(ranks), async_op=True), where)
-        else:
-            if len(mine) > 1:
-                self._wait(dist.reduce(flat, dst=mine[0], group=self.group(mine),
-                                       async_op=True), f"{where}: reduce inside the host")
-            if self.rank == mine[0]:
-                self._wait(dist.all_reduce(flat, group=self.group(h.leaders), async_op=True),
-                           f"{where}: all-reduce among hosts")
-            if len(mine) > 1:
-                self._wait(dist.broadcast(flat, src=mine[0], group=self.group(mine),
-                                          async_op=True), f"{where}: broadcast inside the host")
-        flat /= len(ranks)
-        for lv, b in h.bytes_sent(self.rank, flat.numel() * flat.element_size()).items():
+            work = dist.all_reduce(flat, group=self.group(ranks), async_op=True)
+            return lambda: self._wait(work, where)
+        if self._chain is None:
+            self._chain = ThreadPoolExecutor(1, thread_name_prefix="allreduce")
+        done = self._chain.submit(self._hierarchical, flat, h, where)
+        return lambda: done.result()
+
+    def _hierarchical(self, flat: Tensor, h: Hierarchy, where: str) -> None:
+        mine = h.host_of(self.rank)
+        if len(mine) > 1:
+            self._wait(dist.reduce(flat, dst=mine[0], group=self.group(mine), async_op=True),
+                       f"{where}: reduce inside the host")
+        if self.rank == mine[0]:
+            self._wait(dist.all_reduce(flat, group=self.group(h.leaders), async_op=True),
+                       f"{where}: all-reduce among hosts")
+        if len(mine) > 1:
+            self._wait(dist.broadcast(flat, src=mine[0], group=self.group(mine),
+                                      async_op=True), f"{where}: broadcast inside the host")
+
+    def count_allreduce(self, nbytes: int, ranks: tuple[int, ...]) -> None:
+        """Book an all-reduce of ``nbytes`` over ``ranks``: what this rank sends per level."""
+        for lv, b in self._hierarchies[ranks].bytes_sent(self.rank, nbytes).items():
             self.stats.allreduce_levels[lv] += b
             self.stats.allreduce += b
-        pos = 0
-        for t in tensors:
-            t.copy_(flat[pos:pos + t.numel()].view_as(t))
-            pos += t.numel()
 
     def flush(self) -> None:
         for w in self._pending:

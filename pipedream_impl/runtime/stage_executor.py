@@ -24,6 +24,9 @@ traverses the kept graph a second time from the same roots with the weights as i
 inputs, so together they cost more than one whole backward (torch's runtime keeps the
 intermediate gradients instead).
 
+A replicated stage all-reduces its gradients (the A action) overlapped with the round's
+last backward, bucket by bucket, as DDP does (``grad_buckets``); A waits for the buckets.
+
 Gradient clipping, where a workload asks for it, is applied per stage (a global norm would
 need another all-reduce across stages). Parameters tied across two stages (AWD-LM's
 embedding and decoder) are kept equal by ``ties.TieSync``: its ST/RT actions exchange the
@@ -41,10 +44,11 @@ from torch.func import functional_call
 
 from pipedream_impl.runtime.comm import Comm
 from pipedream_impl.runtime.contract import EpochReport, Executor, WorkerPieces, cpu_copy
+from pipedream_impl.runtime.grad_buckets import GradBuckets, bucket_mb
 from pipedream_impl.runtime.stage_lr import set_lr, stage_lr_scale
 from pipedream_impl.runtime.ties import TieSync, check_ties
 from pipedream_impl.runtime.weight_stash import WeightStore, direct_forwards, future_versions
-from pipedream_impl.schedule import Action, Schedule
+from pipedream_impl.schedule import GRADIENT_DONE, Action, Schedule
 from pipedream_impl.schedule.registry import build
 from workloads.base import Batch
 from workloads.recipe import microbatch
@@ -79,6 +83,10 @@ class StageExecutor(Executor):
         self.replica_ranks = tuple(layout.rank(self.stage, i)
                                    for i in range(layout.replicas[self.stage]))
         n = pieces.steps_per_epoch()
+        mb = bucket_mb()  # overlapped all-reduce (grad_buckets.py); tied stages block at A
+        self.buckets = (GradBuckets(self.comm, self.replica_ranks, self.params, mb)
+                        if len(self.replica_ranks) > 1 and self.ties is None and mb > 0
+                        else None)
         self.n_steps = n - n % math.lcm(*layout.replicas)  # same count on every replica
         self.m = system.microbatches
         self.naive = system.weights == "none" or system.recompute  # no graph kept from F to B
@@ -116,6 +124,7 @@ class StageExecutor(Executor):
         self.grads: list[Tensor] | None = None  # gathered at A/U, summed over microbatches
         self.pending: dict[int, dict] = {}  # snapshots holding not yet gathered gradients
         self.act_bytes_peak = 0
+        self.overlap_at = _last_backwards(acts) if self.buckets is not None else set()
         # positions of receives followed later in the epoch by another of the same kind
         # from the same peer: their next message's receive is posted early (Comm.recv)
         self.more_to_come: set[int] = set()
@@ -196,8 +205,45 @@ class StageExecutor(Executor):
         return self.grads
 
     def _allreduce(self, act: Action, pos: int) -> bool:
-        self.comm.allreduce_mean(self._gather_grads(), self.replica_ranks)
+        if self.buckets is not None and self.buckets.armed:  # started during the backward
+            self.buckets.finish(self._gather_grads())
+        else:
+            self.comm.allreduce_mean(self._gather_grads(), self.replica_ranks)
         return True
+
+    def _differentiate(self, pos: int, rec: dict, tensors: list[Tensor],
+                       grads: list[Tensor] | None, **kw) -> None:
+        """The weights' backward of a unit; the round's last one on a replicated stage
+        starts the gradient buckets' all-reduces as their gradients become final."""
+        if pos not in self.overlap_at:
+            torch.autograd.backward(tensors, grads, **kw)
+            return
+        snap = rec.get("snap")
+        order = list(self.pending.values())  # the snapshots _gather_grads will sum, in order
+        if snap is not None and id(snap) not in self.pending:
+            order.append(snap)
+        on_module = snap is None or not order or any(p.grad is not None for p in self.params)
+        names = self.store.names
+
+        def gathered(i: int) -> Tensor:  # _gather_grads's sum for parameter i
+            if on_module:
+                p = self.params[i]
+                g, rest = (p.grad.clone() if p.grad is not None else torch.zeros_like(p)), order
+            else:
+                t = order[-1][names[i]]
+                g, rest = (t.grad.clone() if t.grad is not None else t.new_zeros(t.shape),
+                           order[:-1])
+            for s in rest:
+                t = s[names[i]]
+                g += t.grad if t.grad is not None else t.new_zeros(t.shape)
+            return g
+
+        leaves = [snap[n] for n in names] if snap is not None else self.params
+        self.buckets.arm(leaves, gathered)
+        try:
+            torch.autograd.backward(tensors, grads, **kw)
+        finally:
+            self.buckets.disarm()
 
     def _forward(self, act: Action, pos: int) -> bool:
         k = act.mb
@@ -248,7 +294,7 @@ class StageExecutor(Executor):
 
     def _backward(self, act: Action, pos: int) -> bool:
         rec = self.inflight[act.mb]
-        torch.autograd.backward(*self._roots(rec))
+        self._differentiate(pos, rec, *self._roots(rec))
         self._gradient_done(act, rec)
         return False
 
@@ -267,7 +313,7 @@ class StageExecutor(Executor):
         rec = self.inflight[act.mb]
         leaves = [t for t in (rec["snap"].values() if "snap" in rec else self.params)
                   if t.requires_grad]
-        torch.autograd.backward(*self._roots(rec), inputs=leaves)
+        self._differentiate(pos, rec, *self._roots(rec), inputs=leaves)
         self._gradient_done(act, rec)
         return False
 
@@ -318,6 +364,19 @@ class StageExecutor(Executor):
 
 
 _WAITS = ("RF", "RB", "A", "RT")  # actions that wait on other ranks
+
+
+def _last_backwards(acts: tuple[Action, ...]) -> set[int]:
+    """Positions of the last B or W before each all-reduce: the backwards that finish an
+    update round's gradients, during which the buckets' all-reduces start."""
+    out, last = set(), None
+    for pos, a in enumerate(acts):
+        if a.kind in GRADIENT_DONE:
+            last = pos
+        elif a.kind == "A" and last is not None:
+            out.add(last)
+            last = None
+    return out
 
 
 def _held_bytes(inflight: dict) -> int:

@@ -200,6 +200,26 @@ def test_data_parallel_exposes_only_the_all_reduce_the_backward_does_not_hide() 
     assert flat.bytes_per_level[0] == pytest.approx(10 * 4 * 2 * 3 / 4 * 80 * MB)
 
 
+def test_a_replicated_pipeline_stage_hides_its_all_reduce_behind_its_last_backward() -> None:
+    """Our runtime all-reduces a replicated stage's gradient buckets during the round's
+    last backward (``runtime.grad_buckets``): after the last replica reaches A, only
+    max(0, all-reduce - that backward) is left; ``pipeline_overlap=False`` charges it all."""
+    three = Cluster((Level(3, BW),))
+    ring = 2 * 1 / 2 * 4 * MB / BW  # 40 ms: 4 MB of stage 0's weights between 2 replicas
+    backward = 0.020  # B of stage 0 (2 x its 10 ms forward)
+    layout = SimLayout(GROUPS, (2, 1))
+
+    def exposed(overlap: bool) -> float:
+        r = simulate_system(PROF, three, "pipedream", layout,
+                            SimOptions(minibatches=20, pipeline_overlap=overlap))
+        spans = [e - s for rank in (0, 1) for s, e, a in r.timeline[rank] if a.kind == "A"]
+        assert len(spans) == 20  # one per round of 2 on each of the 2 replicas
+        return min(spans)  # the last replica to arrive waits for nobody
+
+    assert exposed(False) == pytest.approx(ring)
+    assert exposed(True) == pytest.approx(ring - backward)
+
+
 def test_transfers_use_the_level_the_two_workers_share() -> None:
     prof = chain([1.0, 1.0], [1 * MB, 0.0], [0.0, 0.0])
     two_servers = Cluster((Level(1, 1e12), Level(2, BW)))  # one worker per server
