@@ -1,6 +1,7 @@
 """harness/sim/costs.py ``memory_per_worker``: stashed weight versions and in-flight
 activations against the 1F1B closed form, counts read by hand off the schedule, and the
-runtime's measured ``stash_weight_bytes`` for the same layout."""
+runtime's measured ``stash_weight_bytes`` and ``stash_activation_bytes`` for the same
+layout (with ``--recompute`` too); the committed GPT memory table against its profiles."""
 
 from __future__ import annotations
 
@@ -167,3 +168,27 @@ def test_recompute_keeps_the_inputs_in_flight(system: str) -> None:
         expected.append(held)
         x = out
     assert [rep.stash_activation_bytes for rep in reports] == expected
+
+
+def test_the_committed_memory_table_is_what_its_profiles_give() -> None:
+    """results/memory-gpt-tiny.md: its simulated full-scale table is what
+    scripts/memory_table.py computes from the committed GPT-2 124M profile today, and every
+    tiny row's measured bytes equal the simulated boundary bytes, as the file says."""
+    import importlib.util
+    from pathlib import Path
+
+    from core.markdown import markdown_table
+
+    root = Path(__file__).resolve().parents[3]
+    spec = importlib.util.spec_from_file_location("memory_table",
+                                                  root / "scripts" / "memory_table.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    text = (root / "results" / "memory-gpt-tiny.md").read_text()
+    steps = int(text.split("--steps ")[1].split()[0])
+    rows = script._full_scale(steps)
+    assert all(line in text for line in markdown_table(["x"] * 7, rows)[2:])
+    tiny = [line.split(" | ") for line in text.splitlines() if line.startswith("| gpt")]
+    assert len(tiny) == 2 * len(script.WORKLOADS) * len(script.SYSTEMS)
+    assert all(cells[4] == cells[5] and cells[7] in (cells[8], "not allowed")
+               for cells in tiny)
