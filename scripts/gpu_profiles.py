@@ -1,10 +1,13 @@
-"""Profile the six workloads at full scale on a GPU, in both formats (results/profiles/<gpu>/).
+"""Profile the workloads at full scale on a GPU, in both formats (results/profiles/<gpu>/).
 
 What `pipebench profile --scale full` measures, without generating the full built-in
 datasets first (GNMT's synthetic corpus alone takes minutes at full scale, S2VT's default
 clips are 16 GB): each workload's default data generator is run with the full scale's
 shapes (vocabulary, sequence lengths, frames, feature size, image size) but only as many
-training samples as one minibatch needs. The profile itself is the same call as the CLI's
+training samples as one minibatch needs (GPT: random windows of the full vocabulary and
+length, as the CPU profiles of ``reproduce schedules`` are made). The workloads are
+``reproduce today``'s (``harness.sim.today.WORKLOADS``), so what this writes is what it
+reads. The profile itself is the same call as the CLI's
 (`profile_layers` on the workload's layers, CUDA-synchronised timers, warm-up excluded).
 
     python3 scripts/gpu_profiles.py OUT_DIR [workload ...]
@@ -23,12 +26,13 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from harness.sim.profile_source import full_shapes, tie_extra  # noqa: E402
+from harness.sim.today import WORKLOADS  # noqa: E402
 from pipedream_impl.profiling.graph import Graph  # noqa: E402
 from pipedream_impl.profiling.profile import Profile, save_profile  # noqa: E402
 from pipedream_impl.profiling.profiler import profile_layers  # noqa: E402
 from workloads import data_seq2seq, registry, s2vt  # noqa: E402
-
-WORKLOADS = ("vgg16", "resnet50", "gnmt8", "gnmt16", "awd-lm", "s2vt")
+from workloads.base import DataSplits  # noqa: E402
 
 
 def small_full_data(name: str, batch: int, seed: int = 0):  # noqa: ANN201
@@ -41,6 +45,9 @@ def small_full_data(name: str, batch: int, seed: int = 0):  # noqa: ANN201
         concepts, frames, feat, _ = s2vt._DATA["full"]
         return data_seq2seq.synthetic_captions(concepts, frames, feat, batch, batch,
                                                noise=1.0, seed=seed)
+    if name in ("gpt", "gpt-llama"):  # the Markov stream's vocabulary is not the full one
+        data = full_shapes(name, batch)
+        return DataSplits(data, data, "random windows of the full vocabulary")
     return wl.default_data("full", seed)  # images (digits, upsampled), text: seconds
 
 
@@ -62,7 +69,8 @@ def main() -> None:
         nodes = profile_layers(model, b, wl.loss, dev, warmup=3, steps=10)
         prof = Profile.from_graph(Graph.chain(nodes), workload=name, scale="full",
                                   batch_size=n, device=str(dev), hardware=hw,
-                                  source="measured")
+                                  source="measured",
+                                  extra=tie_extra(model, [x.node_id for x in nodes]))
         stem = out / f"{name}-full-b{n}"
         save_profile(prof, stem.with_suffix(".json"))
         save_profile(prof, stem.with_suffix(".txt"))

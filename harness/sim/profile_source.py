@@ -19,7 +19,7 @@ from core.errors import UserInputError
 from harness.sim.paper import ROWS
 from pipedream_impl.profiling.profile import Profile, load_profile
 
-__all__ = ["OWN", "SHARED", "ProfileSource", "tie_extra"]
+__all__ = ["OWN", "SHARED", "ProfileSource", "full_shapes", "tie_extra"]
 
 SHARED = {r.label: r.profile for r in ROWS if r.profile is not None}  # label -> folder
 # label -> (workload, batch) profiled here at full scale: batches that take a few minutes
@@ -97,7 +97,7 @@ class ProfileSource:
 
     def _measure_own(self, name: str, batch: int) -> Profile:
         """``profile_workload``'s measurement (warm-up 1, 2 timed) on one minibatch of the
-        full scale's shapes (``_full_shapes``), recording the layers that share a weight
+        full scale's shapes (``full_shapes``), recording the layers that share a weight
         (``tie_extra``)."""
         import torch
 
@@ -107,7 +107,7 @@ class ProfileSource:
 
         self.progress.note(f"profiling full-scale {name} here (batch {batch})")
         wl = registry.get(name)
-        data = _full_shapes(name, batch)
+        data = full_shapes(name, batch)
         if data is None:
             data = wl.default_data("full", 0).train
         n = min(batch, len(data))
@@ -143,7 +143,7 @@ class ProfileSource:
         return self._factor
 
 
-def _full_shapes(name: str, batch: int):  # noqa: ANN202 - a workloads Dataset, or None
+def full_shapes(name: str, batch: int):  # noqa: ANN202 - a workloads Dataset, or None
     """Samples of ``name``'s full-scale shapes where its default data does not serve
     (None: profile on the default data): S2VT's full default dataset is 12,000 clips x 80
     frames x 4,096 features (16 GB), so a few clips of the same shapes; the GPT models

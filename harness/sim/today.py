@@ -4,8 +4,8 @@ today's hardware.
 The paper's Table 1 asks "how much faster than data parallelism is PipeDream's plan" on
 2019 clusters (V100s on PCIe or NVLink, 10-25 Gbps between servers). This table asks the
 same question with profiles measured on a current GPU (``results/profiles/<gpu>``, made by
-``scripts/gpu_profiles.py``: the six workloads at full scale, this project's models) on a
-current cluster (preset ``H``: 8 GPUs per server on NVLink 4, servers on 400 Gbps; see
+``scripts/gpu_profiles.py``: the workloads of ``WORKLOADS`` at full scale, this project's
+models) on a current cluster (preset ``H``: 8 GPUs per server on NVLink 4, servers on 400 Gbps; see
 ``pipedream_impl.planner.cluster``). For each workload and cluster it simulates data
 parallelism (ideal hierarchical ring, overlapped with the backward as DDP and NCCL do
 today, and not overlapped) and the planner's configuration on the same profile, and
@@ -30,7 +30,9 @@ from pipedream_impl.profiling.profile import Profile, load_profile
 __all__ = ["CLUSTERS", "COLUMNS", "EXPLANATION", "WORKLOADS", "find_profiles", "markdown",
            "note", "rows", "write_json"]
 
-WORKLOADS = ("vgg16", "resnet50", "gnmt8", "gnmt16", "awd-lm", "s2vt")
+# the workloads it looks for (``scripts/gpu_profiles.py`` profiles the same ones); GPT's
+# rows appear once GPU profiles of it are committed beside the others
+WORKLOADS = ("vgg16", "resnet50", "gnmt8", "gnmt16", "awd-lm", "s2vt", "gpt", "gpt-llama")
 CLUSTERS = ("H:1x8", "H:2x8", "H:4x8")
 COLUMNS = ("workload", "cluster", "profile", "DP time per minibatch (overlapped)",
            "planned config", "speedup vs DP (overlapped)", "speedup vs DP (not overlapped)",

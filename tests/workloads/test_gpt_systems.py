@@ -1,10 +1,9 @@
 """The GPT workloads under every kind of system on two real worker processes, each against
 a single-process reference of its update rule (as the other workloads are tested):
-whole-minibatch SGD for the flush pipelines, data parallelism and the torch peers; the
-weight-stashing rule for PipeDream; the optimizer's step at W(t) on grad f(W(t-1)) for
-PipeDream-2BW;
-and, for the GPT-2 variant whose head is the embedding, the tie rule with the embedding
-and the head on different stages."""
+whole-minibatch SGD for the flush pipelines, data parallelism, the torch peers and
+DeepSpeed; the weight-stashing rule for PipeDream; the optimizer's step at W(t) on
+grad f(W(t-1)) for PipeDream-2BW; and, for the GPT-2 variant whose head is the embedding,
+the tie rule with the embedding and the head on different stages."""
 
 from __future__ import annotations
 
@@ -60,9 +59,11 @@ def _assert_same(a: torch.nn.Module, b: torch.nn.Module) -> None:
         assert torch.allclose(pa, pb, rtol=1e-4, atol=1e-5), (na, (pa - pb).abs().max())
 
 
-@pytest.mark.parametrize("system", ["gpipe", "torch-gpipe", "torch-1f1b"])
+@pytest.mark.parametrize("system", ["gpipe", "torch-gpipe", "torch-1f1b", "deepspeed-pipe"])
 def test_flush_pipelines_equal_whole_minibatch_training(splits, sequential,
                                                         system: str) -> None:
+    """Flush per minibatch, 4 microbatches' gradients averaged: whole-minibatch training
+    (DeepSpeed's engine on the untied Llama variant, as the issue asks of the peers)."""
     _assert_same(_train(LLAMA, splits, system, microbatches=4).model, sequential)
 
 

@@ -1,6 +1,7 @@
 """harness/sim/costs.py ``memory_per_worker``: stashed weight versions and in-flight
 activations against the 1F1B closed form, counts read by hand off the schedule, and the
-runtime's measured ``stash_weight_bytes`` for the same layout."""
+runtime's measured ``stash_weight_bytes`` and ``stash_activation_bytes`` for the same
+layout (with ``--recompute`` too); the committed GPT memory table against its profiles."""
 
 from __future__ import annotations
 
@@ -137,3 +138,57 @@ def test_simulated_bytes_equal_the_runtimes_measured_peak(system: str) -> None:
         [rep.stash_activation_bytes for rep in reports]
     if system == "pipedream":
         assert reports[0].stash_weight_bytes == 2 * stages[0].parameter_bytes > 0
+
+
+@pytest.mark.parametrize("system", ["gpipe", "pipedream-flush"])
+def test_recompute_keeps_the_inputs_in_flight(system: str) -> None:
+    """With ``--recompute`` a stage keeps its inputs in flight (the simulator's peak units),
+    plus, on a stage that sends, the output of the unit just computed until it is sent;
+    a last stage keeps no output (it recomputes it at backward time): the rule
+    ``scripts/memory_table.py`` applies to profiles (``results/memory-gpt-tiny.md``)."""
+    torch.set_num_threads(1)
+    sys_ = systems.get(system)
+    bounds, batch, m = ((0, 17), (17, 40)), 4, 2
+    spec = WorkerSpec(0, RunSettings("vgg16", "tiny", 0, batch, max_steps=STEPS,
+                                     timeout_s=60.0),
+                      SystemSettings((1, 1), bounds, schedule=sys_.schedule,
+                                     microbatches=m, recompute=True))
+    executors = local_executors(spec)
+    reports = run_local(executors, 0)
+    x = WL.make_batch(WL.default_data("tiny", 0).train, torch.arange(batch // m)).inputs
+    expected = []
+    units = memory_per_worker(build_schedule(sys_, (1, 1), STEPS, m),
+                              [StageCost((), 0.0, 0.0, 0.0, 1.0, 0.0)] * 2, 1.0, 0)
+    for rank, ex in enumerate(executors):
+        with torch.no_grad():
+            out = ex.module(x)
+        held = sum(t.numel() * t.element_size() for t in x) * units[rank]["activations"]
+        if rank == 0:  # the stage that sends
+            held += sum(t.numel() * t.element_size() for t in out)
+        expected.append(held)
+        x = out
+    assert [rep.stash_activation_bytes for rep in reports] == expected
+
+
+def test_the_committed_memory_table_is_what_its_profiles_give() -> None:
+    """results/memory-gpt-tiny.md: its simulated full-scale table is what
+    scripts/memory_table.py computes from the committed GPT-2 124M profile today, and every
+    tiny row's measured bytes equal the simulated boundary bytes, as the file says."""
+    import importlib.util
+    from pathlib import Path
+
+    from core.markdown import markdown_table
+
+    root = Path(__file__).resolve().parents[3]
+    spec = importlib.util.spec_from_file_location("memory_table",
+                                                  root / "scripts" / "memory_table.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    text = (root / "results" / "memory-gpt-tiny.md").read_text()
+    steps = int(text.split("--steps ")[1].split()[0])
+    rows = script._full_scale(steps)
+    assert all(line in text for line in markdown_table(["x"] * 7, rows)[2:])
+    tiny = [line.split(" | ") for line in text.splitlines() if line.startswith("| gpt")]
+    assert len(tiny) == 2 * len(script.WORKLOADS) * len(script.SYSTEMS)
+    assert all(cells[4] == cells[5] and cells[7] in (cells[8], "not allowed")
+               for cells in tiny)

@@ -171,12 +171,12 @@ def test_gpt_cpu_profiles_use_the_full_scales_vocabulary_and_record_the_tie() ->
     GPT-2's embedding and head, one matrix, are recorded as a tie of that many bytes."""
     import torch
 
-    from harness.sim.profile_source import _full_shapes, tie_extra
+    from harness.sim.profile_source import full_shapes, tie_extra
     from workloads.registry import get
 
     for name in ("gpt", "gpt-llama"):
         cfg = get(name).spec("full").model
-        data = _full_shapes(name, 2)
+        data = full_shapes(name, 2)
         assert data.meta["vocab_size"] == cfg["vocab"] and len(data) == 2
         x = data.take(torch.arange(2))["x"]
         assert x.shape == (2, cfg["seq"]) and int(x.max()) < cfg["vocab"]
