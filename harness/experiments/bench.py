@@ -33,6 +33,7 @@ from harness.experiments.suite import Cell, Suite
 from harness.reporting import verdicts
 from harness.reporting.results import cell_row, overhead_table
 from pipedream_impl.runtime import SPAWN_LAUNCHER, STAGE_EXECUTOR
+from pipedream_impl.schedule import registry as schedules
 
 __all__ = ["COLUMNS", "adhoc_suite", "checks", "markdown", "seed_claims"]
 
@@ -65,7 +66,8 @@ def checks(rates: dict[str, float]) -> list[tuple[str, bool | None, str]]:
     kinds = {s: systems.get(s) for s in rates}
     out = []
     for ours, k in kinds.items():
-        if k.executor != STAGE_EXECUTOR or not k.flushes or k.schedule == "custom":
+        if k.executor != STAGE_EXECUTOR or not k.flushes or \
+                schedules.get(k.schedule).from_file:  # a file's schedule: no fixed peer
             continue
         for peer, pk in kinds.items():
             if pk.executor != STAGE_EXECUTOR and pk.schedule == k.schedule:
