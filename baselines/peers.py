@@ -23,6 +23,9 @@ gradient back only for floating ones; for torch, see ``baselines.torch_peers``.
 
 from __future__ import annotations
 
+import contextlib
+import io
+import logging
 import os
 import time
 
@@ -140,6 +143,14 @@ class DeepSpeedPipeExecutor(PeerExecutor):
         os.environ.update(RANK=str(self.rank), LOCAL_RANK=str(self.spec.local_rank),
                           WORLD_SIZE=str(self.layout.workers), MASTER_ADDR=host,
                           MASTER_PORT=port)  # DeepSpeed reads these; the group exists
+        # DeepSpeed prints its build, seed and topology lines on every worker and torch
+        # warns of a missing CUDA toolkit on import: noise in a run's output (--quiet
+        # included); its own logger keeps warnings and errors
+        logging.getLogger("torch.utils.cpp_extension").setLevel(logging.ERROR)
+        with contextlib.redirect_stdout(io.StringIO()):
+            self._build_engine(full)
+
+    def _build_engine(self, full: nn.Module) -> None:
         import deepspeed
         from deepspeed.pipe import PipelineModule
 
