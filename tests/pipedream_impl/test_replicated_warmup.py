@@ -17,8 +17,9 @@ import random
 
 import pytest
 
+from pipedream_impl.runtime.weight_stash import snapshots_held, staleness, versions_held
 from pipedream_impl.schedule import Layout, TickCosts, one_f_one_b, simulate, warmup_count
-from pipedream_impl.schedule.actions import stage_depths
+from pipedream_impl.schedule.actions import WEIGHT_MODES, stage_depths
 
 IDEAL = 3.0  # ticks per minibatch with balanced stages
 
@@ -89,3 +90,25 @@ def test_every_layout_validates_runs_and_loses_little() -> None:
         if t > IDEAL * 1.05:
             slow.append((replicas, t))
     assert not slow
+
+
+def test_weight_stash_rules_hold_on_the_deeper_warm_up() -> None:
+    """Every weight mode builds; the runtime's memory model (``weight_stash``) reads every
+    list without a missing version; under stash a replica holds at most its warm-up count
+    of snapshots and its staleness is (warm-up - 1) x r_s minibatches (a version advances
+    by r_s per update), the schedule's versions as the runtime applies them."""
+    layouts = list(itertools.product(range(1, 6), repeat=2)) + \
+        list(itertools.product(range(1, 5), repeat=3))
+    for replicas in layouts:
+        layout = Layout(replicas)
+        n = math.lcm(*replicas) * 6
+        for weights in WEIGHT_MODES:
+            sched = one_f_one_b(layout, n, weights)
+            for rank, acts in enumerate(sched.actions):
+                s = layout.stage_of(rank)[0]
+                r, w = replicas[s], warmup_count(layout, s, None)
+                held = max(snapshots_held(acts, weights, r))
+                assert max(versions_held(acts, weights, r)) >= 1
+                if weights == "stash":
+                    assert held <= w
+                    assert staleness(acts, r) == (min(w, n // r) - 1) * r
