@@ -44,7 +44,7 @@ class PipelineOptions:
     plan: str | None = None  # plan JSON (pipebench plan -o)
     config: str | None = None  # replicas per stage, e.g. "2-1-1"
     weights: str = WEIGHT_MODES[0]  # stash | vertical-sync | none
-    in_flight: int | None = None  # None: PipeDream's NOAM; 1: model parallelism
+    in_flight: int | None = None  # None: PipeDream's per-stage warm-up; 1: model parallelism
     microbatches: int | None = None  # microbatched pipelines (default: schedule.registry)
     recompute: bool = False  # re-materialise activations in the backward
     stage_lr: str = STAGE_LR_RULES[0]  # replicated stages: PipeDream's rule, or "same"

@@ -33,7 +33,8 @@ def schedule(
     microbatches: Annotated[int | None, typer.Option(help="microbatched schedules (default "
                                                      "4 x stages)")] = None,
     weights: Annotated[str, typer.Option(help="stash, vertical-sync or none")] = "stash",
-    in_flight: Annotated[int | None, typer.Option(help="default NOAM; 1 = model "
+    in_flight: Annotated[int | None, typer.Option(help="default: per-stage warm-up (NOAM on "
+                                                  "straight pipelines); 1 = model "
                                                   "parallelism")] = None,
     schedule_file: Annotated[str | None, typer.Option(
         help="read a schedule in torch.distributed.pipelining's compute-only CSV format "

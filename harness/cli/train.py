@@ -49,7 +49,8 @@ _System = Annotated[str, typer.Option(help=", ".join(systems.names()))]
 _WarmupSteps = Annotated[int, typer.Option(
     help="first minibatches of the run left out of throughput")]
 _InFlight = Annotated[int | None, typer.Option(
-    help="minibatches in flight (default NOAM; 1 = model parallelism)")]
+    help="minibatches in flight (default: per-stage warm-up, NOAM on straight pipelines; "
+         "1 = model parallelism)")]
 _Microbatches = Annotated[int | None, typer.Option(
     help="gpipe: microbatches per minibatch (default 4 x stages)")]
 _Recompute = Annotated[bool, typer.Option(

@@ -171,7 +171,8 @@ TABLE_EXPLANATION = """
   efficiency from 1.0 to about 0.35 (PCIe 0.028 to 0.033) in one trial.
 - **Replicated stages pay the calibrated all-reduce too** (our default, see above):
   configurations with large replicated stages spanning servers (VGG-16 9-5-1-1 on
-  A:4x4) are slow under it, as they are under the ideal model.
+  A:4x4) pay it after every round; under the ideal model, whose data parallelism is
+  far faster, the same configuration is slower than DP.
 - **Point-to-point transfers keep the links' nominal bandwidth**: no BSP number says
   anything about them.
 - **Tied weights are not simulated.** AWD-LM's embedding and decoder share a weight; on

@@ -148,20 +148,24 @@ EXPLANATION = """
 ## Why the ranking comes out as it does
 
 - **PipeDream wins where its planner's replicated stages are cheap to synchronise and the
-  alternative is communication-bound** (VGG-16 on A:1x4 and A:4x4): it replicates the
-  convolutional front, where weights are small and activations large, and runs the fully
-  connected back on one worker; no flush, so the steady state has almost no bubble. On
-  GNMT-16 A:1x4 its plan is a straight 1-1-1-1 and it ties with 2BW (neither flushes).
-  It pays in memory (a stashed version per minibatch in flight: the largest peak in
-  almost every row) and in staleness (in minibatches: a replicated input stage applies r
-  at a time, up to 15 on GNMT-16 A:4x4).
+  alternative is communication-bound** (VGG-16 on A:1x4 and A:4x4, ResNet-50 on A:1x4):
+  it replicates the convolutional front, where weights are small and activations large,
+  and runs the fully connected back on one worker; no flush, so the steady state has
+  almost no bubble. On GNMT-16 A:1x4 its plan is a straight 1-1-1-1 and it ties with 2BW
+  (neither flushes). It pays in memory (a stashed version per minibatch in flight: the
+  largest peak in almost every row) and in staleness (in minibatches: a replicated input
+  stage applies r at a time, and where neighbouring stages have different replica counts
+  1F1B-RR's per-stage warm-up keeps more minibatches in flight: up to 33 on GNMT-16
+  H:2x8).
 - **PipeDream loses where the planner's plan meets a slower all-reduce than it planned
   for**: the planner sees nominal bandwidth, the paper rows simulate the calibrated
   all-reduce (NVLink at a fitted 0.2 GB/s effective, `reproduce table1`), so on B:1x8 its
   6-2 (VGG-16) or 3-5 (GNMT-16) spends most of each period synchronising; with the ideal
-  ring (preset H) it comes second to DP. Its 1F1B-RR also waits at each round's
-  all-reduce for the round's other replicas (the transfer itself overlaps the last
-  backward; see `reproduce today`).
+  ring (preset H) it comes second to DP. This table simulates 32 minibatches (a whole
+  number of rounds, at least one): for plans whose replica counts have a large least
+  common multiple (8-3-3-2: 24, 3-5-8: 120) that is one or a few rounds, mostly fill and
+  drain, so their PipeDream rows understate its steady state (`reproduce today` simulates
+  256: VGG-16 8-3-3-2 on H:2x8 runs at 0.92x DP there).
 - **Among the straight pipelines, 2BW leads** wherever compute dominates (B:1x8, GNMT-16
   on A:4x4): no flush, so no (p - 1) / (m + p - 1) bubble per minibatch; its remaining
   bubble is the stages' imbalance (the slowest stage sets the pace). PipeDream-Flush and

@@ -4,8 +4,8 @@ Driven by a profile (the project's JSON or PipeDream's ``graph.txt``: per-layer 
 and backward time, output bytes and parameter bytes at the profile's batch size) and a
 cluster given as levels (workers per level and bandwidth per level, innermost first), it
 executes the *same* schedules the runtime executes (``pipedream_impl.schedule``: 1F1B /
-1F1B-RR with NOAM, GPipe, one minibatch in flight, data parallelism as one replicated
-stage; ``pipedream_impl.schedule``: PipeDream-Flush and PipeDream-2BW) with the schedule
+1F1B-RR with its per-stage warm-up, GPipe, one minibatch in flight, data parallelism as
+one replicated stage; PipeDream-Flush and PipeDream-2BW) with the schedule
 module's event engine and the cost model of ``harness.sim.costs`` (compute from the
 profile, FIFO links per level, rings inside machines and, among machines, a ring, a
 parameter server (colocated or on k CPU machines) or BytePS, data parallelism's all-reduce

@@ -3,7 +3,9 @@
 A plan lists stages in pipeline order, each with its range of states (for a chain profile,
 layers ``[start, stop)``), the profile nodes it holds, its replicas and worker ranks, and
 its predicted time per minibatch; NOAM (number of optimal active minibatches) =
-ceil(workers / replicas of the input stage); and the predictions other tools read::
+ceil(workers / replicas of the input stage), the paper's (the schedule's warm-up is
+``schedule.actions.stage_depths``: more where neighbouring stages' replica counts
+differ); and the predictions other tools read::
 
     {"config": "15-1", "config_label": "15-1", "workers": 16, "noam": 2,
      "stages": [{"layers": [0, 31], "nodes": [...], "replicas": 15, "ranks": [...],

@@ -115,7 +115,7 @@ class SystemSettings:
     executor: str = STAGE_EXECUTOR  # module:Class every worker runs
     schedule: str = schedules.DEFAULT  # a name in the schedule registry
     weights: str = WEIGHT_MODES[0]  # stash | vertical-sync | none
-    in_flight: int | None = None  # None: PipeDream's NOAM; 1: model parallelism
+    in_flight: int | None = None  # None: PipeDream's per-stage warm-up; 1: model parallelism
     microbatches: int = 1  # per minibatch (flush pipelines; data parallelism: ranks)
     recompute: bool = False  # flush: re-materialise activations in the backward
     stage_lr: str = STAGE_LR_RULES[0]  # replicas: PipeDream's per-stage rate; same: one

@@ -37,7 +37,7 @@ from core.errors import ScheduleError
 
 __all__ = ["ACTION_NAMES", "BACKWARDS", "GRADIENT_DONE", "MAX_UNITS", "WEIGHT_MODES", "Action",
            "Layout", "Schedule", "check_size", "parse_action", "require_unreplicated",
-           "warmup_count"]
+           "stage_depths", "warmup_count"]
 
 WEIGHT_MODES = ("stash", "vertical-sync", "none")
 ACTION_NAMES = {"RF": "receive activations", "F": "forward", "SF": "send activations",
@@ -155,9 +155,36 @@ class Schedule:
 
 
 def warmup_count(layout: Layout, stage: int, in_flight: int | None) -> int:
+    """Forwards a replica of ``stage`` runs before its first backward under 1F1B(-RR): its
+    share of the minibatches in flight. ``in_flight`` given: ceil(in_flight / r_s) on
+    every stage (at least 1). Default: ``stage_depths(layout)[stage] / r_s``."""
     if in_flight is not None:
         return max(1, math.ceil(in_flight / layout.replicas[stage]))
-    return math.ceil(sum(layout.replicas[stage:]) / layout.replicas[stage])
+    return stage_depths(layout.replicas)[stage] // layout.replicas[stage]
+
+
+def stage_depths(replicas: tuple[int, ...]) -> tuple[int, ...]:
+    """Minibatches each stage holds in flight by default (r_s per warm-up forward).
+
+    From the last stage up: D_last = r_last, and D_s = r_s x ceil((D_{s+1} + r_s +
+    (r_{s+1} - g) + (r_s - g)) / r_s), g = gcd(r_s, r_{s+1}). Why: a replicated stage's
+    all-reduce is a barrier after each round, so its replicas run a round of r_s minibatches
+    in lockstep; a round of stage s spans rounds of stage s+1 that start up to r_{s+1} - g
+    minibatch periods later (forward) and end up to r_s - g earlier (backward), and stage s
+    must hold that many minibatches more than stage s+1, besides its own round, for no
+    replica to wait at the all-reduce or on a receive (with balanced stages the simulated
+    time per minibatch is then the ideal one). With equal replica counts both terms vanish
+    and D_s is the number of workers of stage s and later: PipeDream's NOAM per stage,
+    ceil(workers from s on / r_s) forwards (the input stage's is the paper's NOAM); the
+    rule never gives fewer than that.
+    """
+    depths = [replicas[-1]]
+    for s in range(len(replicas) - 2, -1, -1):
+        r, nxt = replicas[s], replicas[s + 1]
+        g = math.gcd(r, nxt)
+        need = depths[0] + r + (nxt - g) + (r - g)
+        depths.insert(0, r * math.ceil(need / r))
+    return tuple(depths)
 
 
 MAX_UNITS = 1_000_000  # workers x minibatches x microbatches of one schedule (~30 s, GBs)

@@ -2,11 +2,14 @@
 
 ``gpipe`` builds GPipe's flush schedule over microbatches (unit ids ``k * M + j``).
 ``one_f_one_b`` builds PipeDream's schedule (1F1B, and 1F1B-RR for replicated stages):
-minibatch k goes to replica ``k mod r`` of every stage; a worker first runs ``warmup``
-forwards (its share of the in-flight minibatches: ceil(workers in this and later stages /
-replicas of this stage), which for the input stage is NOAM), then alternates one backward
-and one forward, then drains. ``in_flight=1`` gives model parallelism (one minibatch in
-the pipeline at a time). Weight modes decide the version each F and B uses:
+minibatch k goes to replica ``k mod r`` of every stage; a worker first runs its stage's
+warm-up forwards (``actions.warmup_count``: PipeDream's per-stage depth, ceil(workers in
+this and later stages / replicas of this stage) on straight and evenly replicated
+pipelines, NOAM at the input stage; more where neighbouring stages have different replica
+counts, so that no replica idles at the round's all-reduce: ``actions.stage_depths``),
+then alternates one backward and one forward, then drains. ``in_flight=1`` gives model
+parallelism (one minibatch in the pipeline at a time). Weight modes decide the version
+each F and B uses:
 
 - ``stash``: F uses the newest version; B of k uses the version F of k used;
 - ``vertical-sync``: every stage uses, for minibatch k, the newest own version not newer

@@ -243,17 +243,25 @@ def test_transfers_use_the_level_the_two_workers_share() -> None:
 def test_vgg16_on_cluster_a_simulation_agrees_with_the_planner(tmp_path) -> None:
     """The planner's cost model and the simulator are two implementations of the same
     cluster model (the planner: a formula per stage; the simulator: the runtime's
-    schedule, event by event): on the paper's VGG-16 profile they must agree."""
+    schedule, event by event): on the paper's VGG-16 profile they must agree. Charging a
+    replicated stage's all-reduce as the planner does (blocking, after the round's
+    backward) they agree to 1% on its 12-2-1-1 plan (1F1B-RR's per-stage warm-up loses no
+    time there; NOAM's lost 4%); overlapped with the backward, as the runtime's gradient
+    buckets do, the simulation is faster."""
     from harness.sim.simulator import gantt
     from pipedream_impl.planner.plan import plan_profile
 
     prof = load_profile(PROFILES / "vgg16" / "graph.txt")
     cl = parse_cluster("A:4x4")
     plan = plan_profile(prof, cl)
-    pd = simulate_system(prof, cl, "pipedream", layout_for(prof, cl, "pipedream", plan=plan))
+    lay = layout_for(prof, cl, "pipedream", plan=plan)
+    blocking = simulate_system(prof, cl, "pipedream", lay, SimOptions(pipeline_overlap=False))
+    pd = simulate_system(prof, cl, "pipedream", lay)
     dp = simulate_system(prof, cl, "dp", layout_for(prof, cl, "dp"), SimOptions(dp_overlap=False))
-    speedup = pd.throughput_samples_s / dp.throughput_samples_s
-    assert speedup == pytest.approx(plan.predicted["speedup_vs_data_parallel"], rel=0.10)
+    predicted = plan.predicted["speedup_vs_data_parallel"]
+    speedup = blocking.throughput_samples_s / dp.throughput_samples_s
+    assert speedup == pytest.approx(predicted, rel=0.01)
+    assert pd.throughput_samples_s >= blocking.throughput_samples_s
     # hierarchical ring, as the time model: each rank sends 2 (4-1)/4 x the weights inside
     # its server, and its server's one NIC 2 (4-1)/4 x the weights among the 4 servers for
     # its 4 GPUs, per minibatch: 2 (16-1)/16 per rank, what a flat ring of 16 moves
