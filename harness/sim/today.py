@@ -21,6 +21,7 @@ from pathlib import Path
 
 from core.errors import UserInputError
 from core.markdown import markdown_table
+from harness.paths import REPO
 from harness.reporting.units import fmt_bytes
 from harness.sim.simulator import SimOptions, layout_for, simulate_system
 from harness.systems import PAPER
@@ -114,7 +115,10 @@ def write_json(table: list[dict], path: str) -> None:
 
 
 def note(folder: str) -> str:
-    return (f"Profiles: `{folder}` (measured on the GPU each row names, full scale, fp32; "
+    where = Path(folder).resolve()
+    if where.is_relative_to(REPO):  # a path that means the same in every checkout
+        where = where.relative_to(REPO)
+    return (f"Profiles: `{where}` (measured on the GPU each row names, full scale, fp32; "
             "see the README there). Clusters: preset H (8 GPUs per server on NVLink 4 at "
             "450 GB/s, servers on 400 Gbps). Simulated with `harness/sim/simulator.py` "
             "(steady state); DP is an ideal hierarchical ring all-reduce at full link "
