@@ -143,10 +143,14 @@ class DeepSpeedPipeExecutor(PeerExecutor):
         os.environ.update(RANK=str(self.rank), LOCAL_RANK=str(self.spec.local_rank),
                           WORLD_SIZE=str(self.layout.workers), MASTER_ADDR=host,
                           MASTER_PORT=port)  # DeepSpeed reads these; the group exists
-        # DeepSpeed prints its build, seed and topology lines on every worker and torch
-        # warns of a missing CUDA toolkit on import: noise in a run's output (--quiet
-        # included); its own logger keeps warnings and errors
+        # torch warns of a missing CUDA toolkit when DeepSpeed is imported, and DeepSpeed
+        # prints its build, seed and topology lines on every worker: noise in a run's
+        # output (--quiet included). Imported outside the redirect: DeepSpeed's logger
+        # binds its handler to the stdout of import time and keeps warnings and errors.
         logging.getLogger("torch.utils.cpp_extension").setLevel(logging.ERROR)
+        import deepspeed  # noqa: F401
+        import deepspeed.pipe  # noqa: F401
+
         with contextlib.redirect_stdout(io.StringIO()):
             self._build_engine(full)
 

@@ -62,7 +62,8 @@ def checks(rates: dict[str, float]) -> list[tuple[str, bool | None, str]]:
     """Issue 24's throughput goals on one group's median rates, (what, passed, how): each
     of our pipelines against every peer engine that runs the same schedule on the same
     split (gpipe / torch-gpipe; pipedream-flush / torch-1f1b and deepspeed-pipe), and
-    PipeDream against the fastest flush pipeline at equal microbatch size."""
+    PipeDream against the fastest flush pipeline at equal microbatch size. Same split and
+    equal microbatches are the throughput cells' rule (module doc), not checked here."""
     kinds = {s: systems.get(s) for s in rates}
     out = []
     for ours, k in kinds.items():

@@ -19,7 +19,8 @@ import torch
 from core.errors import UserInputError, WorkloadError
 from harness import layouts, systems
 from harness.config import RunConfig
-from harness.experiments.link import local_bandwidth
+from harness.experiments.link import bandwidth_source, local_bandwidth
+from harness.experiments.stage_times import predict
 from pipedream_impl.planner.cluster import Cluster, Level
 from pipedream_impl.planner.plan import balanced_bounds, load_plan, plan_profile
 from pipedream_impl.profiling.profiler import profile_workload, update_ms
@@ -78,12 +79,14 @@ def layer_count(workload: str, scale: str) -> int | None:
 def pipeline_layout(cfg: RunConfig, workload: Workload, batch_size: int,
                     device: torch.device) \
         -> tuple[tuple[int, ...], tuple[tuple[int, int], ...], str, list[float] | None]:
-    """(replicas per stage, layer range per stage, how it was chosen, each layer's
-    forward + backward + optimizer step in ms on the local profile: None for data
-    parallelism); a system that holds several stages per worker gets workers x that many
-    unreplicated stages. Which layout is ``harness.layouts.choose``'s decision; here the
-    layers are split on a local profile (forward + backward + each layer's optimizer
-    step), which also gives each stage's predicted time (``stage_times``)."""
+    """(replicas per stage, layer range per stage, how it was chosen, each stage's
+    predicted compute per minibatch in ms: None for data parallelism); a system that holds
+    several stages per worker gets workers x that many unreplicated stages. Which layout is
+    ``harness.layouts.choose``'s decision; here the layers are split on a local profile
+    (forward + backward + each layer's optimizer step), which also gives each stage's
+    predicted time (``stage_times.predict``); a plan file's stages carry their own (its
+    profile's compute, no update) and take no local profile, which on a GPU would hold the
+    whole model that the plan splits."""
     system, p = cfg.definition, cfg.pipeline
     plan = load_plan(p.plan) if p.plan is not None else None
     model = workload.build(cfg.scale, {})
@@ -94,24 +97,30 @@ def pipeline_layout(cfg: RunConfig, workload: Workload, batch_size: int,
     if choice.source == layouts.DATA_PARALLEL:  # every worker a replica of the whole model
         return choice.replicas, ((0, len(model.layers)),), \
             "data parallel (whole model on every worker)", None
-    prof = profile_workload(workload, cfg.scale, batch_size, device, steps=3)
-    layer_ms = [n.forward_ms + n.backward_ms + u
-                for n, u in zip(prof.layers, _updates(workload, cfg, device), strict=True)]
     if choice.source == layouts.PLAN:
         replicas = choice.replicas
         bounds = tuple(tuple(s.layers) for s in plan.stages)
         how = f"plan {p.plan} ({plan.config})"
-    elif choice.source == layouts.PLANNER:
-        planned = plan_profile(prof, Cluster((Level(cfg.workers, local_bandwidth()),)))
-        replicas = tuple(s.replicas for s in planned.stages)
-        bounds = tuple(tuple(s.layers) for s in planned.stages)
-        how = f"planned here ({planned.config}) from a local profile"
-    else:  # --config, or a straight pipeline: one stage per worker
-        replicas, per = choice.replicas, choice.stages_per_rank
-        bounds = balanced_bounds(layer_ms, (1,) * choice.stages if per > 1 else replicas)
-        how = f"config {'-'.join(map(str, replicas))}, layers balanced on a local " \
-            "profile" + (f" into {len(bounds)} stages ({per} per worker)"
-                         if per > 1 else "")
+        predicted = [1e3 * s.predicted_time_s for s in plan.stages]
+    else:
+        prof = profile_workload(workload, cfg.scale, batch_size, device, steps=3)
+        layer_ms = [n.forward_ms + n.backward_ms + u for n, u in
+                    zip(prof.layers, _updates(workload, cfg, device), strict=True)]
+        if choice.source == layouts.PLANNER:
+            bandwidth = local_bandwidth()
+            planned = plan_profile(prof, Cluster((Level(cfg.workers, bandwidth),)))
+            replicas = tuple(s.replicas for s in planned.stages)
+            bounds = tuple(tuple(s.layers) for s in planned.stages)
+            how = f"planned here ({planned.config}) from a local profile at " \
+                f"{bandwidth / 1e9:.2g} GB/s between workers ({bandwidth_source()})"
+        else:  # --config, or a straight pipeline: one stage per worker
+            replicas, per = choice.replicas, choice.stages_per_rank
+            bounds = balanced_bounds(layer_ms, (1,) * choice.stages if per > 1 else replicas)
+            how = f"config {'-'.join(map(str, replicas))}, layers balanced on a local " \
+                "profile" + (f" into {len(bounds)} stages ({per} per worker)"
+                             if per > 1 else "")
+        predicted = predict(layer_ms, replicas, bounds) if system.stages_per_rank == 1 \
+            else None
     ties = find_ties(model, bounds)
     if ties and not system.syncs_ties:
         ours = ", ".join(s.name for s in systems.SYSTEMS if s.syncs_ties)
@@ -120,4 +129,4 @@ def pipeline_layout(cfg: RunConfig, workload: Workload, batch_size: int,
                             f"keeps no tied copies in sync: use {ours}, or keep the tied "
                             "layers on one stage")
     check_ties(model, bounds, replicas)  # what our runtime's tie rule cannot cover
-    return replicas, bounds, how, layer_ms
+    return replicas, bounds, how, predicted

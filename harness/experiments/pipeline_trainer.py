@@ -80,7 +80,7 @@ def system_settings(cfg: RunConfig, replicas: tuple[int, ...],
         micro = 1
     in_flight = system.in_flight or cfg.pipeline.in_flight
     if system.weight_modes:
-        params.update(weights=cfg.pipeline.weights, in_flight=in_flight or "noam")
+        params.update(weights=cfg.pipeline.weights, in_flight=in_flight or "per-stage")
     if system.replicated_stages:
         params["stage_lr"] = cfg.pipeline.stage_lr
     p = cfg.pipeline

@@ -21,7 +21,7 @@ from harness.config import RunConfig
 from harness.experiments import checkpoint
 from harness.experiments.checkpoint import Checkpoint
 from harness.experiments.layout import check_run
-from harness.experiments.stage_times import gap_note, measure, predict, stage_metrics
+from harness.experiments.stage_times import gap_note, measure, stage_metrics
 from harness.experiments.training import (
     EpochStats,
     RunSummary,
@@ -204,17 +204,16 @@ def _trainer(cfg: RunConfig, workload: Workload, splits: DataSplits, device: tor
     from harness.experiments.layout import pipeline_layout
     from harness.experiments.pipeline_trainer import PipelineTrainer
 
-    layer_ms = None  # a resumed run's layout was balanced on another run's profile
+    predicted = None  # a resumed run's layout was balanced on another run's profile
     if resumed is not None:
         replicas, bounds = resumed["layout"]
         how = "the checkpoint's layout"
     else:
-        replicas, bounds, how, layer_ms = pipeline_layout(cfg, workload, batch_size, device)
+        replicas, bounds, how, predicted = pipeline_layout(cfg, workload, batch_size, device)
     progress.note(f"pipeline {'-'.join(map(str, replicas))} on {cfg.workers} workers, "
                   f"layers {list(bounds)}: {how}")
     trainer = PipelineTrainer(cfg, workload, splits, replicas, bounds, device, progress)
-    trainer.predicted_stage_ms = None if layer_ms is None or \
-        cfg.definition.stages_per_rank > 1 else predict(layer_ms, replicas, bounds)
+    trainer.predicted_stage_ms = predicted  # stage_times: beside the measured, at the end
     params = dict(trainer.params)
     params.update(config="-".join(map(str, replicas)), stages=list(bounds), layout_source=how)
     return trainer, params

@@ -31,7 +31,10 @@ at the innermost level not at a state whose earlier twin (same prefix sums) is n
 
 Memory limit (optional, per worker): a stage that has w workers after it (at this level)
 stashes ``ceil(w / m')`` versions of its weights and activations (the original's count); it
-is skipped when (Act + P) times that exceeds the limit.
+is skipped when (Act + P) times that exceeds the limit. Our runtime's 1F1B-RR warms up
+deeper than that where neighbouring stages have uneven replica counts
+(``schedule.actions.stage_depths``), so on such plans the limit is a lower bound of what a
+worker holds; the search keeps the original's count so that its plans stay the original's.
 
 Relation to the paper's text: the paper describes the transfer term as 2a/B and weight
 synchronisation as an all-reduce whose ring cost is 2 (m-1)/m x |w| / B; the original code

@@ -45,11 +45,13 @@ from __future__ import annotations
 
 import datetime
 import os
+import queue
 import socket
+import threading
 import time
 from collections import defaultdict
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 
 import torch
@@ -178,7 +180,7 @@ class Comm:
         self._groups: dict[tuple[int, ...], dist.ProcessGroup] = {}
         self._hierarchies: dict[tuple[int, ...], Hierarchy] = {}
         self.hosts: list[str] | None = None  # each global rank's host, once exchanged
-        self._chain: ThreadPoolExecutor | None = None  # hierarchical all-reduces, in order
+        self._chain: queue.SimpleQueue | None = None  # hierarchical all-reduces, in order
 
     def _wait(self, work: dist.Work, what: str) -> None:
         t0 = time.perf_counter()
@@ -301,10 +303,23 @@ class Comm:
         if len(h.leaders) == 1:
             work = dist.all_reduce(flat, group=self.group(ranks), async_op=True)
             return lambda: self._wait(work, where)
-        if self._chain is None:
-            self._chain = ThreadPoolExecutor(1, thread_name_prefix="allreduce")
-        done = self._chain.submit(self._hierarchical, flat, h, where)
+        if self._chain is None:  # a daemon: a worker that fails exits without joining it
+            self._chain = queue.SimpleQueue()
+            threading.Thread(target=self._chain_loop, name="allreduce-chain",
+                             daemon=True).start()
+        done: Future = Future()
+        self._chain.put((done, flat, h, where))
         return lambda: done.result()
+
+    def _chain_loop(self) -> None:
+        """The hierarchical all-reduces, one after another, in the order they started."""
+        while True:
+            done, flat, h, where = self._chain.get()
+            try:
+                self._hierarchical(flat, h, where)
+                done.set_result(None)
+            except BaseException as e:  # noqa: BLE001 - raised again by the waiter
+                done.set_exception(e)
 
     def _hierarchical(self, flat: Tensor, h: Hierarchy, where: str) -> None:
         mine = h.host_of(self.rank)

@@ -53,7 +53,8 @@ def bucket_mb() -> float:
 
 def plan_buckets(nbytes: Sequence[int], cap_bytes: float) -> list[list[int]]:
     """Parameter indices per bucket: reverse order, each bucket filled until it reaches
-    ``cap_bytes`` (a parameter larger than the cap gets a bucket of its own)."""
+    ``cap_bytes`` or more (a bucket closes once it holds the cap: a large parameter ends
+    the bucket it joins, and the next parameter opens a new one)."""
     out: list[list[int]] = []
     size = 0.0
     for i in range(len(nbytes) - 1, -1, -1):

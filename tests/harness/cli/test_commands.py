@@ -186,7 +186,7 @@ def test_pipedream_on_two_workers_reaches_the_single_worker_target(mlflow_uri: s
                 "stash_weight_bytes_worker_0", tracking.peak_memory_key(1)):
         assert key in run.data.metrics, key
     assert run.data.metrics["bytes_communicated_per_sample"] > 0
-    for side in ("stage_ms_predicted", "stage_ms_measured"):  # stage_times.py, per stage
+    for side in ("compute_ms_predicted", "compute_ms_measured"):  # stage_times.py, per stage
         assert all(run.data.metrics[f"{side}_stage_{s}"] > 0 for s in (0, 1)), side
 
 

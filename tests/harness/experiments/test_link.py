@@ -26,6 +26,19 @@ def test_the_variable_wins_then_the_cache(tmp_path, monkeypatch: pytest.MonkeyPa
     monkeypatch.delenv(link.BANDWIDTH_ENV)
     link._cache_file().write_text(json.dumps({"bandwidth_bytes_per_s": 1.5e9}))
     assert link.local_bandwidth() == 1.5e9
+    assert "kept in" in link.bandwidth_source()
+
+
+def test_a_bad_cached_value_is_measured_again(tmp_path,  # noqa: ANN001
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(link, "CACHE_DIR", tmp_path)
+    monkeypatch.delenv(link.BANDWIDTH_ENV, raising=False)
+    import harness.sim.microbench as mb
+
+    monkeypatch.setattr(mb, "measure_link", lambda reps: (1e-5, 2.345e9))  # no processes
+    for bad in ("0", "-1", "NaN", '"fast"'):
+        link._cache_file().write_text('{"bandwidth_bytes_per_s": ' + bad + '}')
+        assert link.local_bandwidth() == 2.3e9  # measured again (two digits), not the file
 
 
 def test_a_missing_measurement_is_made_once_and_kept(tmp_path,  # noqa: ANN001

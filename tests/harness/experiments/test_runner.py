@@ -85,8 +85,8 @@ def test_stage_times_predicted_and_measured_per_minibatch() -> None:
     got = stage_times.measure(action_s, placement, (1, 2), minibatches=100)
     assert got == pytest.approx({0: 16.0, 1: 20.0})  # 1.6 s / 100; 4.0 s / 100 / 2
     keys = stage_times.stage_metrics([6.0, 7.0], got)
-    assert keys == {"stage_ms_measured_stage_0": got[0], "stage_ms_measured_stage_1": got[1],
-                    "stage_ms_predicted_stage_0": 6.0, "stage_ms_predicted_stage_1": 7.0}
+    assert keys == {"compute_ms_measured_stage_0": got[0], "compute_ms_measured_stage_1": got[1],
+                    "compute_ms_predicted_stage_0": 6.0, "compute_ms_predicted_stage_1": 7.0}
     assert all(metrics.parse(k) is not None for k in keys)
     assert "stage 1 7.0 -> 20.0 ms (+186%)" in stage_times.gap_note([6.0, 7.0], got)
     assert "predicted" not in stage_times.gap_note(None, got)
