@@ -85,8 +85,9 @@ def pipeline_layout(cfg: RunConfig, workload: Workload, batch_size: int,
     ``harness.layouts.choose``'s decision; here the layers are split on a local profile
     (forward + backward + each layer's optimizer step), which also gives each stage's
     predicted time (``stage_times.predict``); a plan file's stages carry their own (its
-    profile's compute, no update) and take no local profile, which on a GPU would hold the
-    whole model that the plan splits."""
+    profile's compute, no update, scaled from the plan's batch size to the run's minibatch
+    in proportion) and take no local profile, which on a GPU would hold the whole model
+    that the plan splits."""
     system, p = cfg.definition, cfg.pipeline
     plan = load_plan(p.plan) if p.plan is not None else None
     model = workload.build(cfg.scale, {})
@@ -101,7 +102,8 @@ def pipeline_layout(cfg: RunConfig, workload: Workload, batch_size: int,
         replicas = choice.replicas
         bounds = tuple(tuple(s.layers) for s in plan.stages)
         how = f"plan {p.plan} ({plan.config})"
-        predicted = [1e3 * s.predicted_time_s for s in plan.stages]
+        per = batch_size / plan.batch_size if plan.batch_size else 1.0  # the plan's batch
+        predicted = [1e3 * s.predicted_time_s * per for s in plan.stages]  # -> this run's
     else:
         prof = profile_workload(workload, cfg.scale, batch_size, device, steps=3)
         layer_ms = [n.forward_ms + n.backward_ms + u for n, u in

@@ -11,8 +11,9 @@ beside the layout they describe, and prints the gap.
   each layer's optimizer step (``update_ms``), summed over the stage's layers and divided by
   its replicas (each replica takes every r-th minibatch). The planner's stage time without
   its communication terms. A run from a plan file takes the plan's own per-stage
-  prediction (``predicted_time_s``: its profile's forward and backward, no update), which
-  is exactly the plan-against-run gap.
+  prediction (``predicted_time_s``: its profile's forward and backward, no update, scaled
+  from the plan's batch size to the run's minibatch in proportion), which is exactly the
+  plan-against-run gap.
 - **Measured** (``measure``): the compute actions the stage's workers timed (F, B and the
   split backward's I and W, U; ``metrics.ACTION_TIME``) over the whole run, summed over the
   replicas, per minibatch the pipeline ran, divided by the replicas: the same quantity on

@@ -110,7 +110,7 @@ def test_default_store_is_sqlite_under_results(monkeypatch: pytest.MonkeyPatch) 
     assert tracking.default_tracking_uri() == "http://localhost:5000"
 
 
-def test_profile_then_plan_through_files(tmp_path: Path) -> None:
+def test_profile_then_plan_through_files(tmp_path: Path, mlflow_uri: str) -> None:
     import json
 
     prof = tmp_path / "p.json"
@@ -125,6 +125,16 @@ def test_profile_then_plan_through_files(tmp_path: Path) -> None:
     assert d["config"] == "1-1" and d["config_label"] == "straight" and "straight" in r.stdout
     r = _run(["plan", "--profile", str(prof), "--cluster", "Q:2x2"])
     assert r.returncode == 2 and "unknown cluster preset" in r.stderr
+    # a run from the plan prints each stage's prediction: the plan's own, scaled from its
+    # batch (8) to the run's minibatch (16) in proportion (stage_times, layout.py)
+    r = _run(["run", "--system", "pipedream", "--workload", "s2vt", "--workers", "2",
+              "--plan", str(plan), "--batch-size", "16", "--epochs", "1", "--max-steps", "2"],
+             env_uri=mlflow_uri)
+    assert r.returncode == 0, r.stderr
+    want = [1e3 * st["predicted_time_s"] * 16 / 8 for st in d["stages"]]
+    got = " ".join(r.stdout.split())
+    for s, ms in enumerate(want):
+        assert f"stage {s} {ms:.1f} ->" in got, (ms, got)
 
 
 def test_runs_log_to_a_real_mlflow_server(tmp_path: Path) -> None:
