@@ -130,9 +130,8 @@ def reproduce(
     minibatches: Annotated[int | None, typer.Option(
         help="minibatches per simulation (default 256; schedules: 32)")] = None,
     output: Annotated[str | None, typer.Option("--output", "-o", help="markdown file")] = None,
-    # GPT's untied Llama variant: the tied one's embedding-head gradient exchange is a
-    # message the simulator does not model (harness.sim.profile_source.tie_extra)
-    workloads: Annotated[str, typer.Option(help="validation: workloads (tiny scale)")]
+    workloads: Annotated[str, typer.Option(help="validation: workloads (tiny scale; GPT as "
+                                           "gpt-llama: no tied-gradient messages)")]
     = "vgg16,gnmt8,gpt-llama",
     workers: Annotated[str, typer.Option(help="validation: worker counts")] = "1,2,4",
     system_names: _ValidationSystems = ",".join(systems.VALIDATED),

@@ -121,10 +121,16 @@ def bench(
                        launcher)
     if json_out:
         write_result(result, json_out)
-        if not quiet:
-            console.print(f"wrote {json_out}")
     emit(bench_lib.markdown(result, command_line()), output, quiet)
-    if result["mlflow"] and not quiet:
+    if not quiet:
+        _where(result, json_out)
+
+
+def _where(result: dict, json_out: str | None) -> None:
+    """bench's closing lines: where the result went (none with --quiet)."""
+    if json_out:
+        console.print(f"wrote {json_out}")
+    if result["mlflow"]:
         console.print(f"MLflow parent run {result['mlflow']['parent_run_id']} "
                       f"({result['mlflow']['tracking_uri']})", highlight=False)
 

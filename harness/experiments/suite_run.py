@@ -246,8 +246,10 @@ def run_suite(suite: Suite, progress: Progress, experiment: str = "pipebench-sui
                 except UserInputError as e:
                     rec.update(status="unsupported", note=str(e).splitlines()[0])
                     continue
-                except PipelineFailure as e:
-                    rec.update(status="failed", note=str(e).splitlines()[0])
+                except PipelineFailure as e:  # its first line and its error's last
+                    lines = [x for x in str(e).splitlines() if x.strip()] or [""]
+                    rec.update(status="failed", note=" ".join(dict.fromkeys(
+                        (lines[0].strip(), lines[-1].strip()))))
                     continue
                 except Exception as e:  # noqa: BLE001 - one broken cell must not lose the
                     # night's other results: it is a failed cell (a regression if it ran

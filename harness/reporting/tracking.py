@@ -7,9 +7,10 @@ process logs (SQLite takes one writer at a time). A server that is down, or dies
 run, never loses the run: it continues in the local store (``harness.reporting.fallback``)
 and ``pipebench sync`` copies it to the server later (``harness.reporting.sync``).
 
-A run ends FINISHED, FAILED when its body raises (everything logged so far kept) or KILLED
-on Ctrl-C; ``tracked_run(resume_run_id=...)`` reopens an earlier run so that a resumed
-training continues its metrics.
+A run ends FINISHED, FAILED when its body raises (everything logged so far kept, and the
+error's message in the ``pipebench.error`` tag) or KILLED on Ctrl-C;
+``tracked_run(resume_run_id=...)`` reopens an earlier run so that a resumed training
+continues its metrics.
 
 The schema (documented in results/README.md; tests check it): keys in ``PARAM_KEYS`` are
 params of every run; the metrics, ``EPOCH_METRICS`` logged each epoch with ``step=epoch``
@@ -45,7 +46,8 @@ from harness.reporting.fallback import (
     local_tracking_uri,
 )
 
-__all__ = ["EPOCH_METRICS", "PARAM_KEYS", "RUN_METRICS", "SYSTEM_METRICS_INTERVAL_S",
+__all__ = ["ERROR_CHARS", "ERROR_TAG", "EPOCH_METRICS", "PARAM_KEYS", "RUN_METRICS",
+           "SYSTEM_METRICS_INTERVAL_S",
            "artifact_root", "default_tracking_uri", "detached_run", "DetachedRun",
            "enabled", "git_sha", "hardware", "local_tracking_uri", "name_this_node",
            "peak_memory_key", "tracked_run", "Tracker"]
@@ -62,6 +64,10 @@ def name_this_node(node: str) -> None:
     import mlflow
 
     mlflow.set_system_metrics_node_id(node)
+
+
+ERROR_TAG = "pipebench.error"  # a FAILED run's error message (its end)
+ERROR_CHARS = 4000  # MLflow keeps tag values up to 8000 characters
 
 
 def mlflow_output_defaults() -> None:
@@ -204,12 +210,24 @@ def tracked_run(experiment: str, run_name: str, tags: dict[str, str] | None = No
                              parent_run_id,
                              SYSTEM_METRICS_INTERVAL_S if system_metrics else None,
                              resume_run_id)
+    tracker = Tracker(run=run)
     try:
-        yield Tracker(run=run)
+        yield tracker
     except BaseException as e:
+        if not is_interrupt(e):
+            _tag_error(tracker, e)
         run.end("KILLED" if is_interrupt(e) else "FAILED")
         raise
     run.end("FINISHED")
+
+
+def _tag_error(tracker: Tracker, e: BaseException) -> None:
+    """A FAILED run says why in its ``ERROR_TAG`` (the message's end, within MLflow's tag
+    size); tagging that fails must not hide the error itself."""
+    try:
+        tracker.tags({ERROR_TAG: f"{type(e).__name__}: {e}"[-ERROR_CHARS:]})
+    except Exception:  # noqa: BLE001 - the run's own error is what propagates
+        pass
 
 
 class DetachedRun:

@@ -100,6 +100,7 @@ def test_failed_run_is_marked_failed(mlflow_uri: str, monkeypatch: pytest.Monkey
     client = mlflow.MlflowClient(tracking_uri=mlflow_uri)
     run = client.search_runs([client.get_experiment_by_name("cli-failed").experiment_id])[0]
     assert run.info.status == "FAILED" and run.data.metrics["quality"] == 0.5
+    assert run.data.tags[tracking.ERROR_TAG] == "RuntimeError: boom"  # says why
 
 
 def test_default_store_is_sqlite_under_results(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -132,7 +133,7 @@ def test_profile_then_plan_through_files(tmp_path: Path, mlflow_uri: str) -> Non
              env_uri=mlflow_uri)
     assert r.returncode == 0, r.stderr
     want = [1e3 * st["predicted_time_s"] * 16 / 8 for st in d["stages"]]
-    got = " ".join(r.stdout.split())
+    got = " ".join((r.stdout + r.stderr).split())  # progress notes go to stderr
     for s, ms in enumerate(want):
         assert f"stage {s} {ms:.1f} ->" in got, (ms, got)
 
