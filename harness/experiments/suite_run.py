@@ -50,7 +50,7 @@ from pipedream_impl.schedule import registry as schedules
 from workloads import registry
 from workloads.recipe import load_splits
 
-__all__ = ["environment", "run_suite"]
+__all__ = ["environment", "failure_note", "run_suite"]
 
 
 def environment(device: str, threads: int) -> dict:
@@ -136,6 +136,13 @@ class _Group:
                                  max_steps_per_epoch=k, batch_size=m * b, microbatches=m)
         return system_config(self.base, cell.system, plan, target=never, epochs=cell.epochs,
                              max_steps_per_epoch=k * m, batch_size=b)
+
+
+def failure_note(message: str) -> str:
+    """A failed cell's one-line note: a failure's first line (which worker, which action)
+    and its last (the error itself, at the end of the worker's traceback)."""
+    lines = [x.strip() for x in message.splitlines() if x.strip()] or [""]
+    return " ".join(dict.fromkeys((lines[0], lines[-1])))
 
 
 def _measure(summary, speed: float) -> tuple[dict, dict]:  # noqa: ANN001 - a RunSummary
@@ -246,10 +253,8 @@ def run_suite(suite: Suite, progress: Progress, experiment: str = "pipebench-sui
                 except UserInputError as e:
                     rec.update(status="unsupported", note=str(e).splitlines()[0])
                     continue
-                except PipelineFailure as e:  # its first line and its error's last
-                    lines = [x for x in str(e).splitlines() if x.strip()] or [""]
-                    rec.update(status="failed", note=" ".join(dict.fromkeys(
-                        (lines[0].strip(), lines[-1].strip()))))
+                except PipelineFailure as e:
+                    rec.update(status="failed", note=failure_note(str(e)))
                     continue
                 except Exception as e:  # noqa: BLE001 - one broken cell must not lose the
                     # night's other results: it is a failed cell (a regression if it ran

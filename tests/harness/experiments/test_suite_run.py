@@ -76,3 +76,14 @@ def test_a_group_plans_on_the_suites_committed_profile_and_throughput_runs_strai
     planned = json.loads(Path(group.plans["planned"]).read_text())
     assert stages("pipedream", "time-to-target") == [
         tuple(s["replicas"] for s in planned["stages"])] == [(2,)]
+
+
+def test_a_failed_cell_note_names_the_worker_and_the_error() -> None:
+    from harness.experiments.suite_run import failure_note
+
+    text = ("worker rank 1 (stage 1, F0 of epoch 0) failed:\nTraceback (most recent call "
+            "last):\n  File \"x.py\", line 3, in f\n\nRuntimeError: shapes differ\n")
+    assert failure_note(text) == ("worker rank 1 (stage 1, F0 of epoch 0) failed: "
+                                  "RuntimeError: shapes differ")
+    assert failure_note("one line") == "one line"
+    assert failure_note("") == ""
