@@ -19,8 +19,8 @@ beside the layout they describe, and prints the gap.
   replicas, per minibatch the pipeline ran, divided by the replicas: the same quantity on
   the same scale. Sends, receives, waits and all-reduces are left out of both.
 
-A run whose layout came from its checkpoint (``--resume``) or a system without per-action
-times (torch's and DeepSpeed's engines) logs the measured side only where it has it.
+A run whose layout came from its checkpoint (``--resume``) logs the measured side only;
+torch's and DeepSpeed's engines time no compute actions per stage and log neither.
 """
 
 from __future__ import annotations
@@ -28,10 +28,9 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from harness import metrics
+from pipedream_impl.runtime.faults import COMPUTE_KINDS  # F, B, I, W, U: not waits or sends
 
-__all__ = ["COMPUTE_KINDS", "gap_note", "measure", "predict", "stage_metrics"]
-
-COMPUTE_KINDS = ("F", "B", "I", "W", "U")  # the actions a stage computes in
+__all__ = ["gap_note", "measure", "predict", "stage_metrics"]
 
 
 def predict(layer_ms: Sequence[float], replicas: Sequence[int],
