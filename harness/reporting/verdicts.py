@@ -19,10 +19,15 @@ The rule (one metric of one cell; the values are its repeats, higher or lower be
 - Either way the false-alarm rate per metric and comparison is ``ALPHA`` (one-sided);
   beyond the critical value in the bad direction is ``regression``, in the good one
   ``improvement``, else ``within-noise``; no degree of freedom is ``too-few-repeats``.
+- A move smaller than ``MIN_CHANGE`` is never flagged, however small the noise: a figure
+  that barely varies (peak memory, a near-deterministic bubble) would otherwise flag its
+  allocator's wobble (the smoke A/A labelled a 0.3% peak-memory move over two nights). The
+  floor only lowers the false-alarm rate, and is far below ``TARGET_MDC``.
 - Minimum detectable change (MDC): the smallest relative change this cell would flag
   with probability ``POWER`` at ``ALPHA``, from its own measured noise:
   ``exp((t_{1-ALPHA,df} + t_{POWER,df}) * se) - 1``. A cell whose MDC exceeds
-  ``TARGET_MDC`` says so: it cannot see a 10% regression.
+  ``TARGET_MDC`` says so: it cannot see a 10% regression, and ``repeats_for`` says how many
+  repeats a side a pair of results of its noise would need to see it.
 - A cell's error bar: the ``INTERVAL`` confidence interval of its repeats' geometric mean
   (``interval``), logged to MLflow beside the median.
 - Time to target over seeds (``faster``): a one-sided Welch t-test on the logs that one
@@ -40,13 +45,15 @@ from dataclasses import dataclass
 
 from scipy import stats
 
-__all__ = ["ALPHA", "HISTORY_RESULTS", "INTERVAL", "MIN_HISTORY", "POWER", "TARGET_MDC",
+__all__ = ["ALPHA", "HISTORY_RESULTS", "INTERVAL", "MIN_CHANGE", "MIN_HISTORY", "POWER",
+           "TARGET_MDC",
            "TTA_ALPHA", "Faster", "Test", "faster", "interval", "mdc", "night_label", "noise",
-           "rule_text", "test"]
+           "repeats_for", "rule_text", "test"]
 
 ALPHA = 0.001  # false alarms per metric per comparison, one-sided
 POWER = 0.9  # the probability at which the minimum detectable change is stated
 TARGET_MDC = 0.10  # what every throughput cell should be able to see
+MIN_CHANGE = 0.02  # no move smaller than this is flagged, whatever the noise
 MIN_HISTORY = 2  # earlier results needed for a verdict over nights
 HISTORY_RESULTS = 3  # from this many baseline results on, results (not repeats) are units
 TTA_ALPHA = 0.05  # one claim per pair of systems ("a reaches the target faster"), not
@@ -61,7 +68,7 @@ def rule_text(alpha: float = ALPHA) -> str:
             f"repeats against repeats for one or two baseline results, the result against "
             f"the prediction interval of {HISTORY_RESULTS} or more earlier results; MDC = "
             f"the smallest change detected with {POWER:.0%} probability, from each cell's "
-            f"own noise")
+            f"own noise; no move under {MIN_CHANGE:.0%} is flagged")
 
 
 @dataclass(frozen=True)
@@ -102,7 +109,25 @@ def mdc(sd: float, n_base: int, n_cur: int, df: int, alpha: float = ALPHA,
     if df < 1 or not math.isfinite(sd):
         return math.inf
     k = stats.t.ppf(1 - alpha, df) + stats.t.ppf(power, df)
-    return math.exp(k * sd * math.sqrt(1 / n_base + 1 / n_cur)) - 1
+    return _at_least_floor(k * sd * math.sqrt(1 / n_base + 1 / n_cur))
+
+
+def _at_least_floor(log_move: float) -> float:
+    """A move of ``log_move`` (a log ratio) as a relative change, raised to ``MIN_CHANGE``."""
+    return math.exp(max(log_move, math.log1p(MIN_CHANGE))) - 1
+
+
+def repeats_for(sd: float, target: float = TARGET_MDC, alpha: float = ALPHA,
+                most: int = 1000) -> int | None:
+    """The fewest repeats a side (two results of ``n`` repeats each, the pair test above)
+    at which noise ``sd`` (deviation of the logs) has an MDC of at most ``target``; None
+    beyond ``most`` or without a finite ``sd``."""
+    if not math.isfinite(sd):
+        return None
+    for n in range(2, most + 1):  # the MDC falls as n grows: the first n that reaches it
+        if mdc(sd, n, n, 2 * n - 2, alpha) <= target:
+            return n
+    return None
 
 
 def test(baseline: list[list[float]], current: list[float], higher_is_better: bool = True,
@@ -134,12 +159,13 @@ def test(baseline: list[list[float]], current: list[float], higher_is_better: bo
     diff = mean_c - centre
     t = diff / se if se > 0 else (0.0 if diff == 0 else math.copysign(math.inf, diff))
     critical = float(stats.t.ppf(1 - alpha, df))
-    worse = t < -critical if higher_is_better else t > critical
-    better = t > critical if higher_is_better else t < -critical
+    big = abs(diff) >= math.log1p(MIN_CHANGE)  # the floor, symmetric in the logs
+    worse = big and (t < -critical if higher_is_better else t > critical)
+    better = big and (t > critical if higher_is_better else t < -critical)
     verdict = "regression" if worse else "improvement" if better else "within-noise"
     k = stats.t.ppf(1 - alpha, df) + stats.t.ppf(POWER, df)
-    return Test(change, t, critical, sd, df, math.exp(k * se) - 1, verdict,
-                math.exp(critical * se) - 1)
+    return Test(change, t, critical, sd, df, _at_least_floor(k * se), verdict,
+                _at_least_floor(critical * se))
 
 
 def noise(baseline: list[list[float]]) -> float:

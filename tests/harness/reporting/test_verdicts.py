@@ -57,6 +57,38 @@ def test_the_stated_mdc_is_detected_at_the_stated_power() -> None:
     assert 0.85 < rate < 0.95  # the MDC's normal approximation to the noncentral t
 
 
+@pytest.mark.parametrize("sd", [0.02, 0.05, 0.12])
+def test_repeats_for_a_target_match_the_noncentral_t(sd: float) -> None:
+    """The fewest repeats a side at which a 10% drop is seen at the stated power, against
+    a brute force over the exact power (the noncentral t): equal, or one off where the
+    MDC's normal approximation sits at the boundary."""
+    alpha, shift = 0.001, math.log(1.1)
+
+    def exact(n: int) -> float:
+        df = 2 * n - 2
+        return stats.nct.sf(stats.t.ppf(1 - alpha, df), df, shift / (sd * math.sqrt(2 / n)))
+
+    brute = next(n for n in range(2, 2000) if exact(n) >= verdicts.POWER)
+    got = verdicts.repeats_for(sd, 0.10, alpha)
+    assert got is not None and abs(got - brute) <= 1
+    assert verdicts.mdc(sd, got, got, 2 * got - 2, alpha) <= 0.10
+    assert verdicts.repeats_for(math.nan) is None and verdicts.repeats_for(1.0, most=50) is None
+
+
+def test_a_move_under_the_floor_is_never_flagged() -> None:
+    """Peak memory barely varies: a 1% move with 0.01% noise is far beyond any critical
+    value, but under MIN_CHANGE; a 3% move is flagged, and the MDC is at least the floor."""
+    base = [[1000.0, 1000.1, 999.9, 1000.05]]
+    assert verdicts.test(base, [990.0, 990.1, 989.9]).verdict == "within-noise"
+    assert verdicts.test(base, [1010.0, 1010.1]).verdict == "within-noise"
+    assert verdicts.test(base, [970.0, 970.1, 969.9]).verdict == "regression"
+    assert verdicts.test(base, [1030.0, 1030.1], higher_is_better=False).verdict == \
+        "regression"
+    r = verdicts.test(base, [1000.0, 1000.2])
+    assert r.mdc == pytest.approx(verdicts.MIN_CHANGE) and r.flag_at == r.mdc
+    assert verdicts.mdc(1e-5, 3, 3, 4) == pytest.approx(verdicts.MIN_CHANGE)
+
+
 def test_direction_noise_and_labels() -> None:
     base = [[100.0, 101.0, 99.0], [110.0, 111.0, 109.0]]  # two nights, drifted by 10%
     same = verdicts.test(base, [105.0, 104.0, 106.0])
