@@ -57,6 +57,7 @@ def _flags(base: dict, cur: dict) -> list[regressions.Change]:
 # the throughput figures: epoch-based and steady-state, each raw and drift-cancelled; the
 # regression rule judges the stabler of each pair (``metrics.DRIFT_PAIRS``)
 THROUGHPUTS = tuple(n for pair in metrics.DRIFT_PAIRS.items() for n in pair)
+WINDOW = 5  # the history `make nightly` judges a night against (`regressions --history 5`)
 
 
 def _median(cell: dict, name: str) -> float | None:
@@ -75,8 +76,30 @@ def _system(key: str) -> str:
     return key.split("/")[3]
 
 
+def _repeats_for(cell: dict, judged: list[str]) -> str:
+    """The fewest repeats a side at which the stabler judged figure of ``cell`` (its noise
+    in this run) would see a ``verdicts.TARGET_MDC`` change in a pair of results."""
+    sds = [verdicts.noise([cell["metrics"][n]["values"]]) for n in judged
+           if n in cell.get("metrics", {})]
+    sds = [s for s in sds if math.isfinite(s)]
+    if not sds:
+        return "-"
+    n = verdicts.repeats_for(min(sds))
+    return str(n) if n else "> 1000"
+
+
+def _nightly_labels(runs: list[dict]) -> list[regressions.Change]:
+    """Each later A run as `pipebench regressions --history WINDOW` labels it against the
+    runs before it (over nights: two breaks in a row a regression, one suspicious)."""
+    return [c for k in range(1, len(runs))
+            for c in regressions.over_nights(runs[:k], runs[k], WINDOW)
+            if c.verdict in ("regression", "suspicious", "improvement",
+                             "improvement (one night)")]
+
+
 def _aa_section(base: dict, runs: list[dict]) -> list[str]:
     pairs = [(i, regressions.compare_results([base], r)) for i, r in enumerate(runs[1:], 1)]
+    labels = _nightly_labels(runs)
     rows = []
     for cell in base["cells"]:
         key = cell["key"]
@@ -88,12 +111,14 @@ def _aa_section(base: dict, runs: list[dict]) -> list[str]:
                     judged.setdefault(c.name, []).append(c.mdc)
         false = sum(1 for _, ch in pairs for c in ch if c.cell == key
                     and c.verdict in ("regression", "improvement"))
+        nightly = [c.verdict for c in labels if c.cell == key]
         rows.append((key, f"{_median(cell, metrics.STEADY_THROUGHPUT) or 0:.0f}",
                      *(_spread(cell, n) for n in THROUGHPUTS),
                      ", ".join(sorted(judged)) or "none (no noise estimate)",
                      ", ".join(f"{100 * statistics.median(v):.1f}%"
                                for _, v in sorted(judged.items())) or "-",
-                     f"{false} of {len(pairs)}"))
+                     _repeats_for(cell, sorted(judged)), f"{false} of {len(pairs)}",
+                     ", ".join(nightly) or "none"))
     flagged = [c for _, ch in pairs for c in ch if c.verdict in ("regression", "improvement")]
     suites = sum(1 for _, ch in pairs if any(c.verdict in ("regression", "improvement")
                                              for c in ch))
@@ -102,15 +127,35 @@ def _aa_section(base: dict, runs: list[dict]) -> list[str]:
             "throughput figure; `judged on`: the stabler of each raw / drift-cancelled pair "
             "in the baseline (none where a cell has no noise estimate: one repeat); MDC: the "
             f"smallest change each judged figure would flag with {verdicts.POWER:.0%} "
-            "probability (median over the pairs); false alarms: flags on any metric of the "
-            "cell.", "",
+            "probability (median over the pairs); repeats for "
+            f"{verdicts.TARGET_MDC:.0%}: the fewest repeats a side at which the stabler "
+            f"judged figure's noise (in A1) would have an MDC of {verdicts.TARGET_MDC:.0%} "
+            "in a pair of results; false alarms: flags on any metric of the cell against A1 "
+            f"(a pair test); as the nightly labels it: A2, A3, ... each judged as "
+            f"`pipebench regressions --history {WINDOW}` judges a night, against the runs "
+            "before it (a break on one night is `suspicious`, on two in a row a "
+            f"`regression`; under {verdicts.MIN_HISTORY} runs before the night before, "
+            "`insufficient data`).", "",
             *markdown_table(("cell", "steady samples/s (A1)",
                              *(f"spread {n}" for n in THROUGHPUTS), "judged on", "MDC",
-                             "false alarms"), rows),
+                             f"repeats for {verdicts.TARGET_MDC:.0%}", "false alarms",
+                             "as the nightly labels it"), rows),
             "", f"Suites with at least one false alarm: {suites} of {len(pairs)} A/A pairs "
             f"({len(flagged)} flags in all" + (": " + ", ".join(
                 f"{c.cell} {c.name} {c.change:+.1%}" for c in flagged) if flagged else "")
-            + ").", ""]
+            + ").", "", "As the nightly labels them: " + _label_counts(labels, len(runs)), ""]
+
+
+def _label_counts(labels: list[regressions.Change], n_runs: int) -> str:
+    judged = max(0, n_runs - 1 - verdicts.MIN_HISTORY)  # runs with enough nights before
+    if not labels:
+        return (f"nothing flagged ({judged} of the {n_runs - 1} later runs had the "
+                f"{verdicts.MIN_HISTORY} earlier runs a label needs before the night before).")
+    counts: dict[str, int] = {}
+    for c in labels:
+        counts[c.verdict] = counts.get(c.verdict, 0) + 1
+    return ", ".join(f"{n} {v}" for v, n in sorted(counts.items())) + " (" + ", ".join(
+        f"{c.cell} {c.name} {c.change:+.1%} {c.verdict}" for c in labels) + ")."
 
 
 def _planted_section(base: dict, res: dict, systems: list[str], factor: float) -> list[str]:
@@ -134,6 +179,11 @@ def _planted_section(base: dict, res: dict, systems: list[str], factor: float) -
             "", f"Planted cells flagged: {hits} of {len(rows)}. Other cells flagged: "
             + (", ".join(f"{c.cell} {c.name} ({c.verdict})" for c in other) or "none")
             + ".", ""]
+
+
+def _names(runs: list[dict], planted: list[tuple]) -> list[tuple[str, dict]]:
+    return [*((f"A{i + 1}", r) for i, r in enumerate(runs)),
+            *((f"planted {'+'.join(c)} {f:g}x", r) for c, f, r in planted)]
 
 
 def main() -> None:
@@ -162,7 +212,10 @@ def main() -> None:
              f"Generated by `python scripts/nightly_power.py {' '.join(sys.argv[1:])}` on "
              f"{datetime.date.today()}; {base['environment']['hardware']}, git "
              f"{base['environment']['git_sha']}. Every run is judged against the first "
-             f"A run by `pipebench regressions`' rule: {verdicts.rule_text()}.", ""]
+             f"A run by `pipebench regressions`' rule: {verdicts.rule_text()}.", "",
+             "The runs: " + "; ".join(
+                 f"{name} at git {r['environment']['git_sha']}, {r['created'][:16]}"
+                 for name, r in _names(runs, planted)) + ".", ""]
     lines += _aa_section(base, runs)
     for chosen, factor, res in planted:
         lines += _planted_section(base, res, chosen, factor)
