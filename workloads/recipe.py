@@ -69,10 +69,17 @@ def load_splits(workload: Workload, scale: str, data: str | None, seed: int) -> 
     return workload.default_data(scale, seed)
 
 
+_resident_at_reset = 0  # bytes resident at the last reset on the CPU: not the training's
+
+
 def reset_peak_memory(device: torch.device) -> None:
     """Start a new peak: a process that runs several trainings one after another (a
     suite's one-process cells) would otherwise report the largest of them all. On the CPU
-    writing 5 to /proc/self/clear_refs resets the resident-set high-water mark (Linux)."""
+    writing 5 to /proc/self/clear_refs resets the resident-set high-water mark (Linux), and
+    what is resident now is set aside: the interpreter and the libraries are no part of
+    what a system's training holds, and their footprint moves between runs of one commit
+    by the same amount on every cell (``results/nightly-aa.md``)."""
+    global _resident_at_reset
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
         return
@@ -81,18 +88,27 @@ def reset_peak_memory(device: torch.device) -> None:
             f.write("5")
     except OSError:
         pass  # not Linux: the peak stays the process's
+    _resident_at_reset = _status_bytes("VmRSS") or 0
 
 
-def peak_memory_bytes(device: torch.device) -> int:
-    """Peak GPU memory allocated by torch, or the process's peak resident set on the CPU
-    (since the last ``reset_peak_memory``)."""
-    if device.type == "cuda":
-        return int(torch.cuda.max_memory_allocated(device))
+def _status_bytes(field: str) -> int | None:
     try:
         with open("/proc/self/status") as f:
             for line in f:
-                if line.startswith("VmHWM:"):
+                if line.startswith(field + ":"):
                     return int(line.split()[1]) * 1024  # kB
     except OSError:
         pass
-    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024  # KiB on Linux
+    return None
+
+
+def peak_memory_bytes(device: torch.device) -> int:
+    """Peak GPU memory allocated by torch, or on the CPU the peak resident set (``VmHWM``)
+    above what was resident at the last ``reset_peak_memory`` (the whole peak without
+    one)."""
+    if device.type == "cuda":
+        return int(torch.cuda.max_memory_allocated(device))
+    peak = _status_bytes("VmHWM")
+    if peak is None:
+        peak = int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024  # KiB, Linux
+    return max(0, peak - _resident_at_reset)

@@ -55,6 +55,7 @@ from workloads import registry
 from workloads.base import DataSplits, LayerModel, ScaleSpec, Workload
 from workloads.recipe import dropout_seed, epoch_order, load_splits, make_optimizer
 from workloads.recipe import peak_memory_bytes as _peak_memory_bytes
+from workloads.recipe import reset_peak_memory
 
 __all__ = ["ORPHAN_CHECK_S", "TRACE_EVENTS_PER_EPOCH", "EpochReport", "Executor", "RunSettings",
            "SystemSettings", "WorkerPieces", "WorkerSpec", "cpu_copy", "flat_tensors",
@@ -329,6 +330,7 @@ def _serve(spec: WorkerSpec, control, results) -> None:  # noqa: ANN001
                                 init_method=spec.init_method, rank=spec.rank,
                                 world_size=sum(spec.system.replicas),
                                 timeout=datetime.timedelta(seconds=spec.run.timeout_s))
+    reset_peak_memory(device)  # the worker's peak: its model and training, not libraries
     executor = executor_cls(WorkerPieces.build(spec, device))
     while True:  # between epochs the launcher evaluates: wait long, but not forever (a
         # worker whose launcher was killed must not linger)

@@ -188,17 +188,25 @@ class StageExecutor(Executor):
                                                     prefetch=pos in self.more_to_come)
         return True
 
+    @staticmethod
+    def _sum_order(snaps: list[dict], module_has_grads: bool) -> tuple[dict | None, list[dict]]:
+        """The gathered gradient's one rule (``_gather_grads``, and the buckets' per-parameter
+        ``gathered``): the base (None: the module's own gradients, where it has any or no
+        snapshot; else the last snapshot's) and the snapshots added to it, in order."""
+        if snaps and not module_has_grads:
+            return snaps[-1], snaps[:-1]
+        return None, snaps
+
     def _gather_grads(self) -> list[Tensor]:
         """The gradients accumulated since the last update: on the snapshots the backwards
         used (stash/vertical sync) or on the module itself (naive, recompute)."""
         if self.grads is None:
-            snaps = list(self.pending.values())
-            if snaps and all(p.grad is None for p in self.params):
-                self.grads = self.store.take_grads(snaps.pop())
-            else:  # naive/recompute and direct forwards accumulate on the module
-                self.grads = [p.grad if p.grad is not None else torch.zeros_like(p)
-                              for p in self.params]
-            for snap in snaps:
+            base, rest = self._sum_order(list(self.pending.values()),
+                                         any(p.grad is not None for p in self.params))
+            # (naive/recompute and direct forwards accumulate on the module)
+            self.grads = self.store.take_grads(base) if base is not None else [
+                p.grad if p.grad is not None else torch.zeros_like(p) for p in self.params]
+            for snap in rest:
                 for g, new in zip(self.grads, self.store.take_grads(snap), strict=True):
                     g += new
             self.pending = {}
@@ -222,17 +230,18 @@ class StageExecutor(Executor):
         order = list(self.pending.values())  # the snapshots _gather_grads will sum, in order
         if snap is not None and id(snap) not in self.pending:
             order.append(snap)
-        on_module = snap is None or not order or any(p.grad is not None for p in self.params)
+        # a backward without a snapshot accumulates on the module: it will have gradients
+        base, rest = self._sum_order(
+            order, snap is None or any(p.grad is not None for p in self.params))
         names = self.store.names
 
         def gathered(i: int) -> Tensor:  # _gather_grads's sum for parameter i
-            if on_module:
+            if base is None:
                 p = self.params[i]
-                g, rest = (p.grad.clone() if p.grad is not None else torch.zeros_like(p)), order
+                g = p.grad.clone() if p.grad is not None else torch.zeros_like(p)
             else:
-                t = order[-1][names[i]]
-                g, rest = (t.grad.clone() if t.grad is not None else t.new_zeros(t.shape),
-                           order[:-1])
+                t = base[names[i]]
+                g = t.grad.clone() if t.grad is not None else t.new_zeros(t.shape)
             for s in rest:
                 t = s[names[i]]
                 g += t.grad if t.grad is not None else t.new_zeros(t.shape)

@@ -15,6 +15,7 @@ from workloads.recipe import peak_memory_bytes, reset_peak_memory
                     reason="the kernel offers no resettable resident-set peak here")
 def test_a_reset_forgets_an_earlier_peak() -> None:
     cpu = torch.device("cpu")
+    reset_peak_memory(cpu)  # (what earlier tests left resident is not this test's)
     big = torch.ones(50_000_000)  # 190.7 MiB, touched
     with_big = peak_memory_bytes(cpu)
     del big
@@ -24,3 +25,17 @@ def test_a_reset_forgets_an_earlier_peak() -> None:
     small = torch.ones(1_000_000)
     assert peak_memory_bytes(cpu) >= after  # a peak never falls without a reset
     del small
+
+
+@pytest.mark.skipif(not os.access("/proc/self/clear_refs", os.W_OK),
+                    reason="the kernel offers no resettable resident-set peak here")
+def test_after_a_reset_the_peak_is_what_the_training_added_not_the_libraries() -> None:
+    """The interpreter and torch (hundreds of MiB resident) are not counted: right after a
+    reset the peak is near zero, and a touched 100 MiB tensor is what it then shows."""
+    cpu = torch.device("cpu")
+    reset_peak_memory(cpu)
+    assert peak_memory_bytes(cpu) < 16 * 2**20
+    big = torch.ones(25 * 2**20)  # 100 MiB, touched
+    got = peak_memory_bytes(cpu)
+    assert 100 * 2**20 <= got < 116 * 2**20
+    del big
