@@ -5,8 +5,9 @@ Why: a verdict is worth its error rates, and those are measured, not assumed. Th
 ``pipebench bench --suite SUITE`` several times on the same commit (A/A: every flag is a
 false alarm) and once per planted slowdown (``--plant SYSTEM=slow:*:*:FACTOR`` for each
 system named: every compute action of those systems' ranks takes FACTOR times as long;
-the systems not planted in a run are its controls), then judges each run
-against the first A run with ``pipebench regressions``' own code
+the systems not planted in a run are its controls), then judges each A run against the
+one before it (tonight against last night) and each planted run against the first A run,
+with ``pipebench regressions``' own code
 (``harness.reporting.regressions``) and tabulates: false alarms per cell and per suite,
 which cells the planted slowdown was flagged in (it must be the planted system's cells
 only), and each cell's minimum detectable change.
@@ -98,7 +99,8 @@ def _nightly_labels(runs: list[dict]) -> list[regressions.Change]:
 
 
 def _aa_section(base: dict, runs: list[dict]) -> list[str]:
-    pairs = [(i, regressions.compare_results([base], r)) for i, r in enumerate(runs[1:], 1)]
+    pairs = [(i, regressions.compare_results([runs[i - 1]], r))
+             for i, r in enumerate(runs[1:], 1)]
     labels = _nightly_labels(runs)
     rows = []
     for cell in base["cells"]:
@@ -130,7 +132,7 @@ def _aa_section(base: dict, runs: list[dict]) -> list[str]:
             "probability (median over the pairs); repeats for "
             f"{verdicts.TARGET_MDC:.0%}: the fewest repeats a side at which the stabler "
             f"judged figure's noise (in A1) would have an MDC of {verdicts.TARGET_MDC:.0%} "
-            "in a pair of results; false alarms: flags on any metric of the cell against A1 "
+            "in a pair of results; false alarms: flags on any metric of the cell against the run before "
             f"(a pair test); as the nightly labels it: A2, A3, ... each judged as "
             f"`pipebench regressions --history {WINDOW}` judges a night, against the runs "
             "before it (a break on one night is `suspicious`, on two in a row a "
@@ -140,10 +142,48 @@ def _aa_section(base: dict, runs: list[dict]) -> list[str]:
                              *(f"spread {n}" for n in THROUGHPUTS), "judged on", "MDC",
                              f"repeats for {verdicts.TARGET_MDC:.0%}", "false alarms",
                              "as the nightly labels it"), rows),
+            "", _budget(base, rows),
             "", f"Suites with at least one false alarm: {suites} of {len(pairs)} A/A pairs "
-            f"({len(flagged)} flags in all" + (": " + ", ".join(
-                f"{c.cell} {c.name} {c.change:+.1%}" for c in flagged) if flagged else "")
-            + ").", "", "As the nightly labels them: " + _label_counts(labels, len(runs)), ""]
+            f"({len(flagged)} flags in all).", "", *_by_metric(pairs),
+            "As the nightly labels them: " + _label_counts(labels, len(runs)), ""]
+
+
+def _budget(base: dict, rows: list[tuple]) -> str:
+    """The trade in numbers: the cell runs a suite would need for every judged cell to
+    see a ``verdicts.TARGET_MDC`` change, against the cell runs it makes now (its time
+    grows about in proportion: each run is a process start-up and a few epochs)."""
+    repeats = base["suite"]["repeats"]
+    need = [r[-3] for r in rows]
+    judged = [int(n) for n in need if n.isdigit()]
+    blind = sum(1 for n in need if n == "> 1000")
+    total = sum(max(repeats, n) for n in judged)
+    return (f"The trade: {len(judged)} cells have a noise estimate; run with {repeats} "
+            f"repeats they make {repeats * len(judged)} cell runs, and with the repeats each "
+            f"needs for a {verdicts.TARGET_MDC:.0%} MDC (at least {repeats}) "
+            f"{total} ({total / max(1, repeats * len(judged)):.1f}x the time)"
+            + (f"; {blind} would need over 1000" if blind else "") + ".")
+
+
+def _by_metric(pairs: list[tuple[int, list[regressions.Change]]]) -> list[str]:
+    """The false alarms of each pair by metric: how many, and how far they moved (a shift
+    of one metric on every cell is the machine between runs, not the cells' noise)."""
+    rows = []
+    for i, ch in pairs:
+        by: dict[str, list[regressions.Change]] = {}
+        for c in ch:
+            if c.verdict in ("regression", "improvement"):
+                by.setdefault(c.name, []).append(c)
+        for name, cs in sorted(by.items(), key=lambda kv: -len(kv[1])):
+            moves = sorted(100 * c.change for c in cs)
+            rows.append((f"A{i} vs A{i + 1}", name, str(len(cs)),
+                         f"{statistics.median(moves):+.1f}% ({moves[0]:+.1f} to "
+                         f"{moves[-1]:+.1f})",
+                         ", ".join(c.cell for c in cs) if len(cs) <= 4 else
+                         f"{len(cs)} cells"))
+    if not rows:
+        return []
+    return ["False alarms by metric:", "", *markdown_table(
+        ("pair", "metric", "flags", "median change (range)", "cells"), rows), ""]
 
 
 def _label_counts(labels: list[regressions.Change], n_runs: int) -> str:
@@ -211,8 +251,9 @@ def main() -> None:
     lines = [f"# The regression detector, measured ({base['suite']['name']} suite)", "",
              f"Generated by `python scripts/nightly_power.py {' '.join(sys.argv[1:])}` on "
              f"{datetime.date.today()}; {base['environment']['hardware']}, git "
-             f"{base['environment']['git_sha']}. Every run is judged against the first "
-             f"A run by `pipebench regressions`' rule: {verdicts.rule_text()}.", "",
+             f"{base['environment']['git_sha']}. Every A run is judged against the one before "
+             "it, every planted run against the first A run, by `pipebench regressions`' "
+             f"rule: {verdicts.rule_text()}.", "",
              "The runs: " + "; ".join(
                  f"{name} at git {r['environment']['git_sha']}, {r['created'][:16]}"
                  for name, r in _names(runs, planted)) + ".", ""]
