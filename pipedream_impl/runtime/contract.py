@@ -53,9 +53,14 @@ from pipedream_impl.schedule import WEIGHT_MODES, Layout
 from pipedream_impl.schedule import registry as schedules
 from workloads import registry
 from workloads.base import DataSplits, LayerModel, ScaleSpec, Workload
-from workloads.recipe import dropout_seed, epoch_order, load_splits, make_optimizer
+from workloads.recipe import (
+    dropout_seed,
+    epoch_order,
+    load_splits,
+    make_optimizer,
+    reset_peak_memory,
+)
 from workloads.recipe import peak_memory_bytes as _peak_memory_bytes
-from workloads.recipe import reset_peak_memory
 
 __all__ = ["ORPHAN_CHECK_S", "TRACE_EVENTS_PER_EPOCH", "EpochReport", "Executor", "RunSettings",
            "SystemSettings", "WorkerPieces", "WorkerSpec", "cpu_copy", "flat_tensors",
