@@ -158,6 +158,9 @@ def _budget(base: dict, rows: list[tuple]) -> str:
     judged = [int(n) for n in need if n.isdigit()]
     blind = sum(1 for n in need if n == "> 1000")
     total = sum(max(repeats, n) for n in judged)
+    if not judged:
+        return (f"The trade: no cell has a noise estimate ({repeats} repeat(s) a cell), so "
+                "pair mode judges only exact counters and failures here.")
     return (f"The trade: {len(judged)} cells have a noise estimate; run with {repeats} "
             f"repeats they make {repeats * len(judged)} cell runs, and with the repeats each "
             f"needs for a {verdicts.TARGET_MDC:.0%} MDC (at least {repeats}) "
