@@ -36,7 +36,7 @@ sys.path.insert(0, str(ROOT))
 from core.markdown import markdown_table  # noqa: E402
 from harness import metrics  # noqa: E402
 from harness.reporting import regressions, verdicts  # noqa: E402
-from harness.reporting.results import load_result  # noqa: E402
+from harness.reporting.results import METRICS, load_result  # noqa: E402
 
 
 def _bench(suite: str, out: Path, plants: list[str], reuse: bool) -> dict:
@@ -89,19 +89,31 @@ def _repeats_for(cell: dict, judged: list[str]) -> str:
     return str(n) if n else "> 1000"
 
 
-def _nightly_labels(runs: list[dict]) -> list[regressions.Change]:
+LABELS = ("regression", "suspicious", "improvement", "improvement (one night)")
+
+
+def _nightly_labels(runs: list[dict]) -> tuple[list[regressions.Change], int]:
     """Each later A run as `pipebench regressions --history WINDOW` labels it against the
-    runs before it (over nights: two breaks in a row a regression, one suspicious)."""
-    return [c for k in range(1, len(runs))
-            for c in regressions.over_nights(runs[:k], runs[k], WINDOW)
-            if c.verdict in ("regression", "suspicious", "improvement",
-                             "improvement (one night)")]
+    runs before it (over nights: two breaks in a row a regression, one suspicious): the
+    labels, and how many runs had a noisy metric the rule could label at all."""
+    labels, labelled = [], 0
+    for k in range(1, len(runs)):
+        got = [c for c in regressions.over_nights(runs[:k], runs[k], WINDOW)
+               if c.name in METRICS]
+        labelled += any(c.verdict == "ok" or c.verdict in LABELS
+                        or c.verdict == "changed-within-noise" for c in got)
+        labels += [c for c in got if c.verdict in LABELS]
+    return labels, labelled
+
+
+def _pct(change: float | None) -> str:
+    return "n/a" if change is None else f"{change:+.1%}"
 
 
 def _aa_section(base: dict, runs: list[dict]) -> list[str]:
     pairs = [(i, regressions.compare_results([runs[i - 1]], r))
              for i, r in enumerate(runs[1:], 1)]
-    labels = _nightly_labels(runs)
+    labels, labelled = _nightly_labels(runs)
     rows = []
     for cell in base["cells"]:
         key = cell["key"]
@@ -124,7 +136,7 @@ def _aa_section(base: dict, runs: list[dict]) -> list[str]:
     flagged = [c for _, ch in pairs for c in ch if c.verdict in ("regression", "improvement")]
     suites = sum(1 for _, ch in pairs if any(c.verdict in ("regression", "improvement")
                                              for c in ch))
-    return ["## A/A: the same commit twice (every flag is a false alarm)", "",
+    return ["## A/A: the same code run again (every flag is a false alarm)", "",
             "Spreads: the deviation of the repeats' logs (the rule's noise) of each "
             "throughput figure; `judged on`: the stabler of each raw / drift-cancelled pair "
             "in the baseline (none where a cell has no noise estimate: one repeat); MDC: the "
@@ -146,7 +158,7 @@ def _aa_section(base: dict, runs: list[dict]) -> list[str]:
             "", _budget(base, rows),
             "", f"Suites with at least one false alarm: {suites} of {len(pairs)} A/A pairs "
             f"({len(flagged)} flags in all).", "", *_by_metric(pairs),
-            "As the nightly labels them: " + _label_counts(labels, len(runs)), ""]
+            "As the nightly labels them: " + _label_counts(labels, labelled, len(runs)), ""]
 
 
 def _budget(base: dict, rows: list[tuple]) -> str:
@@ -178,10 +190,10 @@ def _by_metric(pairs: list[tuple[int, list[regressions.Change]]]) -> list[str]:
             if c.verdict in ("regression", "improvement"):
                 by.setdefault(c.name, []).append(c)
         for name, cs in sorted(by.items(), key=lambda kv: -len(kv[1])):
-            moves = sorted(100 * c.change for c in cs)
+            moves = sorted(100 * c.change for c in cs if c.change is not None)
             rows.append((f"A{i} vs A{i + 1}", name, str(len(cs)),
                          f"{statistics.median(moves):+.1f}% ({moves[0]:+.1f} to "
-                         f"{moves[-1]:+.1f})",
+                         f"{moves[-1]:+.1f})" if moves else "n/a",
                          ", ".join(c.cell for c in cs) if len(cs) <= 4 else
                          f"{len(cs)} cells"))
     if not rows:
@@ -190,16 +202,16 @@ def _by_metric(pairs: list[tuple[int, list[regressions.Change]]]) -> list[str]:
         ("pair", "metric", "flags", "median change (range)", "cells"), rows), ""]
 
 
-def _label_counts(labels: list[regressions.Change], n_runs: int) -> str:
-    judged = max(0, n_runs - 1 - verdicts.MIN_HISTORY)  # runs with enough nights before
+def _label_counts(labels: list[regressions.Change], labelled: int, n_runs: int) -> str:
     if not labels:
-        return (f"nothing flagged ({judged} of the {n_runs - 1} later runs had the "
-                f"{verdicts.MIN_HISTORY} earlier runs a label needs before the night before).")
+        return (f"nothing flagged ({labelled} of the {n_runs - 1} later runs had the "
+                "history a label needs).")
     counts: dict[str, int] = {}
     for c in labels:
         counts[c.verdict] = counts.get(c.verdict, 0) + 1
-    return ", ".join(f"{n} {v}" for v, n in sorted(counts.items())) + " (" + ", ".join(
-        f"{c.cell} {c.name} {c.change:+.1%} {c.verdict}" for c in labels) + ")."
+    return (", ".join(f"{n} {v}" for v, n in sorted(counts.items())) + f" in {labelled} of "
+            f"the {n_runs - 1} later runs that had the history a label needs (" + ", ".join(
+                f"{c.cell} {c.name} {_pct(c.change)} {c.verdict}" for c in labels) + ").")
 
 
 def _planted_section(base: dict, res: dict, systems: list[str], factor: float) -> list[str]:

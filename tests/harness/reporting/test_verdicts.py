@@ -85,8 +85,22 @@ def test_a_move_under_the_floor_is_never_flagged() -> None:
     assert verdicts.test(base, [1030.0, 1030.1], higher_is_better=False).verdict == \
         "regression"
     r = verdicts.test(base, [1000.0, 1000.2])
-    assert r.mdc == pytest.approx(verdicts.MIN_CHANGE) and r.flag_at == r.mdc
-    assert verdicts.mdc(1e-5, 3, 3, 4) == pytest.approx(verdicts.MIN_CHANGE)
+    assert r.flag_at == pytest.approx(verdicts.MIN_CHANGE)
+    assert verdicts.MIN_CHANGE < r.mdc < verdicts.MIN_CHANGE + 0.001  # + t_power se (tiny)
+    assert verdicts.mdc(1e-5, 3, 3, 4) == pytest.approx(verdicts.MIN_CHANGE, rel=1e-3)
+
+
+def test_where_the_floor_binds_the_mdc_is_seen_at_the_stated_power() -> None:
+    """With noise well under the floor, a true move of the stated MDC is flagged in about
+    POWER of the trials (the floor alone would be seen in half of them)."""
+    sd, n = 0.004, 8
+    change = verdicts.mdc(sd, n, n, 2 * n - 2)
+    assert change > verdicts.MIN_CHANGE * 1.05  # the floor binds, plus t_power se
+    rng = random.Random(11)
+    hits = sum(verdicts.test([_sample(rng, n, 0, sd)], _sample(rng, n, -math.log1p(change),
+                                                                sd)).verdict == "regression"
+               for _ in range(TRIALS))
+    assert abs(hits / TRIALS - verdicts.POWER) < _binomial_tol(verdicts.POWER) + 0.02
 
 
 def test_direction_noise_and_labels() -> None:
