@@ -22,11 +22,18 @@ RUN = ["run", "--system", "pipedream", "--workload", "vgg16", "--workers", "2",
        "--config", "1-1", "--threads", "1", "--max-steps", "6", "--target", "2"]
 
 
+def _foreground() -> None:
+    """What a shell does for a foreground job: Ctrl-C at its default disposition. A child
+    inherits an ignored SIGINT, and Python then installs no KeyboardInterrupt handler: once
+    under `make test` (xdist) a run took this test's SIGINT and trained all 50 epochs."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _start(args: list[str], uri: str) -> subprocess.Popen:
     """``pipebench`` in its own process group, as a shell starts a foreground job."""
     return subprocess.Popen(PIPEBENCH + args, cwd=REPO, env={**os.environ,
                             "MLFLOW_TRACKING_URI": uri}, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
+                            start_new_session=True, preexec_fn=_foreground)
 
 
 def _wait_for_line(proc: subprocess.Popen, needle: str, timeout_s: float = 300) -> list[str]:
