@@ -89,8 +89,9 @@ def reset_peak_memory(device: torch.device) -> None:
     try:
         with open("/proc/self/clear_refs", "w") as f:
             f.write("5")
-    except OSError:
-        pass  # not Linux: the peak stays the process's
+    except OSError:  # not Linux: the peak stays the process's, whole
+        _resident_at_reset = 0
+        return
     _resident_at_reset = _status_bytes("VmRSS") or 0
 
 

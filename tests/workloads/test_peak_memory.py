@@ -22,8 +22,8 @@ def test_a_reset_forgets_an_earlier_peak() -> None:
     reset_peak_memory(cpu)
     after = peak_memory_bytes(cpu)
     assert with_big - after >= 0.9 * 50_000_000 * 4
-    small = torch.ones(1_000_000)
-    assert peak_memory_bytes(cpu) >= after  # a peak never falls without a reset
+    small = torch.ones(1_000_000)  # 3.8 MiB, touched
+    assert peak_memory_bytes(cpu) >= after + 0.9 * 4_000_000
     del small
 
 
