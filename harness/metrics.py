@@ -203,7 +203,8 @@ SCHEMA: tuple[Metric, ...] = (
            higher_is_better=False),
     Metric(PEAK_MEMORY, "bytes", "Peak memory of the worker: torch's peak allocation on a "
            "GPU; on the CPU the peak resident set (`VmHWM`) above what was resident before "
-           "its model was built (the interpreter and libraries are not counted).",
+           "its model was built (the interpreter, libraries, data and process group are not "
+           "counted; Horovod starts its own after the model, and it is).",
            pattern=PEAK_MEMORY + _W,
            aggregate="max"),
     Metric(TIME_TO_TARGET, "s", "From the first training step to the end of the first "

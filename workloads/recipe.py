@@ -8,6 +8,8 @@ and the baselines all call these functions.
 
 from __future__ import annotations
 
+import ctypes
+import gc
 import resource
 from collections.abc import Iterator
 
@@ -83,12 +85,25 @@ def reset_peak_memory(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
         return
+    _release_free_memory()  # what earlier trainings freed would be reused unseen
     try:
         with open("/proc/self/clear_refs", "w") as f:
             f.write("5")
-    except OSError:
-        pass  # not Linux: the peak stays the process's
+    except OSError:  # not Linux: the peak stays the process's, whole
+        _resident_at_reset = 0
+        return
     _resident_at_reset = _status_bytes("VmRSS") or 0
+
+
+def _release_free_memory() -> None:
+    """Hand memory freed to the C allocator back to the OS (glibc's ``malloc_trim``), so
+    that a training run after others in one process (a suite's one-process cells) counts
+    the pages it uses, not only those beyond what the earlier runs left resident."""
+    gc.collect()
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass  # not glibc: freed memory stays resident
 
 
 def _status_bytes(field: str) -> int | None:

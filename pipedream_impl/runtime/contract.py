@@ -180,9 +180,14 @@ class WorkerPieces:
     model: LayerModel  # the whole model, initialised with the run's seed
 
     @classmethod
-    def build(cls, spec: WorkerSpec, device: torch.device) -> WorkerPieces:
+    def build(cls, spec: WorkerSpec, device: torch.device,
+              own_peak: bool = False) -> WorkerPieces:
+        """``own_peak``: this process is the worker's alone, so its peak memory starts
+        here, after the data and before the model (as the single trainer's does)."""
         wl = registry.get(spec.run.workload)
         splits = load_splits(wl, spec.run.scale, spec.run.data, spec.run.seed)
+        if own_peak:
+            reset_peak_memory(device)
         model = wl.build(spec.run.scale, {**splits.train.meta, "init_seed": spec.run.seed})
         return cls(spec, Layout(spec.system.replicas), device, wl, wl.spec(spec.run.scale),
                    splits, model)
@@ -335,8 +340,7 @@ def _serve(spec: WorkerSpec, control, results) -> None:  # noqa: ANN001
                                 init_method=spec.init_method, rank=spec.rank,
                                 world_size=sum(spec.system.replicas),
                                 timeout=datetime.timedelta(seconds=spec.run.timeout_s))
-    reset_peak_memory(device)  # the worker's peak: its model and training, not libraries
-    executor = executor_cls(WorkerPieces.build(spec, device))
+    executor = executor_cls(WorkerPieces.build(spec, device, own_peak=True))
     while True:  # between epochs the launcher evaluates: wait long, but not forever (a
         # worker whose launcher was killed must not linger)
         msg = control.get(timeout=max(3600.0, 4 * spec.run.timeout_s))
