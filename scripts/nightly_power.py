@@ -77,16 +77,20 @@ def _system(key: str) -> str:
     return key.split("/")[3]
 
 
-def _repeats_for(cell: dict, judged: list[str]) -> str:
+def _repeats_for(cell: dict, judged: list[str]) -> float | None:
     """The fewest repeats a side at which the stabler judged figure of ``cell`` (its noise
-    in this run) would see a ``verdicts.TARGET_MDC`` change in a pair of results."""
+    in this run) would see a ``verdicts.TARGET_MDC`` change in a pair of results (inf: over
+    1000; None: no noise estimate)."""
     sds = [verdicts.noise([cell["metrics"][n]["values"]]) for n in judged
            if n in cell.get("metrics", {})]
     sds = [s for s in sds if math.isfinite(s)]
     if not sds:
-        return "-"
-    n = verdicts.repeats_for(min(sds))
-    return str(n) if n else "> 1000"
+        return None
+    return verdicts.repeats_for(min(sds)) or math.inf
+
+
+def _need_text(n: float | None) -> str:
+    return "-" if n is None else "> 1000" if math.isinf(n) else str(n)
 
 
 LABELS = ("regression", "suspicious", "improvement", "improvement (one night)")
@@ -100,8 +104,8 @@ def _nightly_labels(runs: list[dict]) -> tuple[list[regressions.Change], int]:
     for k in range(1, len(runs)):
         got = [c for c in regressions.over_nights(runs[:k], runs[k], WINDOW)
                if c.name in METRICS]
-        labelled += any(c.verdict == "ok" or c.verdict in LABELS
-                        or c.verdict == "changed-within-noise" for c in got)
+        labelled += any(c.verdict in LABELS or c.verdict == "changed-within-noise"
+                        for c in got)
         labels += [c for c in got if c.verdict in LABELS]
     return labels, labelled
 
@@ -114,7 +118,7 @@ def _aa_section(base: dict, runs: list[dict]) -> list[str]:
     pairs = [(i, regressions.compare_results([runs[i - 1]], r))
              for i, r in enumerate(runs[1:], 1)]
     labels, labelled = _nightly_labels(runs)
-    rows = []
+    rows, needs = [], []
     for cell in base["cells"]:
         key = cell["key"]
         judged: dict[str, list[float]] = {}  # metric -> its MDC in each pair
@@ -126,12 +130,13 @@ def _aa_section(base: dict, runs: list[dict]) -> list[str]:
         false = sum(1 for _, ch in pairs for c in ch if c.cell == key
                     and c.verdict in ("regression", "improvement"))
         nightly = [c.verdict for c in labels if c.cell == key]
+        needs.append(_repeats_for(cell, sorted(judged)))
         rows.append((key, f"{_median(cell, metrics.STEADY_THROUGHPUT) or 0:.0f}",
                      *(_spread(cell, n) for n in THROUGHPUTS),
                      ", ".join(sorted(judged)) or "none (no noise estimate)",
                      ", ".join(f"{100 * statistics.median(v):.1f}%"
                                for _, v in sorted(judged.items())) or "-",
-                     _repeats_for(cell, sorted(judged)), f"{false} of {len(pairs)}",
+                     _need_text(needs[-1]), f"{false} of {len(pairs)}",
                      ", ".join(nightly) or "none"))
     flagged = [c for _, ch in pairs for c in ch if c.verdict in ("regression", "improvement")]
     suites = sum(1 for _, ch in pairs if any(c.verdict in ("regression", "improvement")
@@ -155,20 +160,18 @@ def _aa_section(base: dict, runs: list[dict]) -> list[str]:
                              *(f"spread {n}" for n in THROUGHPUTS), "judged on", "MDC",
                              f"repeats for {verdicts.TARGET_MDC:.0%}", "false alarms",
                              "as the nightly labels it"), rows),
-            "", _budget(base, rows),
+            "", _budget(base["suite"]["repeats"], needs),
             "", f"Suites with at least one false alarm: {suites} of {len(pairs)} A/A pairs "
             f"({len(flagged)} flags in all).", "", *_by_metric(pairs),
             "As the nightly labels them: " + _label_counts(labels, labelled, len(runs)), ""]
 
 
-def _budget(base: dict, rows: list[tuple]) -> str:
+def _budget(repeats: int, needs: list[float | None]) -> str:
     """The trade in numbers: the cell runs a suite would need for every judged cell to
     see a ``verdicts.TARGET_MDC`` change, against the cell runs it makes now (its time
     grows about in proportion: each run is a process start-up and a few epochs)."""
-    repeats = base["suite"]["repeats"]
-    need = [r[-3] for r in rows]
-    judged = [int(n) for n in need if n.isdigit()]
-    blind = sum(1 for n in need if n == "> 1000")
+    judged = [int(n) for n in needs if n is not None and not math.isinf(n)]
+    blind = sum(1 for n in needs if n is not None and math.isinf(n))
     total = sum(max(repeats, n) for n in judged)
     if not judged:
         return (f"The trade: no cell has a noise estimate ({repeats} repeat(s) a cell), so "
