@@ -77,6 +77,19 @@ def _system(key: str) -> str:
     return key.split("/")[3]
 
 
+def _judged(key: str, pairs: list[tuple[int, list[regressions.Change]]]
+            ) -> dict[str, list[float]]:
+    """The throughput figures of cell ``key`` the rule judged in the pairs (not its noisier
+    drift twin, and only with a finite MDC: a noise estimate) -> its MDC in each pair."""
+    judged: dict[str, list[float]] = {}
+    for _, ch in pairs:
+        for c in ch:
+            if c.cell == key and c.name in THROUGHPUTS and c.mdc is not None \
+                    and math.isfinite(c.mdc) and not c.verdict.startswith("not judged"):
+                judged.setdefault(c.name, []).append(c.mdc)
+    return judged
+
+
 def _repeats_for(cell: dict, judged: list[str]) -> float | None:
     """The fewest repeats a side at which the stabler judged figure of ``cell`` (its noise
     in this run) would see a ``verdicts.TARGET_MDC`` change in a pair of results (inf: over
@@ -121,12 +134,7 @@ def _aa_section(base: dict, runs: list[dict]) -> list[str]:
     rows, needs = [], []
     for cell in base["cells"]:
         key = cell["key"]
-        judged: dict[str, list[float]] = {}  # metric -> its MDC in each pair
-        for _, ch in pairs:
-            for c in ch:
-                if c.cell == key and c.name in THROUGHPUTS and c.mdc is not None \
-                        and math.isfinite(c.mdc) and not c.verdict.startswith("not judged"):
-                    judged.setdefault(c.name, []).append(c.mdc)
+        judged = _judged(key, pairs)
         false = sum(1 for _, ch in pairs for c in ch if c.cell == key
                     and c.verdict in ("regression", "improvement"))
         nightly = [c.verdict for c in labels if c.cell == key]
@@ -173,6 +181,10 @@ def _budget(repeats: int, needs: list[float | None]) -> str:
     judged = [int(n) for n in needs if n is not None and not math.isinf(n)]
     blind = sum(1 for n in needs if n is not None and math.isinf(n))
     total = sum(max(repeats, n) for n in judged)
+    if not judged and blind:  # every cell has a noise estimate too large to help
+        return (f"The trade: {blind} cells have a noise estimate, and each would need over "
+                f"1000 repeats a side for a {verdicts.TARGET_MDC:.0%} MDC ({repeats} "
+                "repeat(s) a cell now).")
     if not judged:
         return (f"The trade: no cell has a noise estimate ({repeats} repeat(s) a cell), so "
                 "pair mode judges only exact counters and failures here.")
@@ -180,7 +192,8 @@ def _budget(repeats: int, needs: list[float | None]) -> str:
             f"repeats they make {repeats * len(judged)} cell runs, and with the repeats each "
             f"needs for a {verdicts.TARGET_MDC:.0%} MDC (at least {repeats}) "
             f"{total} ({total / max(1, repeats * len(judged)):.1f}x the time)"
-            + (f"; {blind} would need over 1000" if blind else "") + ".")
+            + (f"; {blind} more cells have a noise estimate but would need over 1000 "
+               "repeats a side" if blind else "") + ".")
 
 
 def _by_metric(pairs: list[tuple[int, list[regressions.Change]]]) -> list[str]:
