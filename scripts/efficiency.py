@@ -12,7 +12,14 @@ min-max reported):
 - ``pipedream`` with ``--config 1-1``: its throughput, and from the runtime's per-action
   timings (the ``action_s_<kind>_worker_<r>`` metrics) each worker's time per minibatch
   split into compute (F, B, U), communication that did not wait (SF, SB, RF, RB) and idle
-  time (receives that waited).
+  time (receives that waited);
+- the same two stages (that repeat's split) in one process, on the runtime's own handlers
+  (``pipedream_impl.runtime.local``: no transfer, no waiting, no second process): what each
+  stage's actions cost on their own.
+
+From these the slower worker's time per minibatch is taken apart: half of the single
+worker's, plus what splitting there and the runtime's code add (in one process), plus what
+running as two processes at once adds to the same actions, plus sending, plus waiting.
 
 Usage: ``.venv/bin/python scripts/efficiency.py [--workload vgg16|gnmt8] [--repeats 3]
 [--epochs 3] [--steps 24] [-o results/efficiency-vgg16-tiny.md]``. Nothing else may run on
@@ -64,7 +71,8 @@ def _two_singles(args: argparse.Namespace) -> float:
     return sum(rates)
 
 
-def _pipeline(args: argparse.Namespace) -> tuple[float, dict[int, dict[str, float]]]:
+def _pipeline(args: argparse.Namespace) -> tuple[float, dict[int, dict[str, float]], tuple]:
+    """Throughput, each worker's ms per minibatch by kind, and the split it ran."""
     summary = run(_config(PAPER["planned"], 2, args), quiet())
     m = summary.final_metrics
     n = sum(e.steps for e in summary.epochs)  # minibatches trained, every epoch
@@ -74,11 +82,125 @@ def _pipeline(args: argparse.Namespace) -> tuple[float, dict[int, dict[str, floa
         row["idle"] = 1e3 * m.get(f"idle_s_worker_{r}", 0.0) / n
         row["busy"] = 1e3 * m.get(f"busy_s_worker_{r}", 0.0) / n
         per[r] = row
-    return summary.throughput, per
+    bounds = tuple(tuple(b) for b in summary.layout_params["stages"])
+    return summary.throughput, per, bounds
+
+
+def _in_process(args: argparse.Namespace, bounds: tuple, out) -> None:  # noqa: ANN001
+    """The pipeline's two stages run by the runtime's handlers in this one process, every
+    epoch counted (as the pipeline's breakdown is): ms per minibatch of each kind, per stage."""
+    import torch
+
+    from pipedream_impl.runtime.contract import RunSettings, SystemSettings, WorkerSpec
+    from pipedream_impl.runtime.local import local_executors, run_local
+    from workloads.registry import get
+
+    torch.set_num_threads(1)
+    b = get(args.workload).spec("tiny").batch_size
+    spec = WorkerSpec(0, RunSettings(args.workload, "tiny", 0, b, max_steps=args.steps,
+                                     timeout_s=60.0), SystemSettings((1, 1), bounds))
+    executors = local_executors(spec)
+    reports = [run_local(executors, e) for e in range(args.epochs)]
+    n = args.epochs * executors[0].n_steps
+    out.put({r: {k: 1e3 * sum(rep[r].action_s.get(k, 0.0) for rep in reports) / n
+                 for k in KINDS} for r in (0, 1)})
+
+
+def _spawned(target, *args):  # noqa: ANN001, ANN002, ANN202 - a function and its arguments
+    """``target(*args, queue)`` in a fresh process (as every measured run here): its result."""
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    p = ctx.Process(target=target, args=(*args, q))
+    p.start()
+    result = q.get()
+    p.join()
+    return result
+
+
+def _compute(row: dict[str, float]) -> float:
+    return row["F"] + row["B"] + row["U"]
+
+
+def _parts(single_ms: float, alone: dict, piped: dict) -> list[tuple[str, float]]:
+    """The slower worker's ms per minibatch (busy + idle), part by part: medians over
+    repeats of each repeat's pipeline and in-process rows."""
+    w = max((0, 1), key=lambda r: piped[r]["busy"] + piped[r]["idle"])
+    half = single_ms / 2
+    sent = piped[w]["busy"] - _compute(piped[w])
+    return [(f"half of one single worker's minibatch (worker {w}'s ideal share)", half),
+            ("+ splitting here and the runtime's code (stage alone, in one process)",
+             _compute(alone[w]) - half),
+            ("+ the same actions run as two processes at once", _compute(piped[w])
+             - _compute(alone[w])),
+            ("+ posting its sends (SF, SB; a receive counts as waiting)", sent),
+            ("+ waiting for the other stage (idle)", piped[w]["idle"]),
+            (f"= worker {w}'s time per minibatch (busy + idle)",
+             piped[w]["busy"] + piped[w]["idle"])]
 
 
 def _stat(xs: list[float]) -> str:
     return f"{statistics.median(xs):.1f} ({min(xs):.1f}-{max(xs):.1f})"
+
+
+def _measure(args: argparse.Namespace) -> dict[str, list]:
+    """Every measurement, ``--repeats`` times, interleaved."""
+    got: dict[str, list] = {"alone": [], "pair": [], "pipe": [], "piped": [], "inproc": []}
+    for i in range(args.repeats):
+        got["alone"].append(_spawned(_single, args))
+        got["pair"].append(_two_singles(args))
+        rate, per, bounds = _pipeline(args)
+        got["pipe"].append(rate)
+        got["piped"].append(per)
+        got["inproc"].append(_spawned(_in_process, args, bounds))
+        print(f"repeat {i + 1}: single {got['alone'][-1]:.1f}, two singles "
+              f"{got['pair'][-1]:.1f}, pipedream 1-1 {rate:.1f} samples/s (split "
+              f"{list(bounds)})", file=sys.stderr, flush=True)
+    return got
+
+
+def _median_rows(rows: list[dict[int, dict[str, float]]]) -> dict[int, dict[str, float]]:
+    return {r: {k: statistics.median(x[r][k] for x in rows) for k in rows[0][r]}
+            for r in (0, 1)}
+
+
+def _report(args: argparse.Namespace, got: dict[str, list]) -> str:
+    from workloads.registry import get
+
+    alone, pair, pipe = got["alone"], got["pair"], got["pipe"]
+    eff = [p / (2 * a) for p, a in zip(pipe, alone, strict=True)]
+    ceiling = [p / (2 * a) for p, a in zip(pair, alone, strict=True)]
+    piped, inproc = _median_rows(got["piped"]), _median_rows(got["inproc"])
+    b = get(args.workload).spec("tiny").batch_size
+    single_ms = 1e3 * b / statistics.median(alone)
+    lines = [f"# Runtime efficiency: 2-stage PipeDream vs one worker, tiny {args.workload}",
+             "", f"Generated by `scripts/efficiency.py --workload {args.workload} --repeats "
+             f"{args.repeats} --epochs {args.epochs} --steps {args.steps}` (CPU, 1 thread "
+             "per process, runs interleaved; median (min-max) over repeats; throughput "
+             "excludes the warm-up).",
+             "", "| measurement | samples/s | of 2 x single |", "|---|---|---|",
+             f"| single, alone | {_stat(alone)} | - |",
+             f"| two singles at once (aggregate): the machine's ceiling | {_stat(pair)} | "
+             f"{statistics.median(ceiling):.2f} |",
+             f"| pipedream --config 1-1 | {_stat(pipe)} | {statistics.median(eff):.2f} |",
+             "", "Per stage, ms per minibatch (median over repeats; every epoch counted, "
+             "warm-up included), in the 2-process pipeline (busy + idle = the worker's time "
+             "in its actions) and run alone in one process (SF, SB, RF, RB there are local "
+             "copies, not transfers):", "",
+             "| stage | run | " + " | ".join(KINDS) + " | F+B+U | busy | idle |",
+             "|---|---|" + "---|" * (len(KINDS) + 3)]
+    for r in (0, 1):
+        for name, row in (("pipeline", piped[r]), ("one process", inproc[r])):
+            cells = [f"{row[k]:.2f}" for k in KINDS] + [f"{_compute(row):.2f}"] + (
+                [f"{row['busy']:.2f}", f"{row['idle']:.2f}"] if "busy" in row else ["-", "-"])
+            lines.append(f"| {r} | {name} | " + " | ".join(cells) + " |")
+    lines += ["", f"single, alone: {single_ms:.2f} ms per minibatch of {b} samples. The "
+              "slower worker's time per minibatch, part by part (ms; the single's figure "
+              "excludes the warm-up, the others count every epoch):", "",
+              "| part | ms | of the total |", "|---|---|---|"]
+    parts = _parts(single_ms, inproc, piped)
+    total = parts[-1][1]
+    lines += [f"| {name} | {ms:.2f} | {ms / total:.0%} |" for name, ms in parts]
+    return "\n".join(lines) + "\n"
 
 
 def main() -> None:
@@ -89,47 +211,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=24)
     ap.add_argument("-o", "--output", default=None)
     args = ap.parse_args()
-    alone, pair, pipe, breakdowns = [], [], [], []
-    for i in range(args.repeats):
-        ctx = mp.get_context("spawn")
-        q = ctx.Queue()
-        p = ctx.Process(target=_single, args=(args, q))
-        p.start()
-        alone.append(q.get())
-        p.join()
-        pair.append(_two_singles(args))
-        rate, per = _pipeline(args)
-        pipe.append(rate)
-        breakdowns.append(per)
-        print(f"repeat {i + 1}: single {alone[-1]:.1f}, two singles {pair[-1]:.1f}, "
-              f"pipedream 1-1 {rate:.1f} samples/s", flush=True)
-    eff = [p / (2 * a) for p, a in zip(pipe, alone, strict=True)]
-    ceiling = [p / (2 * a) for p, a in zip(pair, alone, strict=True)]
-    lines = [f"# Runtime efficiency: 2-stage PipeDream vs one worker, tiny {args.workload}",
-             "", f"Generated by `scripts/efficiency.py --workload {args.workload} --repeats "
-             f"{args.repeats} --epochs "
-             f"{args.epochs} --steps {args.steps}` (CPU, 1 thread per process, runs "
-             "interleaved; median (min-max) over repeats; throughput excludes the warm-up).",
-             "", "| measurement | samples/s | of 2 x single |", "|---|---|---|",
-             f"| single, alone | {_stat(alone)} | - |",
-             f"| two singles at once (aggregate): the machine's ceiling | {_stat(pair)} | "
-             f"{statistics.median(ceiling):.2f} |",
-             f"| pipedream --config 1-1 | {_stat(pipe)} | {statistics.median(eff):.2f} |",
-             "", "Per worker, ms per minibatch (median over repeats; every epoch counted, "
-             "warm-up included; busy + idle = the worker's time in its actions):", "",
-             "| worker | " + " | ".join(KINDS) + " | busy | idle |",
-             "|---|" + "---|" * (len(KINDS) + 2)]
-    for r in (0, 1):
-        cells = [statistics.median(b[r][k] for b in breakdowns) for k in (*KINDS, "busy",
-                                                                         "idle")]
-        lines.append(f"| {r} | " + " | ".join(f"{c:.2f}" for c in cells) + " |")
-    from workloads.registry import get
-
-    b = get(args.workload).spec("tiny").batch_size
-    single_ms = 1e3 * b / statistics.median(alone)
-    lines += ["", f"single, alone: {single_ms:.2f} ms per minibatch of {b} samples "
-              "(the ideal 2-stage pipeline: half of it per worker)."]
-    text = "\n".join(lines) + "\n"
+    text = _report(args, _measure(args))
     print(text)
     if args.output:
         Path(args.output).write_text(text)
