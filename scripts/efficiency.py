@@ -17,9 +17,9 @@ min-max reported):
   (``pipedream_impl.runtime.local``: no transfer, no waiting, no second process): what each
   stage's actions cost on their own.
 
-From these the slower worker's time per minibatch is taken apart: half of the single
-worker's, plus what splitting there and the runtime's code add (in one process), plus what
-running as two processes at once adds to the same actions, plus sending, plus waiting.
+From these the busier worker's time per minibatch is taken apart: half of the single
+worker's, plus what the runtime's code and the split's imbalance add (in one process), plus
+what running as two processes at once adds to the same actions, plus sending, plus waiting.
 
 Usage: ``.venv/bin/python scripts/efficiency.py [--workload vgg16|gnmt8] [--repeats 3]
 [--epochs 3] [--steps 24] [-o results/efficiency-vgg16-tiny.md]``. Nothing else may run on
@@ -122,14 +122,19 @@ def _compute(row: dict[str, float]) -> float:
 
 
 def _parts(single_ms: float, alone: dict, piped: dict) -> list[tuple[str, float]]:
-    """The slower worker's ms per minibatch (busy + idle), part by part: medians over
-    repeats of each repeat's pipeline and in-process rows."""
-    w = max((0, 1), key=lambda r: piped[r]["busy"] + piped[r]["idle"])
+    """The busier worker's ms per minibatch (busy + idle), part by part: medians over
+    repeats of each repeat's pipeline and in-process rows. Every worker of a pipeline
+    takes about the same time per minibatch; the busier one (the bottleneck) waits least,
+    the other's waiting is mostly the split's imbalance."""
+    w = max((0, 1), key=lambda r: piped[r]["busy"])
     half = single_ms / 2
+    mean = (_compute(alone[0]) + _compute(alone[1])) / 2
     sent = piped[w]["busy"] - _compute(piped[w])
     return [(f"half of one single worker's minibatch (worker {w}'s ideal share)", half),
-            ("+ splitting here and the runtime's code (stage alone, in one process)",
-             _compute(alone[w]) - half),
+            ("+ the runtime's code (half of what both stages in one process cost above "
+             "the single worker)", mean - half),
+            ("+ the split's imbalance (this stage in one process, above the two stages' "
+             "mean)", _compute(alone[w]) - mean),
             ("+ the same actions run as two processes at once", _compute(piped[w])
              - _compute(alone[w])),
             ("+ posting its sends (SF, SB; a receive counts as waiting)", sent),
@@ -194,7 +199,7 @@ def _report(args: argparse.Namespace, got: dict[str, list]) -> str:
                 [f"{row['busy']:.2f}", f"{row['idle']:.2f}"] if "busy" in row else ["-", "-"])
             lines.append(f"| {r} | {name} | " + " | ".join(cells) + " |")
     lines += ["", f"single, alone: {single_ms:.2f} ms per minibatch of {b} samples. The "
-              "slower worker's time per minibatch, part by part (ms; the single's figure "
+              "busier worker's time per minibatch, part by part (ms; the single's figure "
               "excludes the warm-up, the others count every epoch):", "",
               "| part | ms | of the total |", "|---|---|---|"]
     parts = _parts(single_ms, inproc, piped)
