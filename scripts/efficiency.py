@@ -2,8 +2,9 @@
 
 The goals (issues 15 and 24): 2-stage PipeDream (2 workers x 1 thread) reaches 0.90 of twice
 one single worker's throughput (1 thread) on tiny VGG-16, 0.85 on tiny GNMT-8
-(``--workload``). This script measures, repeated with the runs interleaved (median and
-min-max reported):
+(``--workload``). This script measures, repeated with the runs interleaved (throughputs:
+median and min-max over repeats; times per minibatch: means over repeats, so that the parts
+below add up):
 
 - ``single``: one process, one thread, the whole model;
 - two ``single`` runs at once (two processes, one thread each): the aggregate is the most
@@ -11,15 +12,16 @@ min-max reported):
   host), an independent ceiling for any 2-worker system;
 - ``pipedream`` with ``--config 1-1``: its throughput, and from the runtime's per-action
   timings (the ``action_s_<kind>_worker_<r>`` metrics) each worker's time per minibatch
-  split into compute (F, B, U), communication that did not wait (SF, SB, RF, RB) and idle
-  time (receives that waited);
-- the same two stages (that repeat's split) in one process, on the runtime's own handlers
-  (``pipedream_impl.runtime.local``: no transfer, no waiting, no second process): what each
-  stage's actions cost on their own.
+  split into compute (F, B, U), posting sends (SF, SB) and idle time (every receive, RF
+  and RB, counts as idle: it waits for the other stage);
+- on the runtime's own handlers in one process (``pipedream_impl.runtime.local``: no
+  transfer, no waiting, no second process), every epoch counted as in the pipeline: the
+  whole model as one stage, and the same two stages (that repeat's split).
 
 From these the busier worker's time per minibatch is taken apart: half of the single
-worker's, plus what the runtime's code and the split's imbalance add (in one process), plus
-what running as two processes at once adds to the same actions, plus sending, plus waiting.
+worker's; what the runtime's handlers add on the whole model; what splitting it into two
+stages adds; the split's imbalance; what running as two processes at once adds to the same
+actions; sending; waiting.
 
 Usage: ``.venv/bin/python scripts/efficiency.py [--workload vgg16|gnmt8] [--repeats 3]
 [--epochs 3] [--steps 24] [-o results/efficiency-vgg16-tiny.md]``. Nothing else may run on
@@ -30,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import multiprocessing as mp
+import queue
 import statistics
 import sys
 from pathlib import Path
@@ -87,8 +90,9 @@ def _pipeline(args: argparse.Namespace) -> tuple[float, dict[int, dict[str, floa
 
 
 def _in_process(args: argparse.Namespace, bounds: tuple, out) -> None:  # noqa: ANN001
-    """The pipeline's two stages run by the runtime's handlers in this one process, every
-    epoch counted (as the pipeline's breakdown is): ms per minibatch of each kind, per stage."""
+    """On the runtime's handlers in this one process, every epoch counted (as the
+    pipeline's breakdown is), ms per minibatch of each kind: the pipeline's two stages
+    (keys 0 and 1), and the whole model as one stage ("whole")."""
     import torch
 
     from pipedream_impl.runtime.contract import RunSettings, SystemSettings, WorkerSpec
@@ -97,13 +101,17 @@ def _in_process(args: argparse.Namespace, bounds: tuple, out) -> None:  # noqa: 
 
     torch.set_num_threads(1)
     b = get(args.workload).spec("tiny").batch_size
-    spec = WorkerSpec(0, RunSettings(args.workload, "tiny", 0, b, max_steps=args.steps,
-                                     timeout_s=60.0), SystemSettings((1, 1), bounds))
-    executors = local_executors(spec)
-    reports = [run_local(executors, e) for e in range(args.epochs)]
-    n = args.epochs * executors[0].n_steps
-    out.put({r: {k: 1e3 * sum(rep[r].action_s.get(k, 0.0) for rep in reports) / n
-                 for k in KINDS} for r in (0, 1)})
+    settings = RunSettings(args.workload, "tiny", 0, b, max_steps=args.steps, timeout_s=60.0)
+    got = {}
+    for key, layout in (("whole", SystemSettings((1,), ((0, bounds[-1][1]),))),
+                        ("split", SystemSettings((1, 1), bounds))):
+        executors = local_executors(WorkerSpec(0, settings, layout))
+        reports = [run_local(executors, e) for e in range(args.epochs)]
+        n = args.epochs * executors[0].n_steps
+        rows = [{k: 1e3 * sum(rep[r].action_s.get(k, 0.0) for rep in reports) / n
+                 for k in KINDS} for r in range(len(executors))]
+        got.update({"whole": rows[0]} if key == "whole" else dict(enumerate(rows)))
+    out.put(got)
 
 
 def _spawned(target, *args):  # noqa: ANN001, ANN002, ANN202 - a function and its arguments
@@ -112,7 +120,14 @@ def _spawned(target, *args):  # noqa: ANN001, ANN002, ANN202 - a function and it
     q = ctx.Queue()
     p = ctx.Process(target=target, args=(*args, q))
     p.start()
-    result = q.get()
+    while True:
+        try:
+            result = q.get(timeout=5.0)
+            break
+        except queue.Empty:
+            if not p.is_alive():
+                raise SystemExit(f"{target.__name__} failed (exit code {p.exitcode}); its "
+                                 "error is above") from None
     p.join()
     return result
 
@@ -122,25 +137,32 @@ def _compute(row: dict[str, float]) -> float:
 
 
 def _parts(single_ms: float, alone: dict, piped: dict) -> list[tuple[str, float]]:
-    """The busier worker's ms per minibatch (busy + idle), part by part: medians over
-    repeats of each repeat's pipeline and in-process rows. Every worker of a pipeline
-    takes about the same time per minibatch; the busier one (the bottleneck) waits least,
-    the other's waiting is mostly the split's imbalance."""
+    """The busier worker's ms per minibatch (busy + idle), part by part, from the means
+    over repeats (``alone``: the in-process rows, ``piped``: the pipeline's); the parts add
+    up to the last line. Every worker of a pipeline takes about the same time per
+    minibatch; the busier one (the bottleneck) waits least, the other's waiting is mostly
+    the split's imbalance."""
     w = max((0, 1), key=lambda r: piped[r]["busy"])
-    half = single_ms / 2
+    half, whole = single_ms / 2, _compute(alone["whole"]) / 2
     mean = (_compute(alone[0]) + _compute(alone[1])) / 2
-    sent = piped[w]["busy"] - _compute(piped[w])
-    return [(f"half of one single worker's minibatch (worker {w}'s ideal share)", half),
-            ("+ the runtime's code (half of what both stages in one process cost above "
-             "the single worker)", mean - half),
-            ("+ the split's imbalance (this stage in one process, above the two stages' "
-             "mean)", _compute(alone[w]) - mean),
-            ("+ the same actions run as two processes at once", _compute(piped[w])
-             - _compute(alone[w])),
-            ("+ posting its sends (SF, SB; a receive counts as waiting)", sent),
-            ("+ waiting for the other stage (idle)", piped[w]["idle"]),
-            (f"= worker {w}'s time per minibatch (busy + idle)",
-             piped[w]["busy"] + piped[w]["idle"])]
+    sent = piped[w]["SF"] + piped[w]["SB"]
+    parts = [(f"half of one single worker's minibatch (worker {w}'s ideal share; the single "
+              "trainer, warm-up excluded)", half),
+             ("+ the runtime's handlers on the whole model as one stage, in one process "
+              "(half; warm-up counted here, not in the single's)", whole - half),
+             ("+ splitting the model into two stages (half of what the two cost above the "
+              "whole, in one process)", mean - whole),
+             ("+ the split's imbalance (this stage above the two stages' mean, in one "
+              "process)", _compute(alone[w]) - mean),
+             ("+ the same actions run as two processes at once",
+              _compute(piped[w]) - _compute(alone[w])),
+             ("+ posting its sends (SF, SB)", sent),
+             ("+ waiting for the other stage (RF, RB: idle)", piped[w]["idle"])]
+    other = piped[w]["busy"] - _compute(piped[w]) - sent  # any other busy action kind
+    if abs(other) >= 0.005:
+        parts.append(("+ other busy actions", other))
+    return [*parts, (f"= worker {w}'s time per minibatch (busy + idle)",
+                     piped[w]["busy"] + piped[w]["idle"])]
 
 
 def _stat(xs: list[float]) -> str:
@@ -149,13 +171,15 @@ def _stat(xs: list[float]) -> str:
 
 def _measure(args: argparse.Namespace) -> dict[str, list]:
     """Every measurement, ``--repeats`` times, interleaved."""
-    got: dict[str, list] = {"alone": [], "pair": [], "pipe": [], "piped": [], "inproc": []}
+    got: dict[str, list] = {"alone": [], "pair": [], "pipe": [], "piped": [], "inproc": [],
+                            "splits": []}
     for i in range(args.repeats):
         got["alone"].append(_spawned(_single, args))
         got["pair"].append(_two_singles(args))
         rate, per, bounds = _pipeline(args)
         got["pipe"].append(rate)
         got["piped"].append(per)
+        got["splits"].append(list(bounds))
         got["inproc"].append(_spawned(_in_process, args, bounds))
         print(f"repeat {i + 1}: single {got['alone'][-1]:.1f}, two singles "
               f"{got['pair'][-1]:.1f}, pipedream 1-1 {rate:.1f} samples/s (split "
@@ -163,9 +187,10 @@ def _measure(args: argparse.Namespace) -> dict[str, list]:
     return got
 
 
-def _median_rows(rows: list[dict[int, dict[str, float]]]) -> dict[int, dict[str, float]]:
-    return {r: {k: statistics.median(x[r][k] for x in rows) for k in rows[0][r]}
-            for r in (0, 1)}
+def _mean_rows(rows: list[dict]) -> dict:
+    """Each key's row, every kind's mean over repeats (means add up; medians need not)."""
+    return {r: {k: statistics.fmean(x[r][k] for x in rows) for k in rows[0][r]}
+            for r in rows[0]}
 
 
 def _report(args: argparse.Namespace, got: dict[str, list]) -> str:
@@ -174,7 +199,7 @@ def _report(args: argparse.Namespace, got: dict[str, list]) -> str:
     alone, pair, pipe = got["alone"], got["pair"], got["pipe"]
     eff = [p / (2 * a) for p, a in zip(pipe, alone, strict=True)]
     ceiling = [p / (2 * a) for p, a in zip(pair, alone, strict=True)]
-    piped, inproc = _median_rows(got["piped"]), _median_rows(got["inproc"])
+    piped, inproc = _mean_rows(got["piped"]), _mean_rows(got["inproc"])
     b = get(args.workload).spec("tiny").batch_size
     single_ms = 1e3 * b / statistics.median(alone)
     lines = [f"# Runtime efficiency: 2-stage PipeDream vs one worker, tiny {args.workload}",
@@ -187,10 +212,13 @@ def _report(args: argparse.Namespace, got: dict[str, list]) -> str:
              f"| two singles at once (aggregate): the machine's ceiling | {_stat(pair)} | "
              f"{statistics.median(ceiling):.2f} |",
              f"| pipedream --config 1-1 | {_stat(pipe)} | {statistics.median(eff):.2f} |",
-             "", "Per stage, ms per minibatch (median over repeats; every epoch counted, "
+             "", "Per stage, ms per minibatch (mean over repeats; every epoch counted, "
              "warm-up included), in the 2-process pipeline (busy + idle = the worker's time "
-             "in its actions) and run alone in one process (SF, SB, RF, RB there are local "
-             "copies, not transfers):", "",
+             "in its actions; every receive counts as idle) and run in one process (there a "
+             "send is a local copy and a receive takes it from a list); `whole`: the whole "
+             "model as one stage in one process. Splits, one per repeat (the layers are "
+             "balanced on a local profile each time): "
+             + "; ".join(str(s) for s in got["splits"]) + ".", "",
              "| stage | run | " + " | ".join(KINDS) + " | F+B+U | busy | idle |",
              "|---|---|" + "---|" * (len(KINDS) + 3)]
     for r in (0, 1):
@@ -198,6 +226,9 @@ def _report(args: argparse.Namespace, got: dict[str, list]) -> str:
             cells = [f"{row[k]:.2f}" for k in KINDS] + [f"{_compute(row):.2f}"] + (
                 [f"{row['busy']:.2f}", f"{row['idle']:.2f}"] if "busy" in row else ["-", "-"])
             lines.append(f"| {r} | {name} | " + " | ".join(cells) + " |")
+    whole = inproc["whole"]
+    lines.append("| whole | one process | " + " | ".join(f"{whole[k]:.2f}" for k in KINDS)
+                 + f" | {_compute(whole):.2f} | - | - |")
     lines += ["", f"single, alone: {single_ms:.2f} ms per minibatch of {b} samples. The "
               "busier worker's time per minibatch, part by part (ms; the single's figure "
               "excludes the warm-up, the others count every epoch):", "",
