@@ -53,7 +53,7 @@ def _bench(suite: str, out: Path, plants: list[str], reuse: bool) -> dict:
 
 def _flags(base: dict, cur: dict) -> list[regressions.Change]:
     return [c for c in regressions.compare_results([base], cur)
-            if c.verdict in ("regression", "improvement")]
+            if c.verdict in verdicts.BROKEN]
 
 
 # the throughput figures: epoch-based and steady-state, each raw and drift-cancelled; the
@@ -137,7 +137,7 @@ def _aa_section(base: dict, runs: list[dict]) -> list[str]:
         key = cell["key"]
         judged = _judged(key, pairs)
         false = sum(1 for _, ch in pairs for c in ch if c.cell == key
-                    and c.verdict in ("regression", "improvement"))
+                    and c.verdict in verdicts.BROKEN)
         nightly = [c.verdict for c in labels if c.cell == key]
         needs.append(_repeats_for(cell, sorted(judged)))
         rows.append((key, f"{_median(cell, metrics.STEADY_THROUGHPUT) or 0:.0f}",
@@ -147,8 +147,8 @@ def _aa_section(base: dict, runs: list[dict]) -> list[str]:
                                for _, v in sorted(judged.items())) or "-",
                      _need_text(needs[-1]), f"{false} of {len(pairs)}",
                      ", ".join(nightly) or "none"))
-    flagged = [c for _, ch in pairs for c in ch if c.verdict in ("regression", "improvement")]
-    suites = sum(1 for _, ch in pairs if any(c.verdict in ("regression", "improvement")
+    flagged = [c for _, ch in pairs for c in ch if c.verdict in verdicts.BROKEN]
+    suites = sum(1 for _, ch in pairs if any(c.verdict in verdicts.BROKEN
                                              for c in ch))
     return ["## A/A: the same code run again (every flag is a false alarm)", "",
             "Spreads: the deviation of the repeats' logs (the rule's noise) of each "
@@ -204,7 +204,7 @@ def _by_metric(pairs: list[tuple[int, list[regressions.Change]]]) -> list[str]:
     for i, ch in pairs:
         by: dict[str, list[regressions.Change]] = {}
         for c in ch:
-            if c.verdict in ("regression", "improvement"):
+            if c.verdict in verdicts.BROKEN:
                 by.setdefault(c.name, []).append(c)
         for name, cs in sorted(by.items(), key=lambda kv: -len(kv[1])):
             moves = sorted(100 * c.change for c in cs if c.change is not None)

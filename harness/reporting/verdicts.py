@@ -47,7 +47,7 @@ from dataclasses import dataclass
 
 from scipy import stats
 
-__all__ = ["ALPHA", "HISTORY_RESULTS", "INTERVAL", "MIN_CHANGE", "MIN_HISTORY", "POWER",
+__all__ = ["ALPHA", "BROKEN", "HISTORY_RESULTS", "INTERVAL", "MIN_CHANGE", "MIN_HISTORY", "POWER",
            "TARGET_MDC",
            "TTA_ALPHA", "Faster", "Test", "faster", "interval", "mdc", "night_label", "noise",
            "repeats_for", "rule_text", "test"]
@@ -57,6 +57,7 @@ POWER = 0.9  # the probability at which the minimum detectable change is stated
 TARGET_MDC = 0.10  # what every throughput cell should be able to see
 MIN_CHANGE = 0.02  # no move smaller than this is flagged, whatever the noise
 MIN_HISTORY = 2  # earlier results needed for a verdict over nights
+BROKEN = ("regression", "improvement")  # the verdicts that break the rule: flags
 HISTORY_RESULTS = 3  # from this many baseline results on, results (not repeats) are units
 TTA_ALPHA = 0.05  # one claim per pair of systems ("a reaches the target faster"), not
 # hundreds of metrics a night: the conventional one-sided level
@@ -86,7 +87,7 @@ class Test:
 
     @property
     def broke(self) -> bool:
-        return self.verdict in ("regression", "improvement")
+        return self.verdict in BROKEN
 
 
 def _logs(values) -> list[float]:  # noqa: ANN001 - numbers
@@ -234,7 +235,7 @@ def night_label(nights: list[str], history: int) -> str:
     if history < MIN_HISTORY or not nights or nights[-1] == "too-few-repeats":
         return "insufficient data"
     last = nights[-1]
-    if last not in ("regression", "improvement"):
+    if last not in BROKEN:
         return "ok"
     if len(nights) > 1 and nights[-2] == last:
         return last  # two consecutive nights beyond the threshold, same way
