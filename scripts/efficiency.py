@@ -62,18 +62,6 @@ def _single(args: argparse.Namespace, out) -> None:  # noqa: ANN001 - a queue
     out.put(run(_config(one, 1, args), quiet()).throughput)
 
 
-def _two_singles(args: argparse.Namespace) -> float:
-    ctx = mp.get_context("spawn")
-    q = ctx.Queue()
-    procs = [ctx.Process(target=_single, args=(args, q)) for _ in range(2)]
-    for p in procs:
-        p.start()
-    rates = [q.get() for _ in procs]
-    for p in procs:
-        p.join()
-    return sum(rates)
-
-
 def _pipeline(args: argparse.Namespace) -> tuple[float, dict[int, dict[str, float]], tuple]:
     """Throughput, each worker's ms per minibatch by kind, and the split it ran."""
     summary = run(_config(PAPER["planned"], 2, args), quiet())
@@ -114,22 +102,26 @@ def _in_process(args: argparse.Namespace, bounds: tuple, out) -> None:  # noqa: 
     out.put(got)
 
 
-def _spawned(target, *args):  # noqa: ANN001, ANN002, ANN202 - a function and its arguments
-    """``target(*args, queue)`` in a fresh process (as every measured run here): its result."""
+def _spawned(target, *args, copies: int = 1) -> list:  # noqa: ANN001, ANN002
+    """``target(*args, queue)`` in ``copies`` fresh processes at once (every measured run
+    here has a process of its own): their results, in the order they arrive."""
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
-    p = ctx.Process(target=target, args=(*args, q))
-    p.start()
-    while True:
+    procs = [ctx.Process(target=target, args=(*args, q)) for _ in range(copies)]
+    for p in procs:
+        p.start()
+    results: list = []
+    while len(results) < copies:
         try:
-            result = q.get(timeout=5.0)
-            break
+            results.append(q.get(timeout=5.0))
         except queue.Empty:
-            if not p.is_alive():
-                raise SystemExit(f"{target.__name__} failed (exit code {p.exitcode}); its "
+            failed = [p.exitcode for p in procs if not p.is_alive() and p.exitcode != 0]
+            if failed:
+                raise SystemExit(f"{target.__name__} failed (exit codes {failed}); its "
                                  "error is above") from None
-    p.join()
-    return result
+    for p in procs:
+        p.join()
+    return results
 
 
 def _compute(row: dict[str, float]) -> float:
@@ -174,13 +166,13 @@ def _measure(args: argparse.Namespace) -> dict[str, list]:
     got: dict[str, list] = {"alone": [], "pair": [], "pipe": [], "piped": [], "inproc": [],
                             "splits": []}
     for i in range(args.repeats):
-        got["alone"].append(_spawned(_single, args))
-        got["pair"].append(_two_singles(args))
+        got["alone"].append(_spawned(_single, args)[0])
+        got["pair"].append(sum(_spawned(_single, args, copies=2)))  # the aggregate
         rate, per, bounds = _pipeline(args)
         got["pipe"].append(rate)
         got["piped"].append(per)
         got["splits"].append(list(bounds))
-        got["inproc"].append(_spawned(_in_process, args, bounds))
+        got["inproc"].append(_spawned(_in_process, args, bounds)[0])
         print(f"repeat {i + 1}: single {got['alone'][-1]:.1f}, two singles "
               f"{got['pair'][-1]:.1f}, pipedream 1-1 {rate:.1f} samples/s (split "
               f"{list(bounds)})", file=sys.stderr, flush=True)
