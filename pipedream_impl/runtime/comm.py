@@ -34,6 +34,10 @@ when the first replicated stage's groups are made; ``PIPEBENCH_FAKE_HOSTS`` (a t
 one comma-separated name per global rank) overrides them, to fake several hosts on one
 machine.
 
+Receives posted ahead (``recv(prefetch=)``) are on unless ``PIPEBENCH_RECV_AHEAD=0``: a switch
+for measuring what they do (``scripts/env_ab.py``). On this 2-core machine they speed most
+pipelines up and slow VGG-16's PipeDream-Flush down (``results/recv-ahead-ab.md``).
+
 ``allreduce_start`` starts one bucket's all-reduce and returns its wait, so a stage can
 reduce its gradients while its backward still runs (``grad_buckets``); ``allreduce_mean``
 is the blocking form (start, wait, average, copy back).
@@ -60,14 +64,15 @@ from torch import Tensor
 
 from core.collectives import ring_allreduce_bytes
 
-__all__ = ["FAKE_HOSTS_ENV", "HEADER", "TAGS", "Comm", "CommTimeout", "Hierarchy", "LinkStats",
-           "host_name"]
+__all__ = ["FAKE_HOSTS_ENV", "HEADER", "RECV_AHEAD_ENV", "TAGS", "Comm", "CommTimeout",
+           "Hierarchy", "LinkStats", "host_name", "recv_ahead"]
 
 HEADER = 64  # int64 slots: enough for 8 tensors of up to 5 dimensions
 _DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64,
            torch.int32, torch.bool, torch.uint8]
 TAGS = {"F": 1, "B": 2, "T": 3}  # T: tied gradients (ties.py)
 FAKE_HOSTS_ENV = "PIPEBENCH_FAKE_HOSTS"  # test hook: "a,a,b,b" = host of each global rank
+RECV_AHEAD_ENV = "PIPEBENCH_RECV_AHEAD"  # "0": post each receive only when it is due
 HOST, AMONG_HOSTS = 0, 1  # the all-reduce's levels: inside a host, between hosts
 _PRUNE_MIN = 64  # pending sends before the first check for completed ones
 
@@ -105,6 +110,16 @@ def _shapes(h: Tensor) -> list[tuple[torch.dtype, tuple[int, ...]]]:
         out.append((dtype, tuple(int(x) for x in h[pos + 2:pos + 2 + ndim])))
         pos += 2 + ndim
     return out
+
+
+def recv_ahead() -> bool:
+    """Whether receives may be posted ahead: ``PIPEBENCH_RECV_AHEAD`` is ``1`` (the default,
+    also when unset) or ``0``; anything else is an error, not a silent default."""
+    value = os.environ.get(RECV_AHEAD_ENV, "1")
+    if value not in ("0", "1"):
+        raise ValueError(f"{RECV_AHEAD_ENV}={value!r}: use 1 (post receives ahead, the "
+                         "default) or 0 (post each receive when it is due)")
+    return value == "1"
 
 
 def host_name(rank: int) -> str:
@@ -169,6 +184,7 @@ class Comm:
                  static_shapes: bool = False) -> None:
         self.rank, self.device = rank, device
         self.static_shapes = static_shapes
+        self.ahead = recv_ahead()
         self._sent_shapes: dict[tuple[int, int], list] = {}
         self._recv_shapes: dict[tuple[int, int], list] = {}
         self.timeout = datetime.timedelta(seconds=timeout_s)
@@ -219,13 +235,14 @@ class Comm:
         """The next message of ``kind`` from ``src``. ``prefetch``: another such message
         follows in this epoch; on gloo with static shapes its receive is posted now, so
         it moves as soon as it is sent, while this rank computes (gloo moves a message
-        only once its receive is posted). Not on NCCL, which matches point-to-point
-        messages by order regardless of tags (a posted receive could take a tie message)."""
+        only once its receive is posted; ``PIPEBENCH_RECV_AHEAD=0`` turns this off). Not on
+        NCCL, which matches point-to-point messages by order regardless of tags (a posted
+        receive could take a tie message)."""
         tag = TAGS[kind]
         posted = self._posted.pop((src, tag), None)
         out = self._recv_posted(posted, src, kind) if posted else self._recv_now(src, tag, kind)
         shapes = self._recv_shapes.get((src, tag))
-        if prefetch and shapes is not None and self._wire_device().type == "cpu":
+        if prefetch and self.ahead and shapes is not None and self._wire_device().type == "cpu":
             bufs = [torch.empty(shape, dtype=dtype, device=self.device)
                     for dtype, shape in shapes]
             self._posted[(src, tag)] = [(dist.irecv(b, src, tag=tag), b) for b in bufs]

@@ -1,0 +1,78 @@
+"""pipedream_impl/runtime/comm.py's receives posted ahead, on two real gloo processes: the
+messages a receiver takes are the ones sent, in order, whether their receives were posted
+ahead or not (``PIPEBENCH_RECV_AHEAD``), and the switch decides whether any is posted
+ahead; a value other than 0 or 1 is refused."""
+
+from __future__ import annotations
+
+import datetime
+import multiprocessing as mp
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from pipedream_impl.runtime.comm import RECV_AHEAD_ENV, Comm, recv_ahead
+from pipedream_impl.runtime.launcher import free_port
+
+N = 6  # messages each way
+
+
+def _message(kind: str, i: int) -> tuple[torch.Tensor, ...]:
+    g = torch.Generator().manual_seed(100 * len(kind) + i)
+    return torch.randn(3, 5, generator=g), torch.randint(0, 9, (4,), generator=g)
+
+
+def _worker(rank: int, port: int, ahead: str, out) -> None:  # noqa: ANN001 - a queue
+    import os
+    os.environ[RECV_AHEAD_ENV] = ahead
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=2, timeout=datetime.timedelta(seconds=60))
+    comm = Comm(rank, torch.device("cpu"), timeout_s=60, static_shapes=True)
+    got, posted = [], 0
+    if rank == 0:  # sends every F message first, then takes every B reply
+        for i in range(N):
+            comm.send(_message("F", i), 1, "F")
+        for i in range(N):
+            got.append(comm.recv(1, "B", prefetch=i < N - 1))
+            posted += bool(comm._posted)
+    else:  # takes each F message, answers with a B message
+        for i in range(N):
+            got.append(comm.recv(0, "F", prefetch=i < N - 1))
+            posted += bool(comm._posted)
+            comm.send(_message("B", i), 0, "B")
+    comm.flush()
+    dist.destroy_process_group()
+    out.put((rank, [[t.tolist() for t in m] for m in got], posted))
+
+
+@pytest.mark.parametrize("ahead", ["1", "0"])
+def test_messages_arrive_in_order_with_and_without_receives_posted_ahead(ahead: str) -> None:
+    ctx = mp.get_context("spawn")
+    out, port = ctx.Queue(), free_port()
+    procs = [ctx.Process(target=_worker, args=(r, port, ahead, out)) for r in range(2)]
+    for p in procs:
+        p.start()
+    results = {}
+    for _ in procs:
+        rank, got, posted = out.get(timeout=120)
+        results[rank] = (got, posted)
+    for p in procs:
+        p.join(timeout=60)
+        assert p.exitcode == 0
+    for rank, kind in ((1, "F"), (0, "B")):
+        got, posted = results[rank]
+        assert got == [[t.tolist() for t in _message(kind, i)] for i in range(N)]
+        # every receive but the last posts the next one ahead (the first once its header
+        # has given the shapes)
+        assert posted == (N - 1 if ahead == "1" else 0)
+
+
+def test_the_switch_refuses_other_values(monkeypatch) -> None:
+    monkeypatch.delenv(RECV_AHEAD_ENV, raising=False)
+    assert recv_ahead()
+    monkeypatch.setenv(RECV_AHEAD_ENV, "0")
+    assert not recv_ahead()
+    monkeypatch.setenv(RECV_AHEAD_ENV, "off")
+    with pytest.raises(ValueError, match="PIPEBENCH_RECV_AHEAD"):
+        recv_ahead()
