@@ -1,15 +1,16 @@
 """What one environment setting does to `pipebench bench`'s steady throughput, run by run.
 
 Some of the runtime's choices are switched by environment variables (``PIPEBENCH_RECV_AHEAD``,
-``PIPEBENCH_ALLREDUCE_BUCKET_MB``). Their effect on this 2-core machine is smaller than the
-spread between whole runs, and a run's throughput can settle in one of two levels for its
-whole life (a fast and a slow mode, fixed at start-up), so a few repeats inside one
-``bench`` call cannot tell them apart. This script runs ``pipebench bench <args>
+``PIPEBENCH_ALLREDUCE_BUCKET_MB``). On this 2-core machine whole runs of one configuration
+can differ by more than such a setting's effect, so a few repeats inside one ``bench`` call
+cannot tell them apart. This script runs ``pipebench bench <args>
 --repeats 1`` many times in fresh processes: A (the environment as it is, with the
 variables unset) and B (with ``--set``), alternating A-B and B-A from round to round so that
 drift falls on both. For each cell it reports the steady samples/s of every run, each
-side's median, B / A, and a two-sided Mann-Whitney U test of the two sets of runs (exact
-for small samples: no assumption about the shape, which is bimodal).
+side's median, B / A, and a two-sided Mann-Whitney U test of the two sets of runs
+(scipy's default method: exact for small samples without ties, else the normal
+approximation; no assumption about the runs' distribution). A run that fails, or a cell
+missing from a run, is reported, not fatal.
 
 Usage: ``.venv/bin/python scripts/env_ab.py --set PIPEBENCH_RECV_AHEAD=0 --rounds 10
 -o results/recv-ahead-ab.md -- --workload vgg16 --systems pipedream-flush --batch-size 4
@@ -47,33 +48,39 @@ def _env(assignments: list[str], side: str) -> dict[str, str]:
     return env
 
 
-def _run(bench_args: list[str], env: dict[str, str], json_path: Path) -> dict[str, float]:
+def _run(bench_args: list[str], env: dict[str, str], json_path: Path) -> dict[str, float] | None:
     cmd = [str(ROOT / ".venv/bin/pipebench"), "bench", *bench_args, "--repeats", "1",
            "--json", str(json_path), "-o", str(json_path.with_suffix(".md")), "--quiet"]
     done = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True)
     if done.returncode != 0 or not json_path.exists():
-        raise SystemExit(f"env_ab: `{shlex.join(cmd)}` failed ({done.returncode}):\n"
-                         f"{done.stderr[-2000:]}")
+        print(f"env_ab: `{shlex.join(cmd)}` failed ({done.returncode}), counted as failed:\n"
+              f"{done.stderr[-2000:]}", file=sys.stderr)
+        return None
     cells = json.loads(json_path.read_text())["cells"]
     return {c["key"]: c["metrics"][METRIC]["median"] for c in cells
             if METRIC in c.get("metrics", {})}
 
 
 def measure(bench_args: list[str], assignments: list[str], rounds: int,
-            workdir: Path) -> dict[str, dict[str, list[float]]]:
-    """cell -> side -> steady samples/s of each run, A and B alternating in order."""
+            workdir: Path) -> tuple[dict[str, dict[str, list[float]]], dict[str, int]]:
+    """cell -> side -> steady samples/s of each run (A and B alternating, in order), and the
+    runs of each side that failed."""
     out: dict[str, dict[str, list[float]]] = {}
+    failed = {"A": 0, "B": 0}
     for r in range(rounds):
         for side in ("AB" if r % 2 == 0 else "BA"):
             got = _run(bench_args, _env(assignments, side), workdir / f"{side}-{r}.json")
+            if got is None:
+                failed[side] += 1
+                continue
             for key, value in got.items():
                 out.setdefault(key, {"A": [], "B": []})[side].append(value)
             print(f"env_ab: round {r + 1}/{rounds} {side} done", file=sys.stderr)
-    return out
+    return out, failed
 
 
-def report(runs: dict[str, dict[str, list[float]]], assignments: list[str],
-           command: str) -> str:
+def report(runs: dict[str, dict[str, list[float]]], failed: dict[str, int],
+           assignments: list[str], command: str) -> str:
     git = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=ROOT,
                          capture_output=True, text=True).stdout.strip()
     b = " ".join(assignments)
@@ -89,11 +96,17 @@ def report(runs: dict[str, dict[str, list[float]]], assignments: list[str],
              "|---|---|---|---|---|---|---|"]
     for key, sides in sorted(runs.items()):
         a, bb = sides["A"], sides["B"]
-        p = mannwhitneyu(a, bb, alternative="two-sided").pvalue if a and bb else float("nan")
+        if not a or not bb or min(a + bb) <= 0:
+            lines.append(f"| {key} | n/a: {len(a)} A run(s), {len(bb)} B run(s) with a "
+                         "positive figure | | | | | |")
+            continue
+        p = mannwhitneyu(a, bb, alternative="two-sided").pvalue
         ma, mb = statistics.median(a), statistics.median(bb)
         lines.append(f"| {key} | {ma:.0f} | {mb:.0f} | {mb / ma:.2f} | {p:.3f} | "
                      f"{', '.join(f'{v:.0f}' for v in sorted(a))} | "
                      f"{', '.join(f'{v:.0f}' for v in sorted(bb))} |")
+    if any(failed.values()):
+        lines += ["", f"Runs that failed (left out): A {failed['A']}, B {failed['B']}."]
     return "\n".join(lines) + "\n"
 
 
@@ -109,12 +122,14 @@ def main() -> None:
     bench_args = argv[split + 1:]
     if any(a.partition("=")[0] in OWN_FLAGS for a in bench_args):
         ap.error(f"the bench arguments may not hold {', '.join(OWN_FLAGS)}: the script sets them")
+    if args.rounds < 3:
+        ap.error("--rounds must be at least 3: with fewer runs a side no test can reject")
     if any("=" not in a or not a.partition("=")[0] for a in args.set):
         ap.error("--set takes NAME=VALUE")
     command = shlex.join([".venv/bin/python", "scripts/env_ab.py", *sys.argv[1:]])
     with tempfile.TemporaryDirectory(prefix="env_ab-") as tmp:
-        runs = measure(bench_args, args.set, args.rounds, Path(tmp))
-    text = report(runs, args.set, command)
+        runs, failed = measure(bench_args, args.set, args.rounds, Path(tmp))
+    text = report(runs, failed, args.set, command)
     if args.output:
         args.output.write_text(text)
         print(f"env_ab: wrote {args.output}", file=sys.stderr)

@@ -35,9 +35,8 @@ one comma-separated name per global rank) overrides them, to fake several hosts 
 machine.
 
 Receives posted ahead (``recv(prefetch=)``) are on unless ``PIPEBENCH_RECV_AHEAD=0``: a switch
-for measuring what they do (``scripts/env_ab.py``, ``results/recv-ahead-ab-*.md``). On this
-2-core machine they speed GPipe up and slow tiny VGG-16's PipeDream-Flush at microbatches
-of 4 down, so neither setting is best for every schedule.
+for measuring what they do (``scripts/env_ab.py``; what it measured here:
+``results/recv-ahead-ab-*.md``).
 
 ``allreduce_start`` starts one bucket's all-reduce and returns its wait, so a stage can
 reduce its gradients while its backward still runs (``grad_buckets``); ``allreduce_mean``

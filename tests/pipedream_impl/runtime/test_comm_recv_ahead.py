@@ -54,12 +54,17 @@ def test_messages_arrive_in_order_with_and_without_receives_posted_ahead(ahead: 
     for p in procs:
         p.start()
     results = {}
-    for _ in procs:
-        rank, got, posted = out.get(timeout=120)
-        results[rank] = (got, posted)
-    for p in procs:
-        p.join(timeout=60)
-        assert p.exitcode == 0
+    try:
+        for _ in procs:
+            rank, got, posted = out.get(timeout=120)
+            results[rank] = (got, posted)
+        for p in procs:
+            p.join(timeout=60)
+            assert p.exitcode == 0
+    finally:  # a worker that died must not leave the other waiting
+        for p in procs:
+            if p.is_alive():
+                p.terminate()
     for rank, kind in ((1, "F"), (0, "B")):
         got, posted = results[rank]
         assert got == [[t.tolist() for t in _message(kind, i)] for i in range(N)]
