@@ -12,6 +12,12 @@ side's median, B / A, and a two-sided Mann-Whitney U test of the two sets of run
 approximation; no assumption about the runs' distribution). A run that fails, or a cell
 missing from a run, is reported, not fatal.
 
+Beside throughput it reads, every ``SAMPLE_S`` seconds, the kernel's per-thread schedstat of
+every process the run starts, and reports per run the CPU seconds of gloo's transport loop
+threads, of all threads, and the time threads spent runnable but waiting for a core: where
+a setting moves work onto gloo's threads, or makes threads queue for the 2 cores, it shows
+there. (Reading costs a few milliseconds each time, on both sides alike.)
+
 Usage: ``.venv/bin/python scripts/env_ab.py --set PIPEBENCH_RECV_AHEAD=0 --rounds 10
 -o results/recv-ahead-ab.md -- --workload vgg16 --systems pipedream-flush --batch-size 4
 --steps 12 --epochs 3``. Nothing else may run on the machine meanwhile.
@@ -28,6 +34,8 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -36,6 +44,10 @@ from scipy.stats import mannwhitneyu
 ROOT = Path(__file__).resolve().parents[1]
 METRIC = "steady_samples_per_s"
 OWN_FLAGS = ("--repeats", "--json", "-o", "--output", "--quiet")
+GLOO_LOOP = "gloo_tcp_loop"  # the name gloo gives its transport's event-loop threads
+THREAD_FIGURES = ("gloo loop threads' CPU s", "all threads' CPU s",
+                  "s runnable, waiting for a core")
+SAMPLE_S = 0.2  # how often the run's threads are read (a thread's last reading counts)
 
 
 def _env(assignments: list[str], side: str) -> dict[str, str]:
@@ -48,42 +60,113 @@ def _env(assignments: list[str], side: str) -> dict[str, str]:
     return env
 
 
-def _run(bench_args: list[str], env: dict[str, str], json_path: Path) -> dict[str, float] | None:
+def _descendants(root: int) -> set[int]:
+    """``root`` and every process below it, from /proc's parent links."""
+    parent: dict[int, int] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:  # the command may hold spaces and parentheses: the fields follow the last ')'
+                parent[int(entry.name)] = int((entry / "stat").read_text().rsplit(")", 1)[1]
+                                              .split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+    out, grew = {root}, True
+    while grew:
+        below = {pid for pid, pp in parent.items() if pp in out} - out
+        out |= below
+        grew = bool(below)
+    return out
+
+
+def _sample(root: int, seen: dict[tuple[int, int], tuple[str, int, int]]) -> None:
+    """Record each thread's name, CPU and run-queue nanoseconds so far (the kernel's
+    /proc/PID/task/TID/schedstat: time on a CPU, time runnable but waiting for one)."""
+    for pid in _descendants(root):
+        try:
+            tids = [t.name for t in Path(f"/proc/{pid}/task").iterdir()]
+        except OSError:
+            continue
+        for tid in tids:
+            task = Path(f"/proc/{pid}/task/{tid}")
+            try:
+                run_ns, wait_ns = map(int, (task / "schedstat").read_text().split()[:2])
+                seen[(pid, int(tid))] = ((task / "comm").read_text().strip(), run_ns, wait_ns)
+            except (OSError, ValueError):
+                continue
+
+
+def _threads(seen: dict[tuple[int, int], tuple[str, int, int]]) -> dict[str, float]:
+    return {THREAD_FIGURES[0]: sum(r for n, r, _ in seen.values() if n == GLOO_LOOP) / 1e9,
+            THREAD_FIGURES[1]: sum(r for _, r, _ in seen.values()) / 1e9,
+            THREAD_FIGURES[2]: sum(w for _, _, w in seen.values()) / 1e9}
+
+
+def _run(bench_args: list[str], env: dict[str, str],
+         json_path: Path) -> tuple[dict[str, float], dict[str, float]] | None:
+    """One bench run: each cell's steady samples/s, and its processes' thread figures."""
     cmd = [str(ROOT / ".venv/bin/pipebench"), "bench", *bench_args, "--repeats", "1",
            "--json", str(json_path), "-o", str(json_path.with_suffix(".md")), "--quiet"]
-    done = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True)
-    if done.returncode != 0 or not json_path.exists():
-        print(f"env_ab: `{shlex.join(cmd)}` failed ({done.returncode}), counted as failed:\n"
-              f"{done.stderr[-2000:]}", file=sys.stderr)
+    seen: dict[tuple[int, int], tuple[str, int, int]] = {}
+    with tempfile.TemporaryFile() as err:
+        proc = subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=err)
+        while proc.poll() is None:
+            _sample(proc.pid, seen)
+            time.sleep(SAMPLE_S)
+        err.seek(0)
+        stderr = err.read().decode(errors="replace")
+    if proc.returncode != 0 or not json_path.exists():
+        print(f"env_ab: `{shlex.join(cmd)}` failed ({proc.returncode}), counted as failed:\n"
+              f"{stderr[-2000:]}", file=sys.stderr)
         return None
     cells = json.loads(json_path.read_text())["cells"]
-    return {c["key"]: c["metrics"][METRIC]["median"] for c in cells
-            if METRIC in c.get("metrics", {})}
+    return ({c["key"]: c["metrics"][METRIC]["median"] for c in cells
+             if METRIC in c.get("metrics", {})}, _threads(seen))
+
+
+@dataclass
+class Measured:
+    """cell -> side -> steady samples/s of each run; thread figure -> side -> its value in
+    each run; the runs of each side that failed."""
+    runs: dict[str, dict[str, list[float]]] = field(default_factory=dict)
+    threads: dict[str, dict[str, list[float]]] = field(
+        default_factory=lambda: {f: {"A": [], "B": []} for f in THREAD_FIGURES})
+    failed: dict[str, int] = field(default_factory=lambda: {"A": 0, "B": 0})
 
 
 def measure(bench_args: list[str], assignments: list[str], rounds: int,
-            workdir: Path) -> tuple[dict[str, dict[str, list[float]]], dict[str, int]]:
-    """cell -> side -> steady samples/s of each run (A and B alternating, in order), and the
-    runs of each side that failed."""
-    out: dict[str, dict[str, list[float]]] = {}
-    failed = {"A": 0, "B": 0}
+            workdir: Path) -> Measured:
+    """A and B alternating, A-B then B-A, ``rounds`` times."""
+    m = Measured()
     for r in range(rounds):
         for side in ("AB" if r % 2 == 0 else "BA"):
             got = _run(bench_args, _env(assignments, side), workdir / f"{side}-{r}.json")
             if got is None:
-                failed[side] += 1
+                m.failed[side] += 1
                 continue
-            for key, value in got.items():
-                out.setdefault(key, {"A": [], "B": []})[side].append(value)
+            for key, value in got[0].items():
+                m.runs.setdefault(key, {"A": [], "B": []})[side].append(value)
+            for figure, value in got[1].items():
+                m.threads[figure][side].append(value)
             print(f"env_ab: round {r + 1}/{rounds} {side} done", file=sys.stderr)
-    return out, failed
+    return m
 
 
-def report(runs: dict[str, dict[str, list[float]]], failed: dict[str, int],
-           assignments: list[str], command: str) -> str:
+def _row(name: str, a: list[float], b: list[float], digits: int) -> str:
+    if not a or not b or min(a + b) <= 0:
+        return (f"| {name} | n/a: {len(a)} A run(s), {len(b)} B run(s) with a positive "
+                "figure | | | | | |")
+    p = mannwhitneyu(a, b, alternative="two-sided").pvalue
+    ma, mb = statistics.median(a), statistics.median(b)
+    return (f"| {name} | {ma:.{digits}f} | {mb:.{digits}f} | {mb / ma:.2f} | {p:.3f} | "
+            f"{', '.join(f'{v:.{digits}f}' for v in sorted(a))} | "
+            f"{', '.join(f'{v:.{digits}f}' for v in sorted(b))} |")
+
+
+def report(m: Measured, assignments: list[str], command: str) -> str:
     git = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=ROOT,
                          capture_output=True, text=True).stdout.strip()
     b = " ".join(assignments)
+    head = "| {} | A median | B median | B / A | p | A runs (sorted) | B runs (sorted) |"
     lines = [f"# `{b}` against the default: steady throughput, run by run", "",
              f"Generated by `{command}` on "
              f"{datetime.now(UTC):%Y-%m-%d}; {platform.machine()}, "
@@ -92,21 +175,17 @@ def report(runs: dict[str, dict[str, list[float]]], failed: dict[str, int],
              f"variables unset, B: `{b}`; rounds alternate A-B and B-A. Steady samples/s "
              "(per-step timestamps, warm-up and fill/drain excluded). p: two-sided "
              "Mann-Whitney U test of A's runs against B's.", "",
-             "| cell | A median | B median | B / A | p | A runs (sorted) | B runs (sorted) |",
-             "|---|---|---|---|---|---|---|"]
-    for key, sides in sorted(runs.items()):
-        a, bb = sides["A"], sides["B"]
-        if not a or not bb or min(a + bb) <= 0:
-            lines.append(f"| {key} | n/a: {len(a)} A run(s), {len(bb)} B run(s) with a "
-                         "positive figure | | | | | |")
-            continue
-        p = mannwhitneyu(a, bb, alternative="two-sided").pvalue
-        ma, mb = statistics.median(a), statistics.median(bb)
-        lines.append(f"| {key} | {ma:.0f} | {mb:.0f} | {mb / ma:.2f} | {p:.3f} | "
-                     f"{', '.join(f'{v:.0f}' for v in sorted(a))} | "
-                     f"{', '.join(f'{v:.0f}' for v in sorted(bb))} |")
-    if any(failed.values()):
-        lines += ["", f"Runs that failed (left out): A {failed['A']}, B {failed['B']}."]
+             head.format("cell"), "|---|---|---|---|---|---|---|"]
+    lines += [_row(key, s["A"], s["B"], 0) for key, s in sorted(m.runs.items())]
+    lines += ["", "The threads of every process each run started (its cells, start-up and "
+              "evaluation included), read from the kernel's per-thread schedstat every "
+              f"{SAMPLE_S:g} s (a thread's last reading counts): the CPU seconds of gloo's "
+              f"transport loop threads (`{GLOO_LOOP}`), of all threads, and the seconds "
+              "threads spent runnable but waiting for a core.", "",
+              head.format("figure, per run"), "|---|---|---|---|---|---|---|"]
+    lines += [_row(f, m.threads[f]["A"], m.threads[f]["B"], 2) for f in THREAD_FIGURES]
+    if any(m.failed.values()):
+        lines += ["", f"Runs that failed (left out): A {m.failed['A']}, B {m.failed['B']}."]
     return "\n".join(lines) + "\n"
 
 
@@ -128,8 +207,8 @@ def main() -> None:
         ap.error("--set takes NAME=VALUE")
     command = shlex.join([".venv/bin/python", "scripts/env_ab.py", *sys.argv[1:]])
     with tempfile.TemporaryDirectory(prefix="env_ab-") as tmp:
-        runs, failed = measure(bench_args, args.set, args.rounds, Path(tmp))
-    text = report(runs, failed, args.set, command)
+        measured = measure(bench_args, args.set, args.rounds, Path(tmp))
+    text = report(measured, args.set, command)
     if args.output:
         args.output.write_text(text)
         print(f"env_ab: wrote {args.output}", file=sys.stderr)
