@@ -3,14 +3,14 @@
 Some of the runtime's choices are switched by environment variables (``PIPEBENCH_RECV_AHEAD``,
 ``PIPEBENCH_ALLREDUCE_BUCKET_MB``). On this 2-core machine whole runs of one configuration
 can differ by more than such a setting's effect, so a few repeats inside one ``bench`` call
-cannot tell them apart. This script runs ``pipebench bench <args>
---repeats 1`` many times in fresh processes: A (the environment as it is, with the
-variables unset) and B (with ``--set``), alternating A-B and B-A from round to round so that
-drift falls on both. For each cell it reports the steady samples/s of every run, each
-side's median, B / A, and a two-sided Mann-Whitney U test of the two sets of runs
-(scipy's default method: exact for small samples without ties, else the normal
-approximation; no assumption about the runs' distribution). A run that fails, or a cell
-missing from a run, is reported, not fatal.
+cannot tell them apart. This script runs ``pipebench bench <args> --repeats 1`` many
+times in fresh processes: A (the environment as it is, with the variables unset) and B
+(with ``--set``), alternating A-B and B-A from round to round so that drift falls on both.
+For each cell it reports the steady samples/s of every run, each side's median, B / A, and
+a two-sided Mann-Whitney U test of the two sets of runs (scipy's default method: exact
+for small samples without ties, else the normal approximation; no assumption about the
+runs' distribution). A run that fails, or a cell missing from a run, is reported, not
+fatal.
 
 Beside throughput it reads, every ``SAMPLE_S`` seconds, the kernel's per-thread schedstat of
 every process the run starts, and reports per run the CPU seconds of gloo's transport loop
@@ -19,7 +19,7 @@ a setting moves work onto gloo's threads, or makes threads queue for the 2 cores
 there. (Reading costs a few milliseconds each time, on both sides alike.)
 
 Usage: ``.venv/bin/python scripts/env_ab.py --set PIPEBENCH_RECV_AHEAD=0 --rounds 10
--o results/recv-ahead-ab.md -- --workload vgg16 --systems pipedream-flush --batch-size 4
+-o results/recv-ahead-ab-vgg16-b4.md -- --workload vgg16 --systems pipedream-flush --batch-size 4
 --steps 12 --epochs 3``. Nothing else may run on the machine meanwhile.
 """
 
@@ -199,7 +199,8 @@ def main() -> None:
     ap.add_argument("-o", "--output", type=Path, help="the report (default: stdout)")
     args = ap.parse_args(argv[:split])
     bench_args = argv[split + 1:]
-    if any(a.partition("=")[0] in OWN_FLAGS for a in bench_args):
+    if any(a.partition("=")[0] in OWN_FLAGS or (a.startswith("-o") and a != "-o")
+           for a in bench_args):
         ap.error(f"the bench arguments may not hold {', '.join(OWN_FLAGS)}: the script sets them")
     if args.rounds < 3:
         ap.error("--rounds must be at least 3: with fewer runs a side no test can reject")

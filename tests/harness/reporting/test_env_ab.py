@@ -1,0 +1,94 @@
+"""scripts/env_ab.py: the order of its runs, its test's p-value against brute force, its
+thread figures from /proc, and what it does with failed runs and missing cells.
+
+Why: results/recv-ahead-ab-*.md decide whether a runtime default changes (issue 24). The
+p-value is checked against an exhaustive enumeration of every way the runs could have been
+split between the sides (the exact permutation distribution of the rank-sum), not against
+scipy's own routine; the runs' order is checked on a fake bench that records its calls;
+the thread reader on a real child process.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import itertools
+import os
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+_PATH = Path(__file__).resolve().parents[3] / "scripts" / "env_ab.py"
+_SPEC = importlib.util.spec_from_file_location("env_ab", _PATH)
+ab = importlib.util.module_from_spec(_SPEC)
+sys.modules["env_ab"] = ab  # its dataclass looks its module up while being made
+_SPEC.loader.exec_module(ab)
+
+
+def _brute_force_p(a: list[float], b: list[float]) -> float:
+    """Two-sided exact p of the rank-sum: the share of all splits of the pooled runs into
+    groups of len(a) and len(b) whose A rank-sum lies at least as far from its mean."""
+    pooled = sorted(a + b)
+    rank = {v: i + 1 for i, v in enumerate(pooled)}  # no ties in these samples
+    mean = len(a) * (len(pooled) + 1) / 2
+    seen = abs(sum(rank[v] for v in a) - mean)
+    splits = list(itertools.combinations(range(1, len(pooled) + 1), len(a)))
+    return sum(abs(sum(s) - mean) >= seen - 1e-9 for s in splits) / len(splits)
+
+
+@pytest.mark.parametrize(("a", "b"), [
+    ([1.0, 2.0, 3.0], [4.0, 5.0, 6.0]),
+    ([10.0, 12.0, 15.0, 11.0], [13.0, 16.0, 14.0, 18.0, 17.0]),
+    ([5.0, 1.0, 9.0, 3.0, 7.0], [2.0, 8.0, 4.0, 6.0, 10.0]),
+])
+def test_p_value_equals_the_exhaustive_permutation_test(a, b) -> None:  # noqa: ANN001
+    row = ab._row("cell", a, b, 1).split("|")
+    assert float(row[5]) == pytest.approx(_brute_force_p(a, b), abs=5e-4)
+    assert float(row[4]) == pytest.approx(statistics.median(b) / statistics.median(a),
+                                          abs=0.005)
+
+
+def test_rounds_alternate_and_failures_are_counted(monkeypatch) -> None:
+    calls = []
+
+    def fake_run(bench_args, env, json_path):  # noqa: ANN001, ANN202
+        side = "B" if env.get("X") == "0" else "A"
+        calls.append(side)
+        if len(calls) == 4:  # the fourth run fails
+            return None
+        return {"cell": 100.0 if side == "A" else 50.0}, {f: 1.0 for f in ab.THREAD_FIGURES}
+
+    monkeypatch.setenv("X", "stale")  # A unsets it, B sets it
+    monkeypatch.setattr(ab, "_run", fake_run)
+    m = ab.measure([], ["X=0"], 3, Path("/nonexistent"))
+    assert calls == ["A", "B", "B", "A", "A", "B"]
+    assert m.failed == {"A": 1, "B": 0}
+    assert m.runs["cell"] == {"A": [100.0, 100.0], "B": [50.0, 50.0, 50.0]}
+    text = ab.report(m, ["X=0"], "cmd")
+    assert "Runs that failed (left out): A 1, B 0." in text
+    m.runs["gone"] = {"A": [1.0], "B": []}
+    assert "| gone | n/a: 1 A run(s), 0 B run(s)" in ab.report(m, ["X=0"], "cmd")
+
+
+def test_threads_of_a_child_process_are_read() -> None:
+    child = subprocess.Popen([sys.executable, "-c",
+                              "import time\nt = time.process_time()\n"
+                              "while time.process_time() - t < 0.3: pass\n"
+                              "input()"], stdin=subprocess.PIPE)
+    try:
+        seen: dict = {}
+        for _ in range(200):  # until the child has burnt its 0.3 s
+            ab._sample(os.getpid(), seen)
+            if ab._threads({k: v for k, v in seen.items()
+                            if k[0] == child.pid})[ab.THREAD_FIGURES[1]] >= 0.3:
+                break
+            subprocess.run(["sleep", "0.05"], check=True)
+        mine = {k: v for k, v in seen.items() if k[0] == child.pid}
+        assert child.pid in ab._descendants(os.getpid())
+        assert ab._threads(mine)[ab.THREAD_FIGURES[1]] >= 0.3
+        assert ab._threads(mine)[ab.THREAD_FIGURES[0]] == 0.0  # no gloo in it
+    finally:
+        child.kill()
+        child.wait()
