@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import datetime
 import itertools
-import multiprocessing as mp
 
 import pytest
 import torch
@@ -21,8 +20,8 @@ from harness.reporting.progress import quiet
 from harness.sim.costs import Topology, sync_levels
 from pipedream_impl.planner.cluster import parse_cluster
 from pipedream_impl.runtime.comm import AMONG_HOSTS, FAKE_HOSTS_ENV, HOST, Comm, Hierarchy
-from pipedream_impl.runtime.launcher import free_port
 from pipedream_impl.schedule import Layout, one_f_one_b
+from tests.gloo_ranks import run_ranks
 from tests.pipeline_reference import simulate_pipedream
 from workloads.registry import get
 
@@ -116,21 +115,9 @@ def _worker(rank: int, world: int, port: int, hosts: str, groups, out) -> None: 
 
 
 def _run(hosts: str, groups: list[tuple[int, ...]]) -> tuple[dict, dict]:
-    world = len(hosts.split(","))
-    ctx = mp.get_context("spawn")
-    out = ctx.Queue()
-    port = free_port()
-    procs = [ctx.Process(target=_worker, args=(r, world, port, hosts, groups, out))
-             for r in range(world)]
-    for p in procs:
-        p.start()
     results, made = {}, {}
-    for _ in procs:
-        rank, res, grp = out.get(timeout=120)
+    for rank, res, grp in run_ranks(_worker, len(hosts.split(",")), hosts, groups):
         results[rank], made[rank] = res, grp
-    for p in procs:
-        p.join(timeout=60)
-        assert p.exitcode == 0
     return results, made
 
 

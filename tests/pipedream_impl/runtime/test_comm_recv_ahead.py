@@ -6,14 +6,13 @@ ahead; a value other than 0 or 1 is refused."""
 from __future__ import annotations
 
 import datetime
-import multiprocessing as mp
 
 import pytest
 import torch
 import torch.distributed as dist
 
 from pipedream_impl.runtime.comm import RECV_AHEAD_ENV, Comm, recv_ahead
-from pipedream_impl.runtime.launcher import free_port
+from tests.gloo_ranks import run_ranks
 
 N = 6  # messages each way
 
@@ -23,11 +22,11 @@ def _message(kind: str, i: int) -> tuple[torch.Tensor, ...]:
     return torch.randn(3, 5, generator=g), torch.randint(0, 9, (4,), generator=g)
 
 
-def _worker(rank: int, port: int, ahead: str, out) -> None:  # noqa: ANN001 - a queue
+def _worker(rank: int, world: int, port: int, ahead: str, out) -> None:  # noqa: ANN001
     import os
     os.environ[RECV_AHEAD_ENV] = ahead
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                            world_size=2, timeout=datetime.timedelta(seconds=60))
+                            world_size=world, timeout=datetime.timedelta(seconds=60))
     comm = Comm(rank, torch.device("cpu"), timeout_s=60, static_shapes=True)
     got, posted = [], 0
     if rank == 0:  # sends every F message first, then takes every B reply
@@ -46,25 +45,10 @@ def _worker(rank: int, port: int, ahead: str, out) -> None:  # noqa: ANN001 - a 
     out.put((rank, [[t.tolist() for t in m] for m in got], posted))
 
 
+@pytest.mark.multiprocess
 @pytest.mark.parametrize("ahead", ["1", "0"])
 def test_messages_arrive_in_order_with_and_without_receives_posted_ahead(ahead: str) -> None:
-    ctx = mp.get_context("spawn")
-    out, port = ctx.Queue(), free_port()
-    procs = [ctx.Process(target=_worker, args=(r, port, ahead, out)) for r in range(2)]
-    for p in procs:
-        p.start()
-    results = {}
-    try:
-        for _ in procs:
-            rank, got, posted = out.get(timeout=120)
-            results[rank] = (got, posted)
-        for p in procs:
-            p.join(timeout=60)
-            assert p.exitcode == 0
-    finally:  # a worker that died must not leave the other waiting
-        for p in procs:
-            if p.is_alive():
-                p.terminate()
+    results = {rank: (got, posted) for rank, got, posted in run_ranks(_worker, 2, ahead)}
     for rank, kind in ((1, "F"), (0, "B")):
         got, posted = results[rank]
         assert got == [[t.tolist() for t in _message(kind, i)] for i in range(N)]

@@ -7,7 +7,6 @@ with buckets in flight ending the job."""
 from __future__ import annotations
 
 import datetime
-import multiprocessing as mp
 import time
 
 import pytest
@@ -20,9 +19,10 @@ from harness.reporting.progress import quiet
 from pipedream_impl.runtime.comm import FAKE_HOSTS_ENV, Comm
 from pipedream_impl.runtime.faults import Fault
 from pipedream_impl.runtime.grad_buckets import BUCKET_MB_ENV, GradBuckets, plan_buckets
-from pipedream_impl.runtime.launcher import PipelineFailure, free_port
+from pipedream_impl.runtime.launcher import PipelineFailure
 from pipedream_impl.runtime.stage_executor import _last_backwards
 from pipedream_impl.schedule import Layout, one_f_one_b
+from tests.gloo_ranks import run_ranks
 from workloads.registry import get
 
 
@@ -96,17 +96,7 @@ def test_buckets_start_during_the_backward_and_equal_the_blocking_average(hosts:
     leaders' all-reduce, broadcast, on the chain thread): every bucket starts before the
     backward ends, buckets of the last layers before the first layer's gradient exists,
     and the mean and the bytes per level equal the blocking path's."""
-    world = len(hosts.split(","))
-    ctx = mp.get_context("spawn")
-    out, port = ctx.Queue(), free_port()
-    procs = [ctx.Process(target=_worker, args=(r, world, port, hosts, out))
-             for r in range(world)]
-    for p in procs:
-        p.start()
-    got = [out.get(timeout=120) for _ in procs]
-    for p in procs:
-        p.join(timeout=60)
-        assert p.exitcode == 0
+    got = run_ranks(_worker, len(hosts.split(",")), hosts)
     for _rank, n_buckets, early, started, equal, overlap_levels, blocking_levels in got:
         assert n_buckets >= 3 and early == n_buckets
         assert started and started[0] >= 1  # started while the backward still ran
