@@ -96,9 +96,11 @@ class PeerExecutor(Executor):
     def loss_fn(self, out, targets):  # noqa: ANN001, ANN201
         return self.wl.loss(_tup(out), targets)
 
-    def _micro(self, k: int) -> list:
+    def _micro(self, k: int, targets_only: bool = False) -> list:
+        """Minibatch k's microbatches on the device (``targets_only``: their targets alone,
+        for a last stage whose engine takes no inputs there)."""
         return [microbatch(self.splits.train, self.wl, self.order, k, j, self.run.batch_size,
-                           self.m).to(self.device) for j in range(self.m)]
+                           self.m, targets_only).to(self.device) for j in range(self.m)]
 
     def run_epoch(self, epoch: int) -> EpochReport:
         report = self.start_epoch(epoch, self.stage, 0)

@@ -246,7 +246,8 @@ class TorchPipeExecutor(PeerExecutor):
     def _step(self, k: int) -> list[float]:
         self.optimizer.zero_grad(set_to_none=True)
         kwargs: dict = {"return_outputs": False}
-        mbs = self._micro(k) if (self.first or self.last) else None
+        mbs = self._micro(k, targets_only=not self.first) if (self.first or self.last) \
+            else None
         if self.first:
             kwargs["arg_mbs"] = [tuple(b.inputs) for b in mbs]
         losses: list = []

@@ -162,7 +162,9 @@ class Dataset:
     def __len__(self) -> int:  # pragma: no cover - abstract
         raise NotImplementedError
 
-    def take(self, index: Tensor) -> dict[str, Tensor]:  # pragma: no cover - abstract
+    def take(self, index: Tensor, keys: tuple[str, ...] | None = None) \
+            -> dict[str, Tensor]:  # pragma: no cover - abstract
+        """The rows ``index`` of each column (``keys``: only those columns)."""
         raise NotImplementedError
 
 
@@ -177,8 +179,8 @@ class TensorData(Dataset):
     def __len__(self) -> int:
         return int(next(iter(self.tensors.values())).shape[0])
 
-    def take(self, index: Tensor) -> dict[str, Tensor]:
-        return {k: v[index] for k, v in self.tensors.items()}
+    def take(self, index: Tensor, keys: tuple[str, ...] | None = None) -> dict[str, Tensor]:
+        return {k: v[index] for k, v in self.tensors.items() if keys is None or k in keys}
 
 
 @dataclass
@@ -207,7 +209,9 @@ class Workload:
     scales: dict[str, ScaleSpec]
     build: Callable[[str, dict], LayerModel]
     loss: Callable[[Tuple, Tensor], Tensor]
-    make_batch: Callable[[Dataset, Tensor], Batch]
+    # make_batch(data, index, targets_only=False): with targets_only, a Batch with no inputs
+    # whose targets are read without the inputs (a pipeline's last stage needs only them)
+    make_batch: Callable[..., Batch]
     evaluate: Callable[[LayerModel, Dataset, int], float]
     default_data: Callable[[str, int], DataSplits]
     load_data: Callable[[str, str], DataSplits]

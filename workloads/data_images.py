@@ -35,7 +35,9 @@ CIFAR_STD = (0.2470, 0.2435, 0.2616)
 SPLIT_SEED = 20190901  # fixed: the validation images never depend on the training seed
 
 
-def image_batch(data: Dataset, index: Tensor) -> Batch:
+def image_batch(data: Dataset, index: Tensor, targets_only: bool = False) -> Batch:
+    if targets_only:
+        return Batch((), data.take(index, ("y",))["y"])
     d = data.take(index)
     return Batch((d["x"],), d["y"])
 
@@ -88,7 +90,10 @@ class ImageFolderData(Dataset):
     def __len__(self) -> int:
         return len(self.folder)
 
-    def take(self, index: Tensor) -> dict[str, Tensor]:
+    def take(self, index: Tensor, keys: tuple[str, ...] | None = None) -> dict[str, Tensor]:
+        if keys is not None and "x" not in keys:  # labels only: no image decoded
+            return {"y": torch.tensor([self.folder.targets[int(i)] for i in index],
+                                      dtype=torch.int64)}
         items = [self.folder[int(i)] for i in index]
         return {"x": torch.stack([im for im, _ in items]),
                 "y": torch.tensor([label for _, label in items], dtype=torch.int64)}

@@ -65,8 +65,10 @@ def pad_source(sentences: list[list[int]], length: int) -> Tensor:
     return src
 
 
-def seq2seq_batch(data: Dataset, index: Tensor) -> Batch:
+def seq2seq_batch(data: Dataset, index: Tensor, targets_only: bool = False) -> Batch:
     """Inputs (source, tgt_in), targets tgt_out: works for translation and captioning."""
+    if targets_only:
+        return Batch((), data.take(index, ("tgt_out",))["tgt_out"])
     d = data.take(index)
     return Batch((d["src"], d["tgt_in"]), d["tgt_out"])
 

@@ -121,7 +121,9 @@ def windows(stream: Tensor, bptt: int, meta: dict) -> TensorData:
     return TensorData({"x": x, "y": y}, meta)
 
 
-def lm_batch(data: Dataset, index: Tensor) -> Batch:
+def lm_batch(data: Dataset, index: Tensor, targets_only: bool = False) -> Batch:
+    if targets_only:
+        return Batch((), data.take(index, ("y",))["y"])
     d = data.take(index)
     return Batch((d["x"],), d["y"])
 

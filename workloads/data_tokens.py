@@ -50,10 +50,11 @@ class TokenWindows(Dataset):
     def __len__(self) -> int:
         return self.n
 
-    def take(self, index: Tensor) -> dict[str, Tensor]:
+    def take(self, index: Tensor, keys: tuple[str, ...] | None = None) -> dict[str, Tensor]:
         rows = index.numpy()[:, None] * self.seq + np.arange(self.seq + 1)
         w = torch.from_numpy(self.tokens[rows].astype(np.int64))
-        return {"x": w[:, :-1], "y": w[:, 1:]}
+        return {k: v for k, v in (("x", w[:, :-1]), ("y", w[:, 1:]))
+                if keys is None or k in keys}
 
 
 def read_bin(file: Path) -> np.ndarray:

@@ -58,11 +58,12 @@ def minibatch(data: Dataset, workload: Workload, order: torch.Tensor, k: int,
 
 
 def microbatch(data: Dataset, workload: Workload, order: torch.Tensor, k: int, j: int,
-               batch_size: int, microbatches: int) -> Batch:
-    """Microbatch j of minibatch k: the minibatch's samples cut into equal consecutive parts."""
+               batch_size: int, microbatches: int, targets_only: bool = False) -> Batch:
+    """Microbatch j of minibatch k: the minibatch's samples cut into equal consecutive parts
+    (``targets_only``: its targets alone, the inputs neither read nor built)."""
     size = batch_size // microbatches
     start = k * batch_size + j * size
-    return workload.make_batch(data, order[start:start + size])
+    return workload.make_batch(data, order[start:start + size], targets_only=targets_only)
 
 
 def load_splits(workload: Workload, scale: str, data: str | None, seed: int) -> DataSplits:

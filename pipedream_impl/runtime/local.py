@@ -28,7 +28,8 @@ from pipedream_impl.runtime.contract import EpochReport, WorkerPieces, WorkerSpe
 from pipedream_impl.runtime.stage_executor import StageExecutor
 from pipedream_impl.schedule import Action, interleave
 
-__all__ = ["LocalComm", "action_costs", "local_executors", "run_local", "typical_messages"]
+__all__ = ["LocalComm", "action_costs", "local_executors", "play_epoch", "run_local",
+           "typical_messages"]
 
 
 class LocalComm:
@@ -81,6 +82,13 @@ def local_executors(spec: WorkerSpec, device: torch.device | None = None) \
 
 def run_local(executors: list[StageExecutor], epoch: int) -> list[EpochReport]:
     """One epoch of every rank, interleaved in this process; reports in rank order."""
+    play_epoch(executors, epoch)
+    return [ex.finish_epoch() for ex in executors]
+
+
+def play_epoch(executors: list[StageExecutor], epoch: int) -> None:
+    """Every rank's actions of one epoch, interleaved; the epoch is not yet closed (each
+    executor's ``finish_epoch`` gives its report)."""
     acts = [ex.begin_epoch(epoch) for ex in executors]
 
     def step(rank: int, pos: int, a: Action) -> bool:
@@ -91,7 +99,6 @@ def run_local(executors: list[StageExecutor], epoch: int) -> list[EpochReport]:
         return True
 
     interleave(acts, step)
-    return [ex.finish_epoch() for ex in executors]
 
 
 def typical_messages(executors: list[StageExecutor]) -> dict[tuple[int, str], list[tuple]]:

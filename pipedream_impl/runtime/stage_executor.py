@@ -6,8 +6,9 @@ step); it holds no scheduling logic. Communication goes through ``comm.Comm`` (c
 bytes, timeouts); weight versions through ``weight_stash.WeightStore``.
 
 Inputs and targets: only stage 0 reads the inputs of a minibatch; the last stage reads its
-targets itself through the same deterministic sampler (``workloads.recipe.epoch_order``
-with the same seed and epoch), so targets never travel with the activations.
+targets alone (no inputs gathered or decoded) through the same deterministic sampler
+(``workloads.recipe.epoch_order`` with the same seed and epoch), so targets never travel
+with the activations.
 
 Weight modes: ``stash`` and ``vertical-sync`` keep the forward's autograd graph (built over
 the version's snapshot) until the backward; ``none`` (naive pipelining) runs the forward
@@ -172,9 +173,9 @@ class StageExecutor(Executor):
         r.stash_activation_bytes = self.act_bytes_peak
         return self.close_report(r, self.module)
 
-    def _batch(self, unit: int) -> Batch:
+    def _batch(self, unit: int, targets_only: bool = False) -> Batch:
         return microbatch(self.splits.train, self.wl, self.order, unit // self.m,
-                          unit % self.m, self.run.batch_size, self.m)
+                          unit % self.m, self.run.batch_size, self.m, targets_only)
 
     # Each handler returns True when its time was spent waiting on others (idle).
     def _recv_forward(self, act: Action, pos: int) -> bool:
@@ -257,8 +258,10 @@ class StageExecutor(Executor):
     def _forward(self, act: Action, pos: int) -> bool:
         k = act.mb
         rec = self.inflight.setdefault(k, {})
+        batch = None
         if self.stage == 0:  # only stage 0 reads inputs
-            rec["x"] = tuple(t.to(self.device) for t in self._batch(k).inputs)
+            batch = self._batch(k)
+            rec["x"] = tuple(t.to(self.device) for t in batch.inputs)
         if self.naive:
             with torch.no_grad():
                 out = self.module(rec["x"])
@@ -267,8 +270,9 @@ class StageExecutor(Executor):
         else:
             rec["snap"] = self.store.params(self.base + act.version)
             out = functional_call(self.module, rec["snap"], (rec["x"],))
-        if self.last:  # the last stage reads its targets through the same sampler
-            rec["targets"] = self._batch(k).targets.to(self.device)
+        if self.last:  # the last stage reads its targets (alone) through the same sampler
+            batch = batch or self._batch(k, targets_only=True)
+            rec["targets"] = batch.targets.to(self.device)
             if not self.naive:
                 rec["loss"] = self.wl.loss(out, rec["targets"]) / self.m
         if not (self.naive and self.last):  # a naive last stage recomputes its output at B

@@ -98,6 +98,8 @@ def test_nanogpt_bin_files_are_windows_of_uint16_ids(tmp_path: Path) -> None:
     assert d["x"].dtype == torch.int64
     assert d["x"][0].tolist() == ids[48:64].tolist() and d["y"][0].tolist() == ids[49:65].tolist()
     assert d["x"][1].tolist() == ids[0:16].tolist()
+    only = splits.train.take(torch.tensor([3, 0]), keys=("y",))  # a last stage's read
+    assert list(only) == ["y"] and torch.equal(only["y"], d["y"])
     (tmp_path / "train.bin").write_bytes(b"\x00\x01\x02")
     with pytest.raises(WorkloadError, match="uint16"):
         load(str(tmp_path), 16)

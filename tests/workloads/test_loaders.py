@@ -33,6 +33,28 @@ def test_image_folder(tmp_path: Path) -> None:
     assert b.inputs[0].shape == (2, 3, 32, 32) and b.targets.tolist() == [0, 1]
     model = get("vgg16").build("tiny", splits.train.meta).eval()
     assert model(b.inputs)[0].shape == (2, 2)
+    # a pipeline's last stage asks for the labels alone: no image is opened for them
+    opened = []
+    loader = splits.valid.folder.loader
+    splits.valid.folder.loader = lambda path: opened.append(path) or loader(path)
+    only = data_images.image_batch(splits.valid, torch.tensor([3, 0]), targets_only=True)
+    assert only.inputs == () and only.targets.tolist() == [1, 0] and opened == []
+
+
+@pytest.mark.parametrize("name", ["vgg16", "resnet50", "gnmt8", "awd-lm", "s2vt", "gpt"])
+def test_targets_only_are_the_whole_batchs_targets(name: str) -> None:
+    """What a last stage reads alone (``targets_only``) is what the whole minibatch holds,
+    for every workload's built-in data."""
+    from workloads.recipe import epoch_order, load_splits, microbatch
+
+    wl = get(name)
+    data = load_splits(wl, "tiny", None, 0).train
+    order = epoch_order(len(data), 0, 1)
+    for j in range(2):
+        whole = microbatch(data, wl, order, 1, j, 8, 2)
+        alone = microbatch(data, wl, order, 1, j, 8, 2, targets_only=True)
+        assert alone.inputs == () and alone.targets.dtype == whole.targets.dtype
+        assert torch.equal(alone.targets, whole.targets)
 
 
 def test_cifar10_binary(tmp_path: Path) -> None:

@@ -1,0 +1,226 @@
+"""What the pipeline runtime adds per action, on one device: the whole model under the plain
+trainer against the runtime's own handlers with 1, 2 and 4 stages in one process.
+
+Why (issue 24): a pipeline's time per minibatch is its stages' compute plus what the
+runtime does around each action (Python dispatch, autograd set-up on received tensors, the
+copies of messages, stash bookkeeping, and on a GPU the ``synchronize`` after every action
+that the runtime's per-action timings need). Run in one process on one device
+(``pipedream_impl.runtime.local``: every stage in turn, messages handed over as device
+copies, no transfer and no waiting), the pipeline does the same arithmetic as the trainer,
+so its extra time per minibatch, over the actions it takes, is the runtime's cost per
+action, comparable between a GPU at full scale and the CPU at tiny scale.
+
+Measured per workload (after one warm-up epoch, over ``--epochs`` epochs of ``--steps``
+minibatches, wall clock with the device synchronised at the epoch's end; closing an epoch,
+which copies each stage's weights to the host for its report, is timed apart):
+- ``trainer``: ``harness.experiments.training.train_step`` on the whole model (no per-step
+  synchronisation);
+- ``S stages``: the runtime's handlers on S balanced stages (layer times profiled on the
+  device, ``balanced_bounds``), once as the runtime runs (synchronised after every action)
+  and once with that per-action synchronisation switched off; and each action kind's time
+  per minibatch from the runtime's own report (synchronised run);
+- with ``--trace-dir``: a ``torch.profiler`` trace (Chrome format, gzipped) of a few
+  minibatches of the 2-stage run, and its top operators by self device / CPU time.
+
+    python3 scripts/gpu_pipeline.py --device cuda --scale full -o results/gpu/pipeline-h100.md
+    python3 scripts/gpu_pipeline.py --device cpu --scale tiny --threads 1 -o ...
+
+Nothing else may run on the machine meanwhile.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import shutil
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from harness.experiments.training import minibatches, train_step  # noqa: E402
+from pipedream_impl.planner.plan import balanced_bounds  # noqa: E402
+from pipedream_impl.profiling.profiler import profile_layers  # noqa: E402
+from pipedream_impl.runtime.contract import RunSettings, SystemSettings, WorkerSpec  # noqa: E402
+from pipedream_impl.runtime.local import local_executors, play_epoch, run_local  # noqa: E402
+from workloads import registry  # noqa: E402
+from workloads.recipe import load_splits, make_optimizer  # noqa: E402
+
+KINDS = ("F", "B", "U", "SF", "SB", "RF", "RB")
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _trainer_ms(name: str, scale: str, device: torch.device, args) -> float:  # noqa: ANN001
+    """Plain training steps on the whole model: ms per minibatch."""
+    wl = registry.get(name)
+    spec = wl.spec(scale)
+    splits = load_splits(wl, scale, None, 0)
+    model = wl.build(scale, {**splits.train.meta, "init_seed": 0}).to(device).train()
+    opt = make_optimizer(spec, model.parameters())
+    total, n = 0.0, 0
+    for epoch in range(1 + args.epochs):
+        _sync(device)
+        t0 = time.perf_counter()
+        k = 0
+        for batch in minibatches(splits.train, wl, spec.batch_size, 0, epoch, args.steps):
+            train_step(model, wl, spec, opt, batch.to(device))
+            k += 1
+        _sync(device)
+        if epoch:  # the first epoch warms up
+            total, n = total + time.perf_counter() - t0, n + k
+    return 1e3 * total / n
+
+
+def _bounds(name: str, scale: str, device: torch.device, stages: int) -> tuple:
+    wl = registry.get(name)
+    splits = load_splits(wl, scale, None, 0)
+    model = wl.build(scale, {**splits.train.meta, "init_seed": 0})
+    batch = next(minibatches(splits.train, wl, wl.spec(scale).batch_size, 0, 0, 1))
+    nodes = profile_layers(model, batch, wl.loss, device)
+    return balanced_bounds([n.forward_ms + n.backward_ms for n in nodes], (1,) * stages)
+
+
+def _epochs(executors, device: torch.device, epochs: int, sync_each: bool) -> tuple:  # noqa: ANN001
+    """ms per minibatch of the epochs' actions over ``epochs`` epochs after a warm-up one,
+    ms per minibatch of closing them (each rank's report takes a host copy of its stage's
+    weights), and the reports."""
+    real = [ex.synchronize for ex in executors]
+    if not sync_each:
+        for ex in executors:
+            ex.synchronize = lambda: None
+    try:
+        run_local(executors, 0)
+        wall, close, reports = 0.0, 0.0, []
+        for e in range(1, 1 + epochs):
+            _sync(device)
+            t0 = time.perf_counter()
+            play_epoch(executors, e)
+            _sync(device)
+            t1 = time.perf_counter()
+            reports.append([ex.finish_epoch() for ex in executors])
+            wall, close = wall + t1 - t0, close + time.perf_counter() - t1
+    finally:
+        for ex, fn in zip(executors, real, strict=True):
+            ex.synchronize = fn
+    n = epochs * executors[0].n_steps
+    return 1e3 * wall / n, 1e3 * close / n, reports
+
+
+def _pipeline(name: str, scale: str, device: torch.device, stages: int, args) -> dict:  # noqa: ANN001
+    bounds = _bounds(name, scale, device, stages)
+    b = registry.get(name).spec(scale).batch_size
+    spec = WorkerSpec(0, RunSettings(name, scale, 0, b, max_steps=args.steps, timeout_s=600.0,
+                                     threads=args.threads, device=device.type),
+                      SystemSettings((1,) * stages, bounds))
+    executors = local_executors(spec, device)
+    synced, close, reports = _epochs(executors, device, args.epochs, True)
+    free, _, _ = _epochs(executors, device, args.epochs, False)
+    n = args.epochs * executors[0].n_steps
+    kinds = {k: 1e3 * sum(rep[r].action_s.get(k, 0.0) for rep in reports
+                          for r in range(stages)) / n for k in KINDS}
+    actions = sum(len(ex.schedule().actions[ex.spec.rank]) for ex in executors)
+    out = {"stages": stages, "bounds": bounds, "synced": synced, "free": free, "close": close,
+           "kinds": kinds,
+           "actions": actions / executors[0].n_steps}
+    if args.trace_dir and stages == 2:
+        out["trace"] = _trace(executors, device, Path(args.trace_dir), name)
+    return out
+
+
+def _trace(executors, device: torch.device, where: Path, name: str) -> dict:  # noqa: ANN001
+    from torch.profiler import ProfilerActivity, profile
+
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    with profile(activities=acts) as prof:
+        t0 = time.perf_counter()
+        run_local(executors, 99)
+        _sync(device)
+        wall = time.perf_counter() - t0
+    where.mkdir(parents=True, exist_ok=True)
+    raw = where / f"trace-{name}-2stage-{device.type}.json"
+    prof.export_chrome_trace(str(raw))
+    with raw.open("rb") as src, gzip.open(f"{raw}.gz", "wb") as dst:
+        shutil.copyfileobj(src, dst)
+    raw.unlink()
+    avg = prof.key_averages()
+    dev = sum(getattr(e, "self_device_time_total", 0.0) for e in avg) / 1e6
+    key = "self_cuda_time_total" if device.type == "cuda" else "self_cpu_time_total"
+    return {"file": f"{raw.name}.gz", "wall_s": wall, "device_busy_s": dev,
+            "table": avg.table(sort_by=key, row_limit=15, max_name_column_width=48)}
+
+
+def _report(rows: dict, args, device_name: str) -> str:  # noqa: ANN001
+    lines = [f"# The pipeline runtime's cost per action on {device_name}", "",
+             f"Generated by `python3 {' '.join(sys.argv)}` ({time.strftime('%Y-%m-%d')}; torch "
+             f"{torch.__version__}, {args.threads} CPU thread(s)). One process: every stage "
+             f"in turn on the one device, {args.epochs} epochs of {args.steps} minibatches "
+             "after a warm-up epoch. `added per action`: (the pipeline's ms per minibatch "
+             "with per-action synchronisation off - the trainer's) / actions per minibatch; "
+             "the epoch's close (a host copy of each stage's weights for its report) is "
+             "not in either, and is shown apart. Action kinds: ms per minibatch summed over "
+             "the stages (synchronised run).",
+             "", "| workload | run | split | ms/minibatch, synced per action | ms/minibatch, "
+             "one sync | epoch close, ms/minibatch | actions/minibatch | added per action, µs | "
+             + " | ".join(f"{k} ms" for k in KINDS) + " |",
+             "|---|---|---|---|---|---|---|---|" + "---|" * len(KINDS)]
+    for name, got in rows.items():
+        t = got["trainer"]
+        lines.append(f"| {name} | trainer | whole | | {t:.2f} | | | |" + " |" * len(KINDS))
+        for p in got["pipes"]:
+            added = 1e3 * (p["free"] - t) / p["actions"]
+            kinds = " | ".join(f"{p['kinds'][k]:.2f}" for k in KINDS)
+            lines.append(f"| {name} | {p['stages']} stage(s) | {list(p['bounds'])} | "
+                         f"{p['synced']:.2f} | {p['free']:.2f} | {p['close']:.2f} | "
+                         f"{p['actions']:.0f} | "
+                         f"{added:.0f} | {kinds} |")
+    for name, got in rows.items():
+        for p in got["pipes"]:
+            if "trace" in p:
+                tr = p["trace"]
+                lines += ["", f"## {name}, 2 stages, one epoch under torch.profiler "
+                          f"(`{tr['file']}`)", "",
+                          f"Wall {tr['wall_s']:.3f} s; device kernels (self time summed) "
+                          f"{tr['device_busy_s']:.3f} s.", "", "```", tr["table"], "```"]
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--scale", default="full")
+    ap.add_argument("--workloads", default="vgg16,resnet50")
+    ap.add_argument("--stages", default="1,2,4")
+    ap.add_argument("--epochs", type=int, default=2)
+    ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--threads", type=int, default=4)
+    ap.add_argument("--trace-dir", default=None)
+    ap.add_argument("-o", "--output", required=True)
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    device = torch.device(args.device)
+    device_name = (torch.cuda.get_device_name(device) if device.type == "cuda"
+                   else f"the CPU ({args.threads} thread(s))")
+    rows = {}
+    for name in args.workloads.split(","):
+        print(f"{name}: trainer", file=sys.stderr, flush=True)
+        got = {"trainer": _trainer_ms(name, args.scale, device, args), "pipes": []}
+        for s in map(int, args.stages.split(",")):
+            print(f"{name}: {s} stage(s)", file=sys.stderr, flush=True)
+            got["pipes"].append(_pipeline(name, args.scale, device, s, args))
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+        rows[name] = got
+    text = _report(rows, args, device_name)
+    Path(args.output).write_text(text)
+    print(text)
+
+
+if __name__ == "__main__":
+    main()
