@@ -217,7 +217,10 @@ SCHEMA: tuple[Metric, ...] = (
            "where idle is not timed (DDP, Horovod, DeepSpeed) its waits too.", runs=_MULTI,
            pattern=BUSY + _W, aggregate="sum"),
     Metric(ACTION_TIME, "s", "Time the worker spent in actions of one kind (F, B, U, SF, RB, "
-           "A, W, wait, step, ...).", runs=_MULTI, pattern=ACTION_TIME + "_{kind}" + _W,
+           "A, W, wait, step, ...). On a GPU our runtime's pipelines time each action by "
+           "CUDA events (from when the device reaches the action to when its work ends), "
+           "without waiting for the device after it; elsewhere the host's clock.",
+           runs=_MULTI, pattern=ACTION_TIME + "_{kind}" + _W,
            aggregate="sum"),
     Metric(STASH_WEIGHTS, "bytes", "Peak bytes of the weight versions stashed on the worker "
            "(the live weights not counted).", runs=_MULTI, pattern=STASH_WEIGHTS + _W,

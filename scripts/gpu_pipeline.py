@@ -3,10 +3,10 @@ trainer against the runtime's own handlers with 1, 2 and 4 stages in one process
 
 Why (issue 24): a pipeline's time per minibatch is its stages' compute plus what the
 runtime does around each action (Python dispatch, autograd set-up on received tensors, the
-copies of messages, stash bookkeeping, and on a GPU the ``synchronize`` after every action
-that the runtime's per-action timings need). Run in one process on one device
-(``pipedream_impl.runtime.local``: every stage in turn, messages handed over as device
-copies, no transfer and no waiting), the pipeline does the same arithmetic as the trainer,
+copies of messages, stash bookkeeping, and on a GPU the timing of each action: a wait for
+the device after every action until device-event clocks replaced it). Run in one process
+on one device (``pipedream_impl.runtime.local``: every stage in turn, messages handed over
+as device copies, no transfer and no waiting), the pipeline does the same arithmetic as the trainer,
 so its extra time per minibatch, over the actions it takes, is the runtime's cost per
 action, comparable between a GPU at full scale and the CPU at tiny scale.
 
@@ -16,9 +16,10 @@ which copies each stage's weights to the host for its report, is timed apart):
 - ``trainer``: ``harness.experiments.training.train_step`` on the whole model (no per-step
   synchronisation);
 - ``S stages``: the runtime's handlers on S balanced stages (layer times profiled on the
-  device, ``balanced_bounds``), once as the runtime runs (synchronised after every action)
-  and once with that per-action synchronisation switched off; and each action kind's time
-  per minibatch from the runtime's own report (synchronised run);
+  device, ``balanced_bounds``), once as the runtime runs (on a GPU its actions timed by
+  device events, ``pipedream_impl.runtime.device_clock``) and once waiting for the device
+  after every action to time it on the host clock (the runtime's way before); and each
+  action kind's time per minibatch from the runtime's own report;
 - with ``--trace-dir``: a ``torch.profiler`` trace (Chrome format, gzipped) of a few
   minibatches of the 2-stage run, and its top operators by self device / CPU time.
 
@@ -87,14 +88,15 @@ def _bounds(name: str, scale: str, device: torch.device, stages: int) -> tuple:
     return balanced_bounds([n.forward_ms + n.backward_ms for n in nodes], (1,) * stages)
 
 
-def _epochs(executors, device: torch.device, epochs: int, sync_each: bool) -> tuple:  # noqa: ANN001
+def _epochs(executors, device: torch.device, epochs: int, wait_each: bool) -> tuple:  # noqa: ANN001
     """ms per minibatch of the epochs' actions over ``epochs`` epochs after a warm-up one,
     ms per minibatch of closing them (each rank's report takes a host copy of its stage's
-    weights), and the reports."""
-    real = [ex.synchronize for ex in executors]
-    if not sync_each:
+    weights), and the reports. ``wait_each``: time every action on the host clock after
+    waiting for the device (the runtime's way before device-event clocks; on the CPU the
+    two are the same)."""
+    if wait_each:
         for ex in executors:
-            ex.synchronize = lambda: None
+            ex.device_clock = False
     try:
         run_local(executors, 0)
         wall, close, reports = 0.0, 0.0, []
@@ -107,8 +109,8 @@ def _epochs(executors, device: torch.device, epochs: int, sync_each: bool) -> tu
             reports.append([ex.finish_epoch() for ex in executors])
             wall, close = wall + t1 - t0, close + time.perf_counter() - t1
     finally:
-        for ex, fn in zip(executors, real, strict=True):
-            ex.synchronize = fn
+        for ex in executors:
+            vars(ex).pop("device_clock", None)
     n = epochs * executors[0].n_steps
     return 1e3 * wall / n, 1e3 * close / n, reports
 
@@ -120,8 +122,8 @@ def _pipeline(name: str, scale: str, device: torch.device, stages: int, args) ->
                                      threads=args.threads, device=device.type),
                       SystemSettings((1,) * stages, bounds))
     executors = local_executors(spec, device)
-    synced, close, reports = _epochs(executors, device, args.epochs, True)
-    free, _, _ = _epochs(executors, device, args.epochs, False)
+    synced, _, _ = _epochs(executors, device, args.epochs, True)
+    free, close, reports = _epochs(executors, device, args.epochs, False)
     n = args.epochs * executors[0].n_steps
     kinds = {k: 1e3 * sum(rep[r].action_s.get(k, 0.0) for rep in reports
                           for r in range(stages)) / n for k in KINDS}
@@ -162,12 +164,14 @@ def _report(rows: dict, args, device_name: str) -> str:  # noqa: ANN001
              f"{torch.__version__}, {args.threads} CPU thread(s)). One process: every stage "
              f"in turn on the one device, {args.epochs} epochs of {args.steps} minibatches "
              "after a warm-up epoch. `added per action`: (the pipeline's ms per minibatch "
-             "with per-action synchronisation off - the trainer's) / actions per minibatch; "
+             "as the runtime runs - the trainer's) / actions per minibatch; "
              "the epoch's close (a host copy of each stage's weights for its report) is "
              "not in either, and is shown apart. Action kinds: ms per minibatch summed over "
-             "the stages (synchronised run).",
-             "", "| workload | run | split | ms/minibatch, synced per action | ms/minibatch, "
-             "one sync | epoch close, ms/minibatch | actions/minibatch | added per action, µs | "
+             "the stages, as the runtime runs. On the CPU the two columns run the same "
+             "code (there is no device to wait for).",
+             "", "| workload | run | split | ms/minibatch, waiting per action | ms/minibatch, "
+             "as the runtime runs | epoch close, ms/minibatch | actions/minibatch | "
+             "added per action, µs | "
              + " | ".join(f"{k} ms" for k in KINDS) + " |",
              "|---|---|---|---|---|---|---|---|" + "---|" * len(KINDS)]
     for name, got in rows.items():

@@ -39,6 +39,7 @@ import signal
 import threading
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import ClassVar
 
@@ -47,6 +48,7 @@ import torch.distributed as dist
 
 from core.imports import load
 from pipedream_impl.runtime import STAGE_EXECUTOR, TIMEOUT_S, WARMUP_STEPS
+from pipedream_impl.runtime.device_clock import DeviceClock
 from pipedream_impl.runtime.faults import Fault, Progress, board_path
 from pipedream_impl.runtime.stage_lr import STAGE_LR_RULES
 from pipedream_impl.schedule import WEIGHT_MODES, Layout
@@ -201,6 +203,10 @@ class Executor:
     """One worker of a system: ``run_epoch`` trains an epoch and reports it."""
 
     torch_distributed: ClassVar[bool] = True  # the worker joins a torch.distributed group
+    # times its actions by device events on a GPU (``device_clock``) rather than waiting
+    # for the device after each one; the executor books them through ``timed``
+    device_clock: ClassVar[bool] = False
+    clock: DeviceClock | None = None  # this epoch's, where device events time the actions
     n_steps: int  # minibatches per epoch, set by the subclass
 
     def __init__(self, pieces: WorkerPieces) -> None:
@@ -257,7 +263,41 @@ class Executor:
         # one anchor per epoch maps perf_counter spans onto the wall clock
         self._wall0, self._perf0 = time.time(), time.perf_counter()
         self._cpu0 = time.process_time()
+        self.clock = self._device_clock()
         return EpochReport(self.rank, stage, replica)
+
+    def _device_clock(self) -> DeviceClock | None:
+        """The epoch's device-event clock, for executors that book their actions through
+        ``timed`` on a GPU; none elsewhere, nor for a rank slowed by a straggler fault
+        (its spin reads the host clock, so it waits for the device per action)."""
+        fault = self.run.fault
+        slowed = fault is not None and fault.kind == "slow" and fault.rank in (-1, self.rank)
+        if not (self.device_clock and self.on_gpu()) or slowed:
+            return None
+        self.synchronize()
+        return DeviceClock(time.perf_counter(), self.event)
+
+    def on_gpu(self) -> bool:
+        return self.device.type == "cuda"
+
+    @staticmethod
+    def event() -> torch.cuda.Event:
+        return torch.cuda.Event(enable_timing=True)
+
+    def timed(self, report: EpochReport, kind: str, run: Callable[[], bool]) -> None:
+        """Do one action (``run`` returns True when its time was spent waiting on others)
+        and book its span: by device events where ``self.clock`` is set (read at the
+        epoch's close), else on the host clock after waiting for the device."""
+        if self.clock is not None:
+            begin = self.clock.start()
+            waited = run()
+            self.clock.stop(begin, kind, busy=not waited)
+            return
+        t0 = time.perf_counter()
+        waited = run()
+        self.synchronize()
+        self.straggle(kind, t0)
+        self.record(report, kind, t0, time.perf_counter(), busy=not waited)
 
     def record(self, report: EpochReport, name: str, t0: float, t1: float,
                busy: bool = True) -> None:
@@ -284,10 +324,14 @@ class Executor:
 
     def synchronize(self) -> None:
         """Wait for the device (CUDA kernels run asynchronously) before reading a clock."""
-        if self.device.type == "cuda":
+        if self.on_gpu():
             torch.cuda.synchronize(self.device)
 
     def close_report(self, report: EpochReport, module: torch.nn.Module) -> EpochReport:
+        if self.clock is not None:  # the device-timed actions, booked in their order
+            self.synchronize()
+            for name, t0, t1, busy in self.clock.spans():
+                self.record(report, name, t0, t1, busy)
         self.progress.end_epoch()
         report.end_at = time.time()
         report.cpu_s = time.process_time() - self._cpu0

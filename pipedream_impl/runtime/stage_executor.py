@@ -37,7 +37,6 @@ tied gradients, its ``before_update`` sets the gradient both copies apply (and c
 from __future__ import annotations
 
 import math
-import time
 
 import torch
 from torch import Tensor
@@ -59,6 +58,8 @@ __all__ = ["StageExecutor"]
 
 class StageExecutor(Executor):
     """One stage replica: its module, optimizer, weight versions and the action handlers."""
+
+    device_clock = True  # on a GPU, actions are timed by device events (no wait per action)
 
     def __init__(self, pieces: WorkerPieces) -> None:
         super().__init__(pieces)
@@ -139,11 +140,7 @@ class StageExecutor(Executor):
 
     def step(self, act: Action, pos: int) -> None:
         self.begin_action(act.kind, act.mb, act.kind in _WAITS)
-        t0 = time.perf_counter()
-        waited = self.handlers[act.kind](act, pos)
-        self.synchronize()
-        self.straggle(act.kind, t0)
-        self.record(self.report, act.kind, t0, time.perf_counter(), busy=not waited)
+        self.timed(self.report, act.kind, lambda: self.handlers[act.kind](act, pos))
         self.progress.leave(f"{act.kind}{act.mb}")
 
     def checkpoint_state(self) -> dict:

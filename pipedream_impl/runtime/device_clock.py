@@ -1,0 +1,62 @@
+"""Per-action times on a GPU without waiting for the device after every action.
+
+Why: the runtime books each action's span (seconds per action kind, busy and idle time,
+the trace's events). On the CPU an action is done when its handler returns; on a GPU its
+kernels are only queued, and waiting for the device after every action (what the runtime
+did) keeps the host from queueing the next action while the device works. Measured on an
+H100 (``results/gpu/pipeline-h100.md``) that wait cost 0.3-0.9 ms per action, more than
+the rest of the runtime's overhead; torch's and DeepSpeed's engines do not pay it.
+
+How: a pair of CUDA events around each action, recorded on the current stream, and one
+anchor event recorded when the epoch's clock starts (after one synchronisation, so the
+anchor and the host's clock reading are the same instant). At the epoch's close, after one
+synchronisation, each action's span is read off the device's timeline: it starts when the
+stream reached its first event (everything queued before it was done) and ends when its
+last kernel finished; the spans are then booked exactly as host-timed ones are
+(``Executor.record``), so every report, metric and trace reads the same fields.
+
+A span is the action's device time. A receive's span is the stream's wait for the message
+(idle); a host-side wait inside an action (a blocking transfer) still lies inside its
+span, since the end event is queued after it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+__all__ = ["DeviceClock"]
+
+
+class DeviceClock:
+    """One epoch's actions timed by device events: ``start`` before an action, ``stop``
+    after it, ``spans`` once the device is synchronised."""
+
+    def __init__(self, now: float, event: Callable[[], Any]) -> None:
+        """``now``: the host clock (``time.perf_counter``) at the anchor, read right after
+        a synchronisation; ``event``: makes an event with timing on (``torch.cuda.Event``
+        with ``enable_timing=True``; a stand-in in tests)."""
+        self.event = event
+        self.anchor, self.anchor_at = event(), now
+        self.anchor.record()
+        self.pending: list[tuple[str, Any, Any, bool]] = []
+
+    def start(self) -> Any:
+        ev = self.event()
+        ev.record()
+        return ev
+
+    def stop(self, begin: Any, name: str, busy: bool) -> None:
+        end = self.event()
+        end.record()
+        self.pending.append((name, begin, end, busy))
+
+    def spans(self) -> list[tuple[str, float, float, bool]]:
+        """``(name, t0, t1, busy)`` of every action in order, on the host's clock
+        (``time.perf_counter`` seconds); the device must be synchronised first."""
+        out = []
+        for name, begin, end, busy in self.pending:
+            t0 = self.anchor_at + self.anchor.elapsed_time(begin) / 1e3
+            out.append((name, t0, t0 + begin.elapsed_time(end) / 1e3, busy))
+        self.pending = []
+        return out
