@@ -31,7 +31,6 @@ between two stages of the same rank (the V's turn) is a local hand-off, not on a
 from __future__ import annotations
 
 import functools
-import time
 
 import torch
 from torch import nn
@@ -162,6 +161,8 @@ class TorchPipeExecutor(PeerExecutor):
     """torch.distributed.pipelining: one PipelineStage per stage this rank holds, and the
     schedule the registry names."""
 
+    device_clock = True  # on a GPU its actions are timed by device events, as ours are
+
     def __init__(self, pieces: WorkerPieces) -> None:  # noqa: D107 - see the class doc
         self.workers = len(pieces.layout.replicas)
         self.n_model_stages = len(pieces.spec.system.bounds)
@@ -211,19 +212,19 @@ class TorchPipeExecutor(PeerExecutor):
         inner = getattr(stage, method)
 
         def timed(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
-            t0 = time.perf_counter()
-            try:
-                return inner(*args, **kwargs)
-            finally:
-                self.synchronize()
-                self.straggle(kind(kwargs), t0)
-                self._spans.append((kind(kwargs), t0, time.perf_counter()))
+            return self.timed(kind(kwargs), lambda: inner(*args, **kwargs), self._keep)
 
         setattr(stage, method, timed)
 
+    def _keep(self, kind: str, t0: float, t1: float, busy: bool) -> None:
+        self._spans.append((kind, t0, t1))
+
     def _book(self, report: EpochReport, t0: float, t1: float) -> None:
         """The step's compute actions and optimizer step (U) busy, each by its kind; every
-        gap between them (waiting for a neighbour's message) idle, as ``wait``."""
+        gap between them (waiting for a neighbour's message) idle, as ``wait``. On a GPU
+        the actions' device-event spans are read here (the step ends synchronised)."""
+        if self.clock is not None:
+            self._spans += [(kind, a, b) for kind, a, b, _ in self.clock.spans()]
         at = t0
         for kind, a, b in sorted(self._spans, key=lambda x: x[1]):
             if a > at:
@@ -255,13 +256,13 @@ class TorchPipeExecutor(PeerExecutor):
             kwargs["target_mbs"] = [b.targets for b in mbs]
             kwargs["losses"] = losses
         self.schedule.step(**kwargs)
-        t0 = time.perf_counter()
+        self.timed("U", self._update, self._keep)
+        return [float(x.detach()) for x in losses]
+
+    def _update(self) -> None:
         if self.scale_spec.grad_clip is not None:
             torch.nn.utils.clip_grad_norm_(self.params, self.scale_spec.grad_clip)
         self.optimizer.step()
-        self.synchronize()
-        self._spans.append(("U", t0, time.perf_counter()))
-        return [float(x.detach()) for x in losses]
 
     def _links(self) -> dict[tuple[int, int], int]:
         """Bytes per (sender, receiver) rank so far: each held stage's boundary tensors,

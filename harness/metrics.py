@@ -217,9 +217,12 @@ SCHEMA: tuple[Metric, ...] = (
            "where idle is not timed (DDP, Horovod, DeepSpeed) its waits too.", runs=_MULTI,
            pattern=BUSY + _W, aggregate="sum"),
     Metric(ACTION_TIME, "s", "Time the worker spent in actions of one kind (F, B, U, SF, RB, "
-           "A, W, wait, step, ...). On a GPU our runtime's pipelines time each action by "
-           "CUDA events (from when the device reaches the action to when its work ends), "
-           "without waiting for the device after it; elsewhere the host's clock.",
+           "A, W, wait, step, ...). On a GPU our runtime's pipelines and torch's engine time "
+           "each action by CUDA events on the compute stream (from when the device reaches "
+           "the action to when its work there ends: a send's span is its hand-over, the "
+           "transfer runs beside on NCCL's stream), without waiting for the device after "
+           "it; elsewhere, and for an action slowed by a straggler fault, the host's clock "
+           "after waiting for the device.",
            runs=_MULTI, pattern=ACTION_TIME + "_{kind}" + _W,
            aggregate="sum"),
     Metric(STASH_WEIGHTS, "bytes", "Peak bytes of the weight versions stashed on the worker "

@@ -20,8 +20,9 @@ which copies each stage's weights to the host for its report, is timed apart):
   device events, ``pipedream_impl.runtime.device_clock``) and once waiting for the device
   after every action to time it on the host clock (the runtime's way before); and each
   action kind's time per minibatch from the runtime's own report;
-- with ``--trace-dir``: a ``torch.profiler`` trace (Chrome format, gzipped) of a few
-  minibatches of the 2-stage run, and its top operators by self device / CPU time.
+- with ``--trace-dir``: a ``torch.profiler`` trace (Chrome format, gzipped) of one epoch
+  of the 2-stage run (its close not included), and its top operators by self device /
+  CPU time.
 
     python3 scripts/gpu_pipeline.py --device cuda --scale full -o results/gpu/pipeline-h100.md
     python3 scripts/gpu_pipeline.py --device cpu --scale tiny --threads 1 -o ...
@@ -137,14 +138,18 @@ def _pipeline(name: str, scale: str, device: torch.device, stages: int, args) ->
 
 
 def _trace(executors, device: torch.device, where: Path, name: str) -> dict:  # noqa: ANN001
+    """One epoch's actions under torch.profiler (its close, the weights' host copy, not)."""
+    from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
 
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
     with profile(activities=acts) as prof:
         t0 = time.perf_counter()
-        run_local(executors, 99)
+        play_epoch(executors, 99)
         _sync(device)
         wall = time.perf_counter() - t0
+    for ex in executors:
+        ex.finish_epoch()
     where.mkdir(parents=True, exist_ok=True)
     raw = where / f"trace-{name}-2stage-{device.type}.json"
     prof.export_chrome_trace(str(raw))
@@ -152,7 +157,9 @@ def _trace(executors, device: torch.device, where: Path, name: str) -> dict:  # 
         shutil.copyfileobj(src, dst)
     raw.unlink()
     avg = prof.key_averages()
-    dev = sum(getattr(e, "self_device_time_total", 0.0) for e in avg) / 1e6
+    # the kernels' and copies' own rows only (an operator's row repeats its kernels' time)
+    dev = sum(e.self_device_time_total for e in prof.events()
+              if e.device_type == DeviceType.CUDA) / 1e6
     key = "self_cuda_time_total" if device.type == "cuda" else "self_cpu_time_total"
     return {"file": f"{raw.name}.gz", "wall_s": wall, "device_busy_s": dev,
             "table": avg.table(sort_by=key, row_limit=15, max_name_column_width=48)}

@@ -41,7 +41,7 @@ import time
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import ClassVar
+from typing import ClassVar, TypeVar
 
 import torch
 import torch.distributed as dist
@@ -68,6 +68,7 @@ __all__ = ["ORPHAN_CHECK_S", "TRACE_EVENTS_PER_EPOCH", "EpochReport", "Executor"
            "SystemSettings", "WorkerPieces", "WorkerSpec", "cpu_copy", "flat_tensors",
            "worker_main"]
 
+R = TypeVar("R")
 TRACE_EVENTS_PER_EPOCH = 20_000  # per worker: a full-scale epoch is not shipped whole
 ORPHAN_CHECK_S = 1.0  # how often a worker checks that its launcher is still alive
 
@@ -267,15 +268,17 @@ class Executor:
         return EpochReport(self.rank, stage, replica)
 
     def _device_clock(self) -> DeviceClock | None:
-        """The epoch's device-event clock, for executors that book their actions through
-        ``timed`` on a GPU; none elsewhere, nor for a rank slowed by a straggler fault
-        (its spin reads the host clock, so it waits for the device per action)."""
-        fault = self.run.fault
-        slowed = fault is not None and fault.kind == "slow" and fault.rank in (-1, self.rank)
-        if not (self.device_clock and self.on_gpu()) or slowed:
+        """The epoch's device-event clock, for executors that time their actions by it on a
+        GPU (``timed``); none elsewhere."""
+        if not (self.device_clock and self.on_gpu()):
             return None
         self.synchronize()
         return DeviceClock(time.perf_counter(), self.event)
+
+    def slowed(self, kind: str) -> bool:
+        """This rank's ``kind`` is slowed by a straggler fault (timed on the host)."""
+        fault = self.run.fault
+        return fault is not None and fault.slowdown(self.rank, kind) > 1.0
 
     def on_gpu(self) -> bool:
         return self.device.type == "cuda"
@@ -284,20 +287,29 @@ class Executor:
     def event() -> torch.cuda.Event:
         return torch.cuda.Event(enable_timing=True)
 
-    def timed(self, report: EpochReport, kind: str, run: Callable[[], bool]) -> None:
-        """Do one action (``run`` returns True when its time was spent waiting on others)
-        and book its span: by device events where ``self.clock`` is set (read at the
-        epoch's close), else on the host clock after waiting for the device."""
-        if self.clock is not None:
-            begin = self.clock.start()
-            waited = run()
-            self.clock.stop(begin, kind, busy=not waited)
-            return
+    def timed(self, kind: str, run: Callable[[], R], book: Callable[..., None],
+              waited: Callable[[R], bool] = lambda result: False) -> R:
+        """Do one action and time it: by device events where ``self.clock`` is set (read
+        from the clock once the device is synchronised), else on the host clock after
+        waiting for the device, handing ``book(kind, t0, t1, busy)`` the span. ``waited``:
+        whether the action's time was spent waiting on others (from ``run``'s result). A
+        slowed action (straggler fault) is timed on the host, the device waited for on
+        both sides so that its span is its own, and kept in its place on the clock."""
+        clock = self.clock
+        if clock is not None and not self.slowed(kind):
+            begin = clock.start()
+            result = run()
+            clock.stop(begin, kind, not waited(result))
+            return result
+        if clock is not None:
+            self.synchronize()
         t0 = time.perf_counter()
-        waited = run()
+        result = run()
         self.synchronize()
         self.straggle(kind, t0)
-        self.record(report, kind, t0, time.perf_counter(), busy=not waited)
+        (clock.host if clock is not None else book)(kind, t0, time.perf_counter(),
+                                                    not waited(result))
+        return result
 
     def record(self, report: EpochReport, name: str, t0: float, t1: float,
                busy: bool = True) -> None:

@@ -4,8 +4,10 @@ Why: the runtime books each action's span (seconds per action kind, busy and idl
 the trace's events). On the CPU an action is done when its handler returns; on a GPU its
 kernels are only queued, and waiting for the device after every action (what the runtime
 did) keeps the host from queueing the next action while the device works. Measured on an
-H100 (``results/gpu/pipeline-h100.md``) that wait cost 0.3-0.9 ms per action, more than
-the rest of the runtime's overhead; torch's and DeepSpeed's engines do not pay it.
+H100 (``results/gpu/pipeline-h100.md``) that wait cost 2-21 ms per minibatch (0.4-0.9 ms
+per action at 4 stages, more per action with fewer), more than the rest of the runtime's
+overhead. torch's pipelining engine, timed by the harness's wrappers of its chunks, uses
+the same clock (``baselines.torch_peers``).
 
 How: a pair of CUDA events around each action, recorded on the current stream, and one
 anchor event recorded when the epoch's clock starts (after one synchronisation, so the
@@ -15,9 +17,15 @@ stream reached its first event (everything queued before it was done) and ends w
 last kernel finished; the spans are then booked exactly as host-timed ones are
 (``Executor.record``), so every report, metric and trace reads the same fields.
 
-A span is the action's device time. A receive's span is the stream's wait for the message
-(idle); a host-side wait inside an action (a blocking transfer) still lies inside its
-span, since the end event is queued after it.
+A span is the action's device time on the compute stream. A receive's span is the
+stream's wait for the message (idle); a send's is only its hand-over to the transfer,
+which runs on the communication library's own stream (NCCL) beside the next actions; a
+host-side wait inside an action (a blocking transfer) still lies inside its span, since
+the end event is queued after it. An action timed on the host instead (a straggler
+fault's, whose spin reads the host clock) is booked with ``host`` in its place among them.
+
+Pairs whose end the device has passed are read as the epoch goes (every ``FOLD_AT``
+actions), so a long epoch does not hold two events per action until its close.
 """
 
 from __future__ import annotations
@@ -25,7 +33,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["DeviceClock"]
+__all__ = ["FOLD_AT", "DeviceClock"]
+
+FOLD_AT = 1024  # pending actions at which the finished ones are read
 
 
 class DeviceClock:
@@ -40,6 +50,7 @@ class DeviceClock:
         self.anchor, self.anchor_at = event(), now
         self.anchor.record()
         self.pending: list[tuple[str, Any, Any, bool]] = []
+        self.read: list[tuple[str, float, float, bool]] = []  # spans already read
 
     def start(self) -> Any:
         ev = self.event()
@@ -50,13 +61,30 @@ class DeviceClock:
         end = self.event()
         end.record()
         self.pending.append((name, begin, end, busy))
+        if len(self.pending) >= FOLD_AT:
+            self._fold(lambda end: end.query())
+
+    def host(self, name: str, t0: float, t1: float, busy: bool) -> None:
+        """An action timed on the host clock (the device waited for on both sides)."""
+        self.pending.append((name, t0, t1, busy))
 
     def spans(self) -> list[tuple[str, float, float, bool]]:
         """``(name, t0, t1, busy)`` of every action in order, on the host's clock
         (``time.perf_counter`` seconds); the device must be synchronised first."""
-        out = []
-        for name, begin, end, busy in self.pending:
-            t0 = self.anchor_at + self.anchor.elapsed_time(begin) / 1e3
-            out.append((name, t0, t0 + begin.elapsed_time(end) / 1e3, busy))
-        self.pending = []
+        self._fold(lambda end: True)
+        out, self.read = self.read, []
         return out
+
+    def _fold(self, done: Callable[[Any], bool]) -> None:
+        """Read the leading pending actions whose end ``done`` says the device passed."""
+        k = 0
+        for name, begin, end, busy in self.pending:
+            if isinstance(begin, float):  # timed on the host
+                self.read.append((name, begin, end, busy))
+            elif done(end):
+                t0 = self.anchor_at + self.anchor.elapsed_time(begin) / 1e3
+                self.read.append((name, t0, t0 + begin.elapsed_time(end) / 1e3, busy))
+            else:
+                break
+            k += 1
+        del self.pending[:k]

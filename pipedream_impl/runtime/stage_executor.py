@@ -37,6 +37,7 @@ tied gradients, its ``before_update`` sets the gradient both copies apply (and c
 from __future__ import annotations
 
 import math
+from functools import partial
 
 import torch
 from torch import Tensor
@@ -119,6 +120,7 @@ class StageExecutor(Executor):
         steps of all ranks in one process with the same calls."""
         acts = self.schedule().actions[self.rank]
         self.report = self.start_epoch(epoch, self.stage, self.replica)
+        self.losses: list[Tensor] = []  # the last stage's, one per unit, on the device
         self.base = self.store.version  # schedule versions count from the epoch's start
         self.future_f = [self.base + v for v in future_versions(acts)]
         self.direct = direct_forwards(acts)
@@ -140,7 +142,8 @@ class StageExecutor(Executor):
 
     def step(self, act: Action, pos: int) -> None:
         self.begin_action(act.kind, act.mb, act.kind in _WAITS)
-        self.timed(self.report, act.kind, lambda: self.handlers[act.kind](act, pos))
+        self.timed(act.kind, lambda: self.handlers[act.kind](act, pos),
+                   partial(self.record, self.report), waited=bool)
         self.progress.leave(f"{act.kind}{act.mb}")
 
     def checkpoint_state(self) -> dict:
@@ -168,6 +171,8 @@ class StageExecutor(Executor):
         r.allreduce_bytes = self.comm.stats.allreduce
         r.stash_weight_bytes = self.store.peak_bytes
         r.stash_activation_bytes = self.act_bytes_peak
+        if self.losses:
+            r.losses = [v * self.m for v in torch.stack(self.losses).tolist()]
         return self.close_report(r, self.module)
 
     def _batch(self, unit: int, targets_only: bool = False) -> Batch:
@@ -293,8 +298,8 @@ class StageExecutor(Executor):
                 roots = (self.wl.loss(out, rec["targets"]) / self.m,) if self.last else out
             else:
                 roots = (rec["loss"],) if self.last else rec["out"]
-            if self.last:
-                self.report.losses.append(float(roots[0].detach()) * self.m)
+            if self.last:  # read at the epoch's close: no wait for the device here
+                self.losses.append(roots[0].detach())
                 rec["roots"] = ([roots[0]], None)
             else:
                 floats = [o for o in roots if o.is_floating_point()]
