@@ -223,8 +223,9 @@ class TorchPipeExecutor(PeerExecutor):
         """The step's compute actions and optimizer step (U) busy, each by its kind; every
         gap between them (waiting for a neighbour's message) idle, as ``wait``. On a GPU
         the actions' device-event spans are read here (the step ends synchronised)."""
-        if self.clock is not None:
-            self._spans += [(kind, a, b) for kind, a, b, _ in self.clock.spans()]
+        if self.clock is not None:  # device spans, kept inside the step's host-timed bounds
+            self._spans += [(kind, min(max(a, t0), t1), min(max(b, t0), t1))
+                            for kind, a, b, _ in self.clock.spans()]
         at = t0
         for kind, a, b in sorted(self._spans, key=lambda x: x[1]):
             if a > at:

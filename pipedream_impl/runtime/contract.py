@@ -329,7 +329,11 @@ class Executor:
     def mark_done(self, report: EpochReport, minibatch: int) -> None:
         """Stamp minibatch ``minibatch`` (of this epoch's count) complete on this rank (the
         steady-state throughput's clock, ``harness.experiments.steady``), and the end of
-        the warm-up once it completes the run's ``warmup_steps``."""
+        the warm-up once it completes the run's ``warmup_steps``. Where device events
+        time the actions, the device is waited for first, so that the stamp is when the
+        minibatch is done, not when its last kernels were queued."""
+        if self.clock is not None:
+            self.synchronize()
         report.done_at.append((minibatch, time.time()))
         if minibatch == min(self.n_steps, self.run.warmup_steps) - 1:
             report.warm_done_at = report.done_at[-1][1]

@@ -24,8 +24,9 @@ host-side wait inside an action (a blocking transfer) still lies inside its span
 the end event is queued after it. An action timed on the host instead (a straggler
 fault's, whose spin reads the host clock) is booked with ``host`` in its place among them.
 
-Pairs whose end the device has passed are read as the epoch goes (every ``FOLD_AT``
-actions), so a long epoch does not hold two events per action until its close.
+Once ``FOLD_AT`` actions are pending, those at the front whose end the device has passed
+are read as each action ends, so a long epoch does not hold two events per action until
+its close.
 """
 
 from __future__ import annotations
@@ -66,7 +67,7 @@ class DeviceClock:
 
     def host(self, name: str, t0: float, t1: float, busy: bool) -> None:
         """An action timed on the host clock (the device waited for on both sides)."""
-        self.pending.append((name, t0, t1, busy))
+        self.pending.append((name, None, (t0, t1), busy))
 
     def spans(self) -> list[tuple[str, float, float, bool]]:
         """``(name, t0, t1, busy)`` of every action in order, on the host's clock
@@ -79,8 +80,8 @@ class DeviceClock:
         """Read the leading pending actions whose end ``done`` says the device passed."""
         k = 0
         for name, begin, end, busy in self.pending:
-            if isinstance(begin, float):  # timed on the host
-                self.read.append((name, begin, end, busy))
+            if begin is None:  # timed on the host: end holds its span
+                self.read.append((name, *end, busy))
             elif done(end):
                 t0 = self.anchor_at + self.anchor.elapsed_time(begin) / 1e3
                 self.read.append((name, t0, t0 + begin.elapsed_time(end) / 1e3, busy))
