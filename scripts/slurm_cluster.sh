@@ -162,8 +162,10 @@ SelectType=select/cons_tres
 SelectTypeParameters=CR_CPU
 # a finished job stays in scontrol show job this long (s)
 MinJobAge=3600
-# grace between SIGTERM and SIGKILL at scancel and at the time limit (s)
-KillWait=5
+# grace between SIGTERM and SIGKILL at scancel, at the time limit and when a node fails
+# (s): Slurm's default. With 5, a run stopping its workers on a loaded machine (make test's
+# two test processes) was once SIGKILLed before it could end its MLflow run KILLED
+KillWait=30
 # a dead slurmd: its node goes DOWN and its jobs NODE_FAIL ~25 s after the kill. The ping
 # interval is SlurmdTimeout/3, but each ping of a refused port retries for ~10 s and it takes
 # two failed pings, so below 5 nothing is gained (10 gives ~30 s)
