@@ -45,7 +45,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from harness.experiments.training import minibatches, train_step  # noqa: E402
 from pipedream_impl.planner.plan import balanced_bounds  # noqa: E402
-from pipedream_impl.profiling.profiler import profile_layers  # noqa: E402
+from pipedream_impl.profiling.profiler import profile_workload  # noqa: E402
 from pipedream_impl.runtime.contract import RunSettings, SystemSettings, WorkerSpec  # noqa: E402
 from pipedream_impl.runtime.local import local_executors, play_epoch, run_local  # noqa: E402
 from workloads import registry  # noqa: E402
@@ -80,13 +80,11 @@ def _trainer_ms(name: str, scale: str, device: torch.device, args) -> float:  # 
     return 1e3 * total / n
 
 
-def _bounds(name: str, scale: str, device: torch.device, stages: int) -> tuple:
+def _layer_ms(name: str, scale: str, device: torch.device) -> list[float]:
+    """Each layer's forward + backward ms on the device (what the stages are balanced on)."""
     wl = registry.get(name)
-    splits = load_splits(wl, scale, None, 0)
-    model = wl.build(scale, {**splits.train.meta, "init_seed": 0})
-    batch = next(minibatches(splits.train, wl, wl.spec(scale).batch_size, 0, 0, 1))
-    nodes = profile_layers(model, batch, wl.loss, device)
-    return balanced_bounds([n.forward_ms + n.backward_ms for n in nodes], (1,) * stages)
+    prof = profile_workload(wl, scale, wl.spec(scale).batch_size, device)
+    return [n.forward_ms + n.backward_ms for n in prof.layers]
 
 
 def _epochs(executors, device: torch.device, epochs: int, wait_each: bool) -> tuple:  # noqa: ANN001
@@ -116,8 +114,8 @@ def _epochs(executors, device: torch.device, epochs: int, wait_each: bool) -> tu
     return 1e3 * wall / n, 1e3 * close / n, reports
 
 
-def _pipeline(name: str, scale: str, device: torch.device, stages: int, args) -> dict:  # noqa: ANN001
-    bounds = _bounds(name, scale, device, stages)
+def _pipeline(name: str, scale: str, device: torch.device, bounds: tuple, args) -> dict:  # noqa: ANN001
+    stages = len(bounds)
     b = registry.get(name).spec(scale).batch_size
     spec = WorkerSpec(0, RunSettings(name, scale, 0, b, max_steps=args.steps, timeout_s=600.0,
                                      threads=args.threads, device=device.type),
@@ -222,9 +220,11 @@ def main() -> None:
     for name in args.workloads.split(","):
         print(f"{name}: trainer", file=sys.stderr, flush=True)
         got = {"trainer": _trainer_ms(name, args.scale, device, args), "pipes": []}
+        layer_ms = _layer_ms(name, args.scale, device)  # one profile for every split
         for s in map(int, args.stages.split(",")):
             print(f"{name}: {s} stage(s)", file=sys.stderr, flush=True)
-            got["pipes"].append(_pipeline(name, args.scale, device, s, args))
+            bounds = balanced_bounds(layer_ms, (1,) * s)
+            got["pipes"].append(_pipeline(name, args.scale, device, bounds, args))
             if device.type == "cuda":
                 torch.cuda.empty_cache()
         rows[name] = got
