@@ -5,11 +5,17 @@ Why: the runtime's communication tests (hierarchical all-reduce, gradient bucket
 receives posted ahead) each need real torch.distributed processes; they share how those
 are started, collected and checked, and that a rank which died does not leave the others
 running after the test.
+
+Results travel as plain pickled bytes: a tensor put on a torch queue is shared through a
+file descriptor its sender hands over on request, so a rank that exits right after
+putting its result can leave the receiver unable to fetch it (``FileNotFoundError`` from
+``resource_sharer``, seen once in CI). Bytes hold their own copy.
 """
 
 from __future__ import annotations
 
 import multiprocessing as mp
+import pickle
 from collections.abc import Callable
 
 from pipedream_impl.runtime.launcher import free_port
@@ -18,16 +24,26 @@ RESULT_TIMEOUT_S = 120.0  # per rank's result
 JOIN_TIMEOUT_S = 60.0
 
 
+class _BytesQueue:
+    """What a rank sees as its queue: ``put`` sends the object's own pickled bytes."""
+
+    def __init__(self, queue) -> None:  # noqa: ANN001
+        self.queue = queue
+
+    def put(self, obj: object) -> None:
+        self.queue.put(pickle.dumps(obj))
+
+
 def run_ranks(target: Callable, world: int, *args) -> list:  # noqa: ANN002
     """Each rank's result, in the order they arrive; every rank must exit with 0."""
     ctx = mp.get_context("spawn")
     out, port = ctx.Queue(), free_port()
-    procs = [ctx.Process(target=target, args=(r, world, port, *args, out))
+    procs = [ctx.Process(target=target, args=(r, world, port, *args, _BytesQueue(out)))
              for r in range(world)]
     for p in procs:
         p.start()
     try:
-        got = [out.get(timeout=RESULT_TIMEOUT_S) for _ in procs]
+        got = [pickle.loads(out.get(timeout=RESULT_TIMEOUT_S)) for _ in procs]
         for p in procs:
             p.join(timeout=JOIN_TIMEOUT_S)
             assert p.exitcode == 0, [q.exitcode for q in procs]
