@@ -103,6 +103,26 @@ def _repeats_for(cell: dict, judged: list[str]) -> float | None:
     return verdicts.repeats_for(min(sds)) or math.inf
 
 
+def _night_mdc(key: str, runs: list[dict]) -> str:
+    """What the nightly's two-night label could see in cell ``key``: the A runs taken as
+    nights (each its repeats' mean log; their deviation the night-level noise), a history
+    of ``WINDOW`` such nights, ``verdicts.consecutive_mdc``; of each raw / drift-cancelled
+    pair the figure whose nights were stabler (the one the nightly would judge)."""
+    out = []
+    for pair in metrics.DRIFT_PAIRS.items():
+        sds = {}
+        for name in pair:
+            groups = [c["metrics"][name]["values"] for r in runs for c in r["cells"]
+                      if c["key"] == key and name in c.get("metrics", {})]
+            if len(groups) >= verdicts.HISTORY_RESULTS:
+                sds[name] = verdicts.noise(groups)
+        sds = {n: sd for n, sd in sds.items() if math.isfinite(sd)}
+        if sds:
+            name = min(sds, key=sds.get)
+            out.append(f"{name} {100 * verdicts.consecutive_mdc(sds[name], WINDOW):.1f}%")
+    return ", ".join(out) or "-"
+
+
 def _need_text(n: float | None) -> str:
     return "-" if n is None else "> 1000" if math.isinf(n) else str(n)
 
@@ -145,6 +165,7 @@ def _aa_section(base: dict, runs: list[dict]) -> list[str]:
                      ", ".join(sorted(judged)) or "none (no noise estimate)",
                      ", ".join(f"{100 * statistics.median(v):.1f}%"
                                for _, v in sorted(judged.items())) or "-",
+                     _night_mdc(key, runs),
                      _need_text(needs[-1]), f"{false} of {len(pairs)}",
                      ", ".join(nightly) or "none"))
     flagged = [c for _, ch in pairs for c in ch if c.verdict in verdicts.BROKEN]
@@ -155,7 +176,12 @@ def _aa_section(base: dict, runs: list[dict]) -> list[str]:
             "throughput figure; `judged on`: the stabler of each raw / drift-cancelled pair "
             "in the baseline (none where a cell has no noise estimate: one repeat); MDC: the "
             f"smallest change each judged figure would flag with {verdicts.POWER:.0%} "
-            "probability (median over the pairs); repeats for "
+            "probability (median over the pairs); two nights' MDC: the smallest change "
+            "lasting two nights that the nightly's `regression` label would see with "
+            f"{verdicts.POWER:.0%} probability against {WINDOW} earlier nights, taking the "
+            "A runs as nights (the deviation of their mean logs is the night-level noise), "
+            "of each raw / drift-cancelled pair the figure whose nights were stabler "
+            f"('-' under {verdicts.HISTORY_RESULTS} runs); repeats for "
             f"{verdicts.TARGET_MDC:.0%}: the fewest repeats a side at which the stabler "
             f"judged figure's noise (in A1) would have an MDC of {verdicts.TARGET_MDC:.0%} "
             "in a pair of results; false alarms: flags on any metric of the cell against "
@@ -163,10 +189,12 @@ def _aa_section(base: dict, runs: list[dict]) -> list[str]:
             "judged as "
             f"`pipebench regressions --history {WINDOW}` judges a night, against the runs "
             "before it (a break on one night is `suspicious`, on two in a row a "
-            f"`regression`; under {verdicts.MIN_HISTORY} runs before the night before, "
+            f"`regression`, each of the two at the rate that makes the pair's "
+            f"{verdicts.ALPHA:g}; under {verdicts.MIN_HISTORY} runs before the night before, "
             "`insufficient data`).", "",
             *markdown_table(("cell", "steady samples/s (A1)",
                              *(f"spread {n}" for n in THROUGHPUTS), "judged on", "MDC",
+                             "two nights' MDC",
                              f"repeats for {verdicts.TARGET_MDC:.0%}", "false alarms",
                              "as the nightly labels it"), rows),
             "", _budget(base["suite"]["repeats"], needs),

@@ -126,8 +126,10 @@ def history_points(results: list[dict], key: str, name: str, window: int,
                    judged: list[tuple[dict, dict]] | None = None) -> list[dict]:
     """The nights of cell ``key``'s metric ``name`` (``plots.history``'s points). A point is
     the geometric mean of the night's repeats with its interval (what ``verdicts.test``
-    judges); its band is the range the rule counts as noise for that figure that night,
-    against the nights ``regressions.over_nights`` judges it on; its verdict is
+    judges); its band is the range the rule counts as noise for that figure that night
+    (one night alone, at the rule's alpha), against the nights ``regressions.over_nights``
+    judges it on (a regression needs two nights beyond a narrower threshold, which the
+    hover gives); its verdict is
     ``over_nights``'s for the figure or its drift-cancelled twin, whichever the rule judged
     (so a night can be flagged on the twin while inside this figure's band: the hover
     names the figure flagged). ``judged``: ``judge_nights(results, window)``."""
@@ -150,7 +152,10 @@ def history_points(results: list[dict], key: str, name: str, window: int,
             ch = labels.get((key, twin))
             if ch is not None and ch.verdict in plots.FLAG_STYLE:
                 move = f" {100 * ch.change:+.1f}%" if ch.change is not None else ""
-                verdict, flagged = ch.verdict, f"<br><b>{ch.verdict}</b> ({ch.name}{move})"
+                past = f", beyond {100 * ch.threshold:.1f}%" \
+                    if ch.threshold is not None and math.isfinite(ch.threshold) else ""
+                verdict = ch.verdict
+                flagged = f"<br><b>{ch.verdict}</b> ({ch.name}{move}{past})"
         low = stat["ci_low"] if stat.get("ci_low") is not None else stat["min"]
         high = stat["ci_high"] if stat.get("ci_high") is not None else stat["max"]
         run_ids = cell.get("run_ids") or []

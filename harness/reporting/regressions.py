@@ -25,8 +25,10 @@ Rules (the cell key matches cells across results; see ``results`` for the statis
   / ``new``) but are not regressions.
 Counters compare with the newest baseline in which the cell ran. Against a history
 (``over_nights``) the noisy metrics are labelled over nights as PyTorch's benchmark HUD
-does (``verdicts.night_label``): one night beyond the threshold is ``suspicious``, two in a
-row a ``regression``.
+does (``verdicts.night_label``): two nights in a row beyond the two nights' threshold are a
+``regression`` (each night tested at ``verdicts.consecutive_level``, so that the pair's
+false-alarm rate is ``alpha``), tonight alone beyond the one night's threshold (at
+``alpha``) ``suspicious``.
 """
 
 from __future__ import annotations
@@ -65,8 +67,10 @@ def _cells(result: dict) -> dict[str, dict]:
 
 
 def compare_results(baselines: list[dict], current: dict,
-                    alpha: float = verdicts.ALPHA) -> list[Change]:
-    """Every difference worth a line; ``baselines`` oldest first (one or the history)."""
+                    alpha: float = verdicts.ALPHA, consecutive: bool = False) -> list[Change]:
+    """Every difference worth a line; ``baselines`` oldest first (one or the history).
+    ``consecutive``: the noisy metrics judged as one of two nights over a history
+    (``verdicts.consecutive_level``, with the two nights' MDC), where it is one."""
     if not baselines:
         return []
     newest = _cells(baselines[-1])
@@ -91,7 +95,7 @@ def compare_results(baselines: list[dict], current: dict,
         if not ran_before:
             continue
         out += _counter_changes(key, pooled[key][-1], c)  # the newest baseline that ran
-        out += _metric_changes(key, pooled[key], c, alpha)
+        out += _metric_changes(key, pooled[key], c, alpha, consecutive)
         out += _reach_changes(key, pooled[key], c)
     out += [Change(k, "cell", "new") for k in sorted(set(cur) - set(newest) - set(pooled))]
     return out
@@ -103,13 +107,17 @@ def over_nights(history: list[dict], current: dict, window: int,
     first), its noisy metrics judged over nights (``verdicts.night_label``): tonight and
     the night before (``history[-1]``) are each tested against the same ``window`` results
     before the night before, so that a shift seen last night does not widen tonight's
-    threshold; both beyond it the same way is a ``regression``, tonight alone is
-    ``suspicious``, fewer than ``verdicts.MIN_HISTORY`` such results ``insufficient data``.
+    threshold; both beyond the two nights' threshold the same way is a ``regression``
+    (its MDC the two nights'), tonight alone beyond the one night's threshold is
+    ``suspicious`` (that threshold shown), fewer than ``verdicts.MIN_HISTORY`` such results
+    ``insufficient data``.
     Exact counters, failures and lost targets stay regressions on the first night."""
     direct = compare_results(history[-window:], current, alpha)
     base = judged_against(history, window)
-    now = {(c.cell, c.name): c for c in compare_results(base, current, alpha)}
-    before = {(c.cell, c.name): c.verdict for c in compare_results(base, history[-1], alpha)}
+    now = {(c.cell, c.name): c for c in compare_results(base, current, alpha, True)}
+    before = {(c.cell, c.name): c.verdict
+              for c in compare_results(base, history[-1], alpha, True)}
+    strict = {(c.cell, c.name): c for c in compare_results(base, current, alpha)}
     out = []
     for c in direct:
         if c.name in METRICS:
@@ -117,8 +125,12 @@ def over_nights(history: list[dict], current: dict, window: int,
             if key in now:  # judged, and which drift twin is judged, on ``base`` alone
                 c = now[key]
                 if not c.verdict.startswith("not judged"):
-                    label = verdicts.night_label([before.get(key, "ok"), c.verdict], len(base))
-                    c = replace(c, verdict=c.verdict if label == "ok" else label)
+                    label = verdicts.night_label([before.get(key, "ok"), c.verdict],
+                                                 len(base), strict[key].verdict)
+                    if label in verdicts.ONE_NIGHT:  # beyond the one night's threshold
+                        c = replace(c, threshold=strict[key].threshold)
+                    c = replace(c, verdict="changed-within-noise" if label == "ok"
+                                else label)
             elif not c.verdict.startswith("not judged"):
                 c = replace(c, verdict="insufficient data")
         out.append(c)
@@ -184,7 +196,7 @@ def _not_judged(base_cells: list[dict]) -> dict[str, str]:
 
 
 def _metric_changes(key: str, base_cells: list[dict], cur: dict,
-                    alpha: float) -> list[Change]:
+                    alpha: float, consecutive: bool = False) -> list[Change]:
     out = []
     skip = _not_judged(base_cells)
     for name, higher_better in METRICS.items():
@@ -201,7 +213,12 @@ def _metric_changes(key: str, base_cells: list[dict], cur: dict,
             continue
         if higher_better is None:  # not a figure of merit (the reference itself)
             continue
-        r = verdicts.test(groups, cur["metrics"][name]["values"], higher_better, alpha)
+        nights = len(groups) if consecutive and len(groups) >= verdicts.HISTORY_RESULTS \
+            else 0
+        level = verdicts.consecutive_level(nights, alpha) if nights else alpha
+        r = verdicts.test(groups, cur["metrics"][name]["values"], higher_better, level)
+        if nights:  # what the two nights' label can see, at the label's own rate
+            r = replace(r, mdc=verdicts.consecutive_mdc(r.sd, nights, alpha))
         verdict = r.verdict if r.broke else (
             "too-few-repeats" if r.verdict == "too-few-repeats" else "changed-within-noise")
         if name in skip:  # the stabler twin is judged; this one is shown, not judged

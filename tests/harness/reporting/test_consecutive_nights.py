@@ -1,0 +1,100 @@
+"""The two nights' label (verdicts.consecutive_level / consecutive_mdc, used by
+regressions.over_nights) against brute force: simulated histories of night-level values,
+the night-level test written out again here with numpy, and the rate at which two new
+nights both break it counted over many trials."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from scipy import stats
+
+from harness.reporting import verdicts
+from harness.reporting.regressions import over_nights
+from harness.reporting.results import SCHEMA, summarise
+
+TRIALS = 400_000
+
+
+def _both_drop(n: int, level: float, shift: float, seed: int) -> float:
+    """Share of trials in which two new nights, each moved by ``shift`` deviations, both
+    lie below the night-level test's critical value at ``level``, tested against the same
+    ``n`` earlier nights (their mean and sample deviation)."""
+    rng = np.random.default_rng(seed)
+    history = rng.standard_normal((TRIALS, n))
+    mean, sd = history.mean(axis=1), history.std(axis=1, ddof=1)
+    se = sd * math.sqrt(1 + 1 / n)
+    critical = stats.t.isf(level, n - 1)
+    nights = rng.standard_normal((TRIALS, 2)) - shift
+    beyond = (nights - mean[:, None]) / se[:, None] < -critical
+    return float(beyond.all(axis=1).mean())
+
+
+def _tolerance(p: float) -> float:
+    return 4 * math.sqrt(p * (1 - p) / TRIALS)
+
+
+@pytest.mark.parametrize("n", [3, 5, 8])
+def test_two_nights_break_together_at_the_stated_rate(n: int) -> None:
+    """Under no change both nights break with probability alpha; each night alone at the
+    level is more often than alpha (the shared history makes the two dependent, so the
+    level is well under sqrt(alpha), but testing each at alpha would waste power)."""
+    alpha = 0.01  # large enough to count in a few hundred thousand trials
+    level = verdicts.consecutive_level(n, alpha)
+    assert alpha < level < math.sqrt(alpha)
+    rate = _both_drop(n, level, 0.0, seed=n)
+    assert abs(rate - alpha) < _tolerance(alpha)
+    at_alpha = _both_drop(n, alpha, 0.0, seed=n + 100)  # the old rule: far below alpha
+    assert at_alpha < alpha / 2
+
+
+@pytest.mark.parametrize("n", [3, 5, 10])
+def test_the_two_nights_mdc_is_seen_on_both_at_the_stated_power(n: int) -> None:
+    sd, alpha = 0.05, 0.001
+    change = verdicts.consecutive_mdc(sd, n, alpha)
+    shift = math.log1p(change) / sd  # in deviations of the night-level noise
+    rate = _both_drop(n, verdicts.consecutive_level(n, alpha), shift, seed=10 * n)
+    assert abs(rate - verdicts.POWER) < _tolerance(verdicts.POWER)
+    # what it buys: the one night's MDC at alpha (the noncentral t) is larger
+    critical, k = stats.t.isf(alpha, n - 1), math.sqrt(1 + 1 / n)
+    one_night = next(d for d in np.arange(0.0, 200.0, 0.01)
+                     if stats.nct.sf(critical, n - 1, d / k) >= verdicts.POWER)
+    assert math.log1p(change) / sd < one_night
+    assert verdicts.consecutive_mdc(sd, 2, alpha) == math.inf  # no night-level test
+
+
+def _night(day: int, values: list[float]) -> dict:
+    cell = {"key": "vgg16/tiny/w2/pipedream/throughput", "status": "ok", "note": "",
+            "metrics": {"throughput_samples_per_s": summarise(values).to_json()},
+            "counters": {}, "counters_consistent": True}
+    return {"schema": SCHEMA, "created": f"2026-01-{day:02d}T00:00:00+00:00",
+            "suite": {"name": "t"}, "environment": {"machine": "m"}, "cells": [cell]}
+
+
+def test_over_nights_labels_at_the_two_levels() -> None:
+    """Three earlier nights; a drop between the two nights' threshold and the one night's:
+    on two nights in a row a regression (the old rule, both at alpha, saw nothing), on
+    tonight alone nothing; a drop beyond the one night's threshold is suspicious."""
+    earlier = [100.0, 104.0, 97.0]
+    logs = np.log(earlier)
+    sd, n = logs.std(ddof=1), len(earlier)
+    se = sd * math.sqrt(1 + 1 / n)
+    pair_t = stats.t.isf(verdicts.consecutive_level(n), n - 1)
+    one_t = stats.t.isf(verdicts.ALPHA, n - 1)
+    assert pair_t < one_t
+    between = float(np.exp(logs.mean() - (pair_t + one_t) / 2 * se))
+    beyond = float(np.exp(logs.mean() - 1.1 * one_t * se))
+    history = [_night(i + 1, [v, v]) for i, v in enumerate(earlier)]
+
+    def label(last_night: float, tonight: float) -> str:
+        changes = over_nights([*history, _night(4, [last_night] * 2)],
+                              _night(5, [tonight] * 2), window=n)
+        (c,) = [c for c in changes if c.name == "throughput_samples_per_s"]
+        return c.verdict
+
+    assert label(between, between) == "regression"
+    assert label(100.0, between) == "changed-within-noise"
+    assert label(100.0, beyond) == "suspicious"
+    assert label(beyond, beyond) == "regression"
