@@ -1,0 +1,38 @@
+"""reproduce validation's diagnosis column (harness/sim/validation.py): each stage's compute
+in the run over the same measured alone, from figures worked out by hand."""
+
+from __future__ import annotations
+
+import pytest
+
+from harness import metrics
+from harness.sim.validation import ValidationRow, compute_in_run, markdown
+
+
+def _measured(stage: int) -> str:
+    return metrics.key(metrics.STAGE_MEASURED, stage=stage)
+
+
+def test_the_ratio_is_the_run_per_minibatch_over_m_units_and_one_update_alone() -> None:
+    actions = {0: {"F": 0.001, "B": 0.002, "U": 0.0005},  # alone: 4 x 3 + 0.5 = 12.5 ms
+               1: {"F": 0.001, "I": 0.001, "W": 0.0015, "U": 0.001}}  # 4 x 3.5 + 1 = 15 ms
+    final = {_measured(0): 16.25, _measured(1): 13.5, "busy_s_worker_0": 1.0}
+    got = compute_in_run(actions, final, microbatches=4)
+    assert got == {0: pytest.approx(1.3), 1: pytest.approx(0.9)}
+    # a stage the run did not time (data parallelism times none): no diagnosis at all
+    assert compute_in_run(actions, {_measured(0): 16.25}, 4) == {}
+    assert compute_in_run({0: {"F": 0.0, "B": 0.0}}, {_measured(0): 1.0}, 4) == {}
+
+
+def test_the_report_shows_the_ratio_and_the_error_left_once_it_is_known() -> None:
+    row = ValidationRow("vgg16", "pipedream-flush", 2, "1-1", measured=400.0,
+                        simulated=520.0, measured_bubble=0.3, simulated_bubble=0.2,
+                        compute_in_run=(1.3, 1.25), resimulated=420.0)
+    dp = ValidationRow("vgg16", "ddp", 2, "2", measured=500.0, simulated=520.0)
+    text = markdown([row, dp], {"latency_s": 5e-5, "bandwidth_Bps": 3e9, "cores": 2},
+                    "pipebench reproduce validation")
+    line = next(ln for ln in text.splitlines() if "pipedream-flush" in ln)
+    assert "| +30% | 1.30 / 1.25 | 420 (+5%) |" in line
+    assert "| +4% | - | - |" in next(ln for ln in text.splitlines() if "| ddp |" in ln)
+    assert ("At 2 worker(s): 1 of 2 within 10% (goal: all); median |error| 17%, worst 30%; "
+            "with the run's own compute 1 of 1 within 10%, median |error| 5%.") in text
