@@ -59,7 +59,8 @@ class Change:
     current: float | str | None = None
     change: float | None = None  # relative, current / baseline - 1
     threshold: float | None = None  # the relative move the rule flags at (0: any)
-    mdc: float | None = None  # minimum detectable change (verdicts.POWER, alpha)
+    mdc: float | None = None  # minimum detectable change (verdicts.POWER, alpha; over
+    # nights, of a change lasting two nights where the history allows the night-level test)
 
 
 def _cells(result: dict) -> dict[str, dict]:
@@ -127,7 +128,7 @@ def over_nights(history: list[dict], current: dict, window: int,
                 if not c.verdict.startswith("not judged"):
                     label = verdicts.night_label([before.get(key, "ok"), c.verdict],
                                                  len(base), strict[key].verdict)
-                    if label in verdicts.ONE_NIGHT:  # beyond the one night's threshold
+                    if label not in verdicts.BROKEN:  # judged on the one night's threshold
                         c = replace(c, threshold=strict[key].threshold)
                     c = replace(c, verdict="changed-within-noise" if label == "ok"
                                 else label)
@@ -213,12 +214,8 @@ def _metric_changes(key: str, base_cells: list[dict], cur: dict,
             continue
         if higher_better is None:  # not a figure of merit (the reference itself)
             continue
-        nights = len(groups) if consecutive and len(groups) >= verdicts.HISTORY_RESULTS \
-            else 0
-        level = verdicts.consecutive_level(nights, alpha) if nights else alpha
-        r = verdicts.test(groups, cur["metrics"][name]["values"], higher_better, level)
-        if nights:  # what the two nights' label can see, at the label's own rate
-            r = replace(r, mdc=verdicts.consecutive_mdc(r.sd, nights, alpha))
+        r = verdicts.test(groups, cur["metrics"][name]["values"], higher_better, alpha,
+                          consecutive)
         verdict = r.verdict if r.broke else (
             "too-few-repeats" if r.verdict == "too-few-repeats" else "changed-within-noise")
         if name in skip:  # the stabler twin is judged; this one is shown, not judged

@@ -16,9 +16,10 @@ The rule (one metric of one cell; the values are its repeats, higher or lower be
   machine drifts between nights); the current result is tested against the prediction
   interval of the earlier ones: ``t = (m_c - mean(m)) / (s_m * sqrt(1 + 1/N))`` with
   N - 1 degrees of freedom (exact for normal noise: this is where drift counts).
-- Either way the false-alarm rate per metric and comparison is ``ALPHA`` (one-sided);
-  beyond the critical value in the bad direction is ``regression``, in the good one
-  ``improvement``, else ``within-noise``; no degree of freedom is ``too-few-repeats``.
+- Either way the false-alarm rate per metric and comparison is ``ALPHA`` (one-sided; for
+  the two nights of the over-nights label, the pair's rate: below); beyond the critical
+  value in the bad direction is ``regression``, in the good one ``improvement``, else
+  ``within-noise``; no degree of freedom is ``too-few-repeats``.
 - A move smaller than ``MIN_CHANGE`` (as a log ratio, ``log(1 + MIN_CHANGE)`` either way)
   is never flagged, however small the noise: a figure that barely varies (peak memory, a
   near-deterministic bubble) would otherwise flag its allocator's wobble (re-judged over
@@ -36,19 +37,21 @@ The rule (one metric of one cell; the values are its repeats, higher or lower be
   system reaches the target in less time than another, at ``TTA_ALPHA`` (one claim, not a
   night's hundreds of metrics).
 - Over nights (PyTorch's benchmark HUD): a ``regression`` needs two consecutive nights
-  beyond the threshold in the same direction; one night beyond it is ``suspicious``;
-  fewer than ``MIN_HISTORY`` earlier results is ``insufficient data``.
+  beyond the two nights' threshold in the same direction; tonight alone beyond the one
+  night's threshold is ``suspicious``; fewer than ``MIN_HISTORY`` earlier results is
+  ``insufficient data``.
 - The two nights' rate, set rather than compounded: both nights are tested against the
   same ``n`` earlier results (the night-level test), so they share that history's mean and
   deviation, and breaking on both is far rarer than on one. Testing each night at ``ALPHA``
   made the label's false-alarm rate much lower than ``ALPHA`` and its power much lower
   than it need be. So from ``HISTORY_RESULTS`` results on, each of the two nights is tested
   at ``consecutive_level(n)``: the rate at which both break the same way with probability
-  exactly ``ALPHA`` (normal noise; the shared history integrated out numerically: over
-  its mean, normal, and its deviation, chi). ``suspicious`` still needs tonight beyond
-  the ``ALPHA`` threshold, so neither label fires more often than ``ALPHA``. The label's
-  MDC (``consecutive_mdc``) is the persistent move seen on both nights with probability
-  ``POWER``. With fewer results (repeats against repeats) each night is tested at ``ALPHA``.
+  ``ALPHA`` (exactly for normal noise without the ``MIN_CHANGE`` floor, which only removes
+  breaks; the shared history integrated out numerically: over its mean, normal, and its
+  deviation, chi). ``suspicious`` still needs tonight beyond the ``ALPHA`` threshold, so
+  neither label fires more often than ``ALPHA``. The label's MDC (``consecutive_mdc``) is
+  the persistent move seen on both nights with probability ``POWER``, the floor counted.
+  With fewer results (repeats against repeats) each night is tested at ``ALPHA``.
 """
 
 from __future__ import annotations
@@ -92,10 +95,10 @@ def rule_text(alpha: float = ALPHA) -> str:
 class Test:
     change: float  # relative change of the geometric means, current / baseline - 1
     t: float  # the statistic (signed: positive = current higher)
-    critical: float  # |t| beyond this breaks the rule at ALPHA
+    critical: float  # |t| beyond this breaks the rule (at the rate it was tested at)
     sd: float  # pooled standard deviation of the logs (the cell's noise)
     df: int
-    mdc: float  # minimum detectable relative change at POWER
+    mdc: float  # minimum detectable relative change at POWER (two nights': consecutive)
     verdict: str  # regression | improvement | within-noise | too-few-repeats
     flag_at: float = math.nan  # the relative move at the critical value
 
@@ -153,14 +156,21 @@ def repeats_for(sd: float, target: float = TARGET_MDC, alpha: float = ALPHA,
 
 
 def test(baseline: list[list[float]], current: list[float], higher_is_better: bool = True,
-         alpha: float = ALPHA) -> Test:
+         alpha: float = ALPHA, consecutive: bool = False) -> Test:
     """The rule above: ``baseline`` is one list of repeats per earlier result (oldest
-    first); from ``HISTORY_RESULTS`` results on, the night-level test."""
+    first); from ``HISTORY_RESULTS`` results on, the night-level test. ``consecutive``:
+    this is one of two nights judged together against the same results (the over-nights
+    label): from ``HISTORY_RESULTS`` results on, tested at ``consecutive_level`` and with
+    the two nights' MDC; with fewer, as a single comparison."""
     base = [g for g in (_logs(g) for g in baseline) if g]
     cur = _logs(current)
     if not base or not cur:
         return _too_few(math.nan)
     mean_c = sum(cur) / len(cur)
+    nights = len(base) if consecutive and len(base) >= HISTORY_RESULTS else 0
+    alpha_pair = alpha
+    if nights:  # each night at the level that makes the pair's rate alpha
+        alpha = consecutive_level(nights, alpha)
     if len(base) >= HISTORY_RESULTS:  # each result one value: its mean
         means = [sum(g) / len(g) for g in base]
         n = len(means)
@@ -185,8 +195,9 @@ def test(baseline: list[list[float]], current: list[float], higher_is_better: bo
     worse = big and (t < -critical if higher_is_better else t > critical)
     better = big and (t > critical if higher_is_better else t < -critical)
     verdict = "regression" if worse else "improvement" if better else "within-noise"
-    return Test(change, t, critical, sd, df, _detectable(se, df, alpha, POWER), verdict,
-                _flag_at(se, df, alpha))
+    seen = consecutive_mdc(sd, nights, alpha_pair) if nights else \
+        _detectable(se, df, alpha, POWER)
+    return Test(change, t, critical, sd, df, seen, verdict, _flag_at(se, df, alpha))
 
 
 def noise(baseline: list[list[float]]) -> float:
@@ -259,63 +270,75 @@ def night_label(nights: list[str], history: int, strict: str | None = None) -> s
     return ONE_NIGHT[0] if strict == "regression" else ONE_NIGHT[1]
 
 
-def _both_beyond(c: float, n: int, shift: float = 0.0) -> float:
+def _both_beyond(c: float, n: int, shift: float = 0.0, floor: float = -math.inf) -> float:
     """P(two new results, each moved by ``shift`` noise deviations, both lie beyond ``c``
-    on the night-level test's scale against the same ``n`` earlier results): the history's
-    mean (normal, deviation 1/sqrt(n)) by Gauss-Hermite nodes, its deviation (chi with
-    n - 1 degrees of freedom) by adaptive quadrature; given both, the two results are
-    independent."""
+    on the night-level test's scale against the same ``n`` earlier results, and beyond
+    ``floor`` deviations from their mean): the history's mean (normal, deviation
+    1/sqrt(n)) by Gauss-Hermite nodes, its deviation (chi with n - 1 degrees of freedom)
+    by adaptive quadrature; given both, the two results are independent."""
     df, k = n - 1, math.sqrt(1 + 1 / n)
     x, w = np.polynomial.hermite_e.hermegauss(60)
     means, w = x / math.sqrt(n), w / w.sum()
 
     def density(s: float) -> float:
-        both = float(np.sum(w * stats.norm.sf(means + c * s * k - shift) ** 2))
+        both = float(np.sum(w * stats.norm.sf(means + max(c * s * k, floor) - shift) ** 2))
         return both * stats.chi.pdf(s * math.sqrt(df), df) * math.sqrt(df)
 
     top = stats.chi.isf(1e-14, df) / math.sqrt(df)  # beyond it: nothing that counts
     return integrate.quad(density, 0, top, limit=200)[0]
 
 
+def _widen(holds, x: float) -> float:  # noqa: ANN001 - a predicate, monotone in x
+    """A bracket's end for a root search: ``x`` doubled until ``holds`` there (a fixed,
+    far end would put the quadrature where the probability it measures is all ~0 or ~1)."""
+    for _ in range(64):
+        if holds(x):
+            return x
+        x *= 2
+    raise ValueError(f"no bracket up to {x:g}: a rate outside (0, 1)?")
+
+
 @functools.lru_cache(maxsize=256)
 def _consecutive_critical(n: int, alpha: float) -> float:
     """The critical t both nights must pass for the pair to break with probability
-    ``alpha`` under no change."""
-    return optimize.brentq(lambda c: _both_beyond(c, n) - alpha, 1e-3, _past(
-        lambda c: _both_beyond(c, n) < alpha))
+    ``alpha`` under no change (below zero for an ``alpha`` near 1/4, where even a
+    critical value of zero breaks both nights less often)."""
+    def excess(c: float) -> float:
+        return _both_beyond(c, n) - alpha
+
+    low = 1e-3 if excess(1e-3) > 0 else _widen(lambda c: excess(c) > 0, -1.0)
+    return optimize.brentq(excess, low, _widen(lambda c: excess(c) < 0, 10.0))
 
 
 def consecutive_level(n: int, alpha: float = ALPHA) -> float:
     """The one-sided rate per night at which two nights tested against the same ``n``
     earlier results (``n >= HISTORY_RESULTS``: each result one value) both break the rule
-    the same way with probability ``alpha``."""
+    the same way with probability ``alpha`` (at most ``alpha`` with the ``MIN_CHANGE``
+    floor, which only removes breaks)."""
     return float(stats.t.sf(_consecutive_critical(n, alpha), n - 1))
 
 
-@functools.lru_cache(maxsize=256)
-def _consecutive_shift(n: int, alpha: float, power: float) -> float:
-    """The persistent move, in noise deviations, that both nights flag with ``power``."""
+@functools.lru_cache(maxsize=4096)
+def _consecutive_shift(n: int, alpha: float, power: float, floor: float) -> float:
+    """The persistent move, in noise deviations, that both nights flag with ``power``,
+    the floor (in noise deviations) counted."""
     c = _consecutive_critical(n, alpha)
-    return optimize.brentq(lambda d: _both_beyond(c, n, d) - power, 0.0, _past(
-        lambda d: _both_beyond(c, n, d) > power))
-
-
-def _past(beyond) -> float:  # noqa: ANN001 - a predicate, monotone in its argument
-    """A bracket's upper end: 10, doubled until ``beyond`` holds there (quadrature over
-    a range far past the root would miss the mass it looks for)."""
-    x = 10.0
-    while not beyond(x):
-        x *= 2
-    return x
+    return optimize.brentq(lambda d: _both_beyond(c, n, d, floor) - power, 0.0,
+                           _widen(lambda d: _both_beyond(c, n, d, floor) > power, 10.0))
 
 
 def consecutive_mdc(sd: float, n: int, alpha: float = ALPHA, power: float = POWER) -> float:
     """The smallest relative move lasting two nights that the two-night label flags with
     probability ``power``, for night-level noise ``sd`` (the deviation of the results'
-    mean logs) and ``n`` earlier results; where ``MIN_CHANGE`` binds, the floor plus
-    each night's share of ``power`` (``sqrt(power)``) in standard errors."""
+    mean logs) and ``n`` earlier results; the ``MIN_CHANGE`` floor is counted inside the
+    probability (each night must pass both it and the critical value), in noise
+    deviations to three figures (one computation serves many cells)."""
     if n < HISTORY_RESULTS or not math.isfinite(sd):
         return math.inf
-    se = sd * math.sqrt(1 + 1 / n)
-    floor = math.log1p(MIN_CHANGE) + stats.norm.ppf(math.sqrt(power)) * se
-    return math.expm1(max(_consecutive_shift(n, alpha, power) * sd, floor))
+    if sd <= 0:
+        return MIN_CHANGE
+    floor = float(f"{math.log1p(MIN_CHANGE) / sd:.3g}")
+    lowest = stats.chi.ppf(1e-9, n - 1) / math.sqrt(n - 1)  # the smallest s that counts
+    if floor <= _consecutive_critical(n, alpha) * lowest * math.sqrt(1 + 1 / n):
+        floor = -math.inf  # the critical value is beyond the floor wherever it matters
+    return math.expm1(_consecutive_shift(n, alpha, power, floor) * sd)

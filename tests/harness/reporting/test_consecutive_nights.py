@@ -18,17 +18,20 @@ from harness.reporting.results import SCHEMA, summarise
 TRIALS = 400_000
 
 
-def _both_drop(n: int, level: float, shift: float, seed: int) -> float:
+def _both_drop(n: int, level: float, shift: float, seed: int,
+               floor: float = -math.inf) -> float:
     """Share of trials in which two new nights, each moved by ``shift`` deviations, both
     lie below the night-level test's critical value at ``level``, tested against the same
-    ``n`` earlier nights (their mean and sample deviation)."""
+    ``n`` earlier nights (their mean and sample deviation), and at least ``floor``
+    deviations below that mean (the rule's MIN_CHANGE, in units of the noise)."""
     rng = np.random.default_rng(seed)
     history = rng.standard_normal((TRIALS, n))
     mean, sd = history.mean(axis=1), history.std(axis=1, ddof=1)
     se = sd * math.sqrt(1 + 1 / n)
     critical = stats.t.isf(level, n - 1)
     nights = rng.standard_normal((TRIALS, 2)) - shift
-    beyond = (nights - mean[:, None]) / se[:, None] < -critical
+    beyond = ((nights - mean[:, None]) / se[:, None] < -critical) & \
+        (mean[:, None] - nights >= floor)
     return float(beyond.all(axis=1).mean())
 
 
@@ -65,6 +68,35 @@ def test_the_two_nights_mdc_is_seen_on_both_at_the_stated_power(n: int) -> None:
     assert verdicts.consecutive_mdc(sd, 2, alpha) == math.inf  # no night-level test
 
 
+def test_at_the_nightly_rate_too() -> None:
+    """At ALPHA itself (0.001: about 400 pairs in the trials, so a looser tolerance)."""
+    n = 5
+    rate = _both_drop(n, verdicts.consecutive_level(n), 0.0, seed=55)
+    assert abs(rate - verdicts.ALPHA) < _tolerance(verdicts.ALPHA)
+
+
+def test_where_the_floor_binds_the_two_nights_mdc_counts_it() -> None:
+    """Noise far under MIN_CHANGE: each night must also move by the floor; the stated MDC
+    is still seen on both nights at the stated power (the floor alone: about a quarter)."""
+    n, sd = 5, 0.003
+    change = verdicts.consecutive_mdc(sd, n)
+    assert change > verdicts.MIN_CHANGE
+    floor = math.log1p(verdicts.MIN_CHANGE) / sd
+    rate = _both_drop(n, verdicts.consecutive_level(n), math.log1p(change) / sd, seed=9,
+                      floor=floor)
+    assert abs(rate - verdicts.POWER) < _tolerance(verdicts.POWER) + 0.005
+    assert verdicts.consecutive_mdc(0.0, n) == verdicts.MIN_CHANGE
+
+
+def test_any_rate_the_command_accepts_has_a_level() -> None:
+    """Near a quarter, even a critical value of zero breaks both nights too rarely: the
+    level then lies above one half (a negative critical value), and is still found."""
+    for alpha in (0.3, 0.45):
+        level = verdicts.consecutive_level(5, alpha)
+        assert 0.5 < level < 1
+        assert abs(_both_drop(5, level, 0.0, seed=3) - alpha) < _tolerance(alpha)
+
+
 def _night(day: int, values: list[float]) -> dict:
     cell = {"key": "vgg16/tiny/w2/pipedream/throughput", "status": "ok", "note": "",
             "metrics": {"throughput_samples_per_s": summarise(values).to_json()},
@@ -96,5 +128,11 @@ def test_over_nights_labels_at_the_two_levels() -> None:
 
     assert label(between, between) == "regression"
     assert label(100.0, between) == "changed-within-noise"
+    assert label(between, 100.0) == "changed-within-noise"
     assert label(100.0, beyond) == "suspicious"
     assert label(beyond, beyond) == "regression"
+    up_between = float(np.exp(2 * logs.mean())) / between  # the same moves upwards
+    up_beyond = float(np.exp(2 * logs.mean())) / beyond
+    assert label(up_between, up_between) == "improvement"
+    assert label(100.0, up_beyond) == "improvement (one night)"
+    assert label(up_between, between) == "changed-within-noise"  # opposite ways
