@@ -107,19 +107,17 @@ def _night_mdc(key: str, runs: list[dict]) -> str:
     """What the nightly's two-night label could see in cell ``key``: the A runs taken as
     nights (each its repeats' mean log; their deviation the night-level noise), a history
     of ``WINDOW`` such nights, ``verdicts.consecutive_mdc``; of each raw / drift-cancelled
-    pair the figure whose nights were stabler (the one the nightly would judge)."""
+    pair the figure the rule would judge on these nights (``regressions.not_judged``)."""
+    cells = [c for r in runs for c in r["cells"] if c["key"] == key]
+    loud = regressions.not_judged(cells)
     out = []
-    for pair in metrics.DRIFT_PAIRS.items():
-        sds = {}
-        for name in pair:
-            groups = [c["metrics"][name]["values"] for r in runs for c in r["cells"]
-                      if c["key"] == key and name in c.get("metrics", {})]
-            if len(groups) >= verdicts.HISTORY_RESULTS:
-                sds[name] = verdicts.noise(groups)
-        sds = {n: sd for n, sd in sds.items() if math.isfinite(sd)}
-        if sds:
-            name = min(sds, key=sds.get)
-            out.append(f"{name} {100 * verdicts.consecutive_mdc(sds[name], WINDOW):.1f}%")
+    for name in THROUGHPUTS:
+        groups = [c["metrics"][name]["values"] for c in cells if name in c.get("metrics", {})]
+        if name in loud or len(groups) < verdicts.HISTORY_RESULTS:
+            continue
+        sd = verdicts.noise(groups)
+        if math.isfinite(sd):
+            out.append(f"{name} {100 * verdicts.consecutive_mdc(sd, WINDOW):.1f}%")
     return ", ".join(out) or "-"
 
 

@@ -41,7 +41,7 @@ from harness.reporting import verdicts
 from harness.reporting.results import COUNTERS, METRICS, summarise
 
 __all__ = ["COLUMNS", "Change", "compare_results", "detectability", "has_regression",
-           "judged_against", "over_nights", "rows"]
+           "judged_against", "not_judged", "over_nights", "rows"]
 
 # the counters that depend on the stages, their replicas and layer ranges
 LAYOUT_COUNTERS = ("bytes_per_sample", metrics.ACTIONS_PER_EPOCH)
@@ -183,7 +183,7 @@ def _reach_changes(key: str, base_cells: list[dict], cur: dict) -> list[Change]:
     return []
 
 
-def _not_judged(base_cells: list[dict]) -> dict[str, str]:
+def not_judged(base_cells: list[dict]) -> dict[str, str]:
     """Of each figure measured raw and drift-cancelled (``metrics.DRIFT_PAIRS``), the one
     not judged (its baseline was the noisier) -> the one judged instead."""
     out = {}
@@ -199,7 +199,7 @@ def _not_judged(base_cells: list[dict]) -> dict[str, str]:
 def _metric_changes(key: str, base_cells: list[dict], cur: dict,
                     alpha: float, consecutive: bool = False) -> list[Change]:
     out = []
-    skip = _not_judged(base_cells)
+    skip = not_judged(base_cells)
     for name, higher_better in METRICS.items():
         if name not in cur.get("metrics", {}):
             if all(name in c.get("metrics", {}) for c in base_cells) and \

@@ -168,9 +168,8 @@ def test(baseline: list[list[float]], current: list[float], higher_is_better: bo
         return _too_few(math.nan)
     mean_c = sum(cur) / len(cur)
     nights = len(base) if consecutive and len(base) >= HISTORY_RESULTS else 0
-    alpha_pair = alpha
-    if nights:  # each night at the level that makes the pair's rate alpha
-        alpha = consecutive_level(nights, alpha)
+    # each of two nights at the level that makes the pair's rate alpha
+    level = consecutive_level(nights, alpha) if nights else alpha
     if len(base) >= HISTORY_RESULTS:  # each result one value: its mean
         means = [sum(g) / len(g) for g in base]
         n = len(means)
@@ -190,14 +189,13 @@ def test(baseline: list[list[float]], current: list[float], higher_is_better: bo
     se = sd * factor
     diff = mean_c - centre
     t = diff / se if se > 0 else (0.0 if diff == 0 else math.copysign(math.inf, diff))
-    critical = float(stats.t.ppf(1 - alpha, df))
+    critical = float(stats.t.ppf(1 - level, df))
     big = abs(diff) >= math.log1p(MIN_CHANGE)  # the floor, symmetric in the logs
     worse = big and (t < -critical if higher_is_better else t > critical)
     better = big and (t > critical if higher_is_better else t < -critical)
     verdict = "regression" if worse else "improvement" if better else "within-noise"
-    seen = consecutive_mdc(sd, nights, alpha_pair) if nights else \
-        _detectable(se, df, alpha, POWER)
-    return Test(change, t, critical, sd, df, seen, verdict, _flag_at(se, df, alpha))
+    seen = consecutive_mdc(sd, nights, alpha) if nights else _detectable(se, df, alpha, POWER)
+    return Test(change, t, critical, sd, df, seen, verdict, _flag_at(se, df, level))
 
 
 def noise(baseline: list[list[float]]) -> float:

@@ -57,6 +57,7 @@ from pipedream_impl.planner.cluster import Cluster, Level
 from pipedream_impl.planner.plan import plan_profile
 from pipedream_impl.profiling.profile import Profile
 from pipedream_impl.profiling.profiler import profile_workload
+from pipedream_impl.runtime.faults import COMPUTE_KINDS  # F, B, I, W, U: what is computed
 from pipedream_impl.schedule import registry as schedules
 from pipedream_impl.schedule.actions import BACKWARDS
 from workloads import registry
@@ -253,7 +254,7 @@ def _one(setup: _Setup, prof: Profile, system: str, w: int, progress: Progress) 
     ratios = compute_in_run(actions, summary.final_metrics, m)
     resimulated = None
     if ratios:
-        scaled = {st: {kd: v * ratios[st] if kd in ("F", *BACKWARDS, "U") else v
+        scaled = {st: {kd: v * ratios[st] if kd in COMPUTE_KINDS else v
                        for kd, v in a.items()} for st, a in actions.items()}
         again = simulate_system(prof, cluster, system, SimLayout(groups, replicas, placement),
                                 replace(options, machine=replace(model, action_s=scaled)))
