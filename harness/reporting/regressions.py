@@ -61,6 +61,7 @@ class Change:
     threshold: float | None = None  # the relative move the rule flags at (0: any)
     mdc: float | None = None  # minimum detectable change (verdicts.POWER, alpha; over
     # nights, of a change lasting two nights where the history allows the night-level test)
+    two_nights: bool = False  # mdc is the two nights' (verdicts.Test.two_nights)
 
 
 def _cells(result: dict) -> dict[str, dict]:
@@ -221,13 +222,14 @@ def _metric_changes(key: str, base_cells: list[dict], cur: dict,
         if name in skip:  # the stabler twin is judged; this one is shown, not judged
             verdict = f"not judged ({skip[name]} stabler)"
         out.append(Change(key, name, verdict, base.median, now.median, r.change,
-                          r.flag_at, r.mdc))
+                          r.flag_at, r.mdc, r.two_nights))
     return out
 
 
 def detectability(changes: list[Change]) -> str:
-    """One line: how many judged metrics can see a ``verdicts.TARGET_MDC`` change, and
-    which throughput cells cannot."""
+    """One line: how many judged metrics can see a ``verdicts.TARGET_MDC`` change (and, where
+    some are judged over nights, how many of those MDCs are the two nights'), and which
+    throughput cells cannot."""
     judged = [c for c in changes if c.mdc is not None
               and not c.verdict.startswith("not judged")]
     throughput = {n for pair in metrics.DRIFT_PAIRS.items() for n in pair}
@@ -236,6 +238,10 @@ def detectability(changes: list[Change]) -> str:
     can = sum(1 for c in judged if c.mdc <= verdicts.TARGET_MDC)
     line = (f"{can} of {len(judged)} judged metrics can detect a "
             f"{verdicts.TARGET_MDC:.0%} change")
+    paired = sum(c.two_nights for c in judged)
+    if paired:  # over nights the history decides which MDC a metric has: say which
+        line += (f" ({paired} of them by the MDC of a change lasting two nights, which "
+                 "the regression label needs, the rest by one comparison's)")
     if blind:
         line += (f"; throughput cells that cannot ({len(blind)}): " + ", ".join(blind))
     return line + "."

@@ -101,6 +101,7 @@ class Test:
     mdc: float  # minimum detectable relative change at POWER (two nights': consecutive)
     verdict: str  # regression | improvement | within-noise | too-few-repeats
     flag_at: float = math.nan  # the relative move at the critical value
+    two_nights: bool = False  # tested as one of two nights (consecutive; mdc: the pair's)
 
     @property
     def broke(self) -> bool:
@@ -195,7 +196,8 @@ def test(baseline: list[list[float]], current: list[float], higher_is_better: bo
     better = big and (t > critical if higher_is_better else t < -critical)
     verdict = "regression" if worse else "improvement" if better else "within-noise"
     seen = consecutive_mdc(sd, nights, alpha) if nights else _detectable(se, df, alpha, POWER)
-    return Test(change, t, critical, sd, df, seen, verdict, _flag_at(se, df, level))
+    return Test(change, t, critical, sd, df, seen, verdict, _flag_at(se, df, level),
+                bool(nights))
 
 
 def noise(baseline: list[list[float]]) -> float:

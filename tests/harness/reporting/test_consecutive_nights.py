@@ -136,3 +136,22 @@ def test_over_nights_labels_at_the_two_levels() -> None:
     assert label(up_between, up_between) == "improvement"
     assert label(100.0, up_beyond) == "improvement (one night)"
     assert label(up_between, between) == "changed-within-noise"  # opposite ways
+
+
+def test_the_detectability_line_says_which_mdc_it_counts() -> None:
+    """Over nights a metric with enough history carries the two nights' MDC and one
+    without carries a single comparison's; the line counts both, so it says how many are
+    which. Against one baseline (no night-level test) it says nothing of nights."""
+    from harness.reporting.regressions import compare_results, detectability
+
+    history = [_night(i + 1, [v, v * 1.01]) for i, v in enumerate([100.0, 104.0, 97.0])]
+    nightly = over_nights([*history, _night(4, [99.0, 99.5])], _night(5, [101.0, 100.5]),
+                          window=3)
+    judged = [c for c in nightly if c.name == "throughput_samples_per_s"]
+    assert [c.two_nights for c in judged] == [True]
+    assert judged[0].mdc == pytest.approx(verdicts.consecutive_mdc(
+        verdicts.noise([[v, v * 1.01] for v in (100.0, 104.0, 97.0)]), 3), rel=1e-9)
+    assert "(1 of them by the MDC of a change lasting two nights" in detectability(nightly)
+    pair = compare_results([_night(1, [100.0, 101.0])], _night(2, [100.5, 99.0]))
+    assert not any(c.two_nights for c in pair)
+    assert "two nights" not in detectability(pair)
