@@ -12,6 +12,15 @@ for small samples without ties, else the normal approximation; no assumption abo
 runs' distribution). A run that fails, or a cell missing from a run, is reported, not
 fatal.
 
+The machine's speed drifts by more than most settings' effects between runs minutes apart
+(the report's "all threads' CPU s" row gives each run's CPU seconds for the same work), and
+the unpaired test above spends that drift as noise. So each round's A and B, run back to
+back, are also compared as a pair: per round B / A of the steady samples/s and of the
+drift-cancelled steady samples per reference iteration (the bench's fixed torch loop,
+measured before each cell, ``harness.experiments.reference``), the median of the rounds'
+ratios and a two-sided Wilcoxon signed-rank test of their logs (exact for these few
+rounds: every way of flipping the signs is equally likely where B does nothing).
+
 Beside throughput it reads, every ``SAMPLE_S`` seconds, the kernel's per-thread schedstat of
 every process the run starts, and reports per run the CPU seconds of gloo's transport loop
 threads, of all threads, and the time threads spent runnable but waiting for a core: where
@@ -27,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import platform
 import shlex
@@ -39,10 +49,12 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 
-from scipy.stats import mannwhitneyu
+from scipy.stats import mannwhitneyu, wilcoxon
 
 ROOT = Path(__file__).resolve().parents[1]
 METRIC = "steady_samples_per_s"
+CANCELLED = "steady_per_reference"  # METRIC over the fixed reference loop's speed
+PAIRED = (METRIC, CANCELLED)
 OWN_FLAGS = ("--repeats", "--json", "-o", "--output", "--quiet")
 GLOO_LOOP = "gloo_tcp_loop"  # the name gloo gives its transport's event-loop threads
 THREAD_FIGURES = ("gloo loop threads' CPU s", "all threads' CPU s",
@@ -102,8 +114,9 @@ def _threads(seen: dict[tuple[int, int], tuple[str, int, int]]) -> dict[str, flo
 
 
 def _run(bench_args: list[str], env: dict[str, str],
-         json_path: Path) -> tuple[dict[str, float], dict[str, float]] | None:
-    """One bench run: each cell's steady samples/s, and its processes' thread figures."""
+         json_path: Path) -> tuple[dict[str, dict[str, float]], dict[str, float]] | None:
+    """One bench run: each cell's figures (``PAIRED``, those it has), and its processes'
+    thread figures."""
     cmd = [str(ROOT / ".venv/bin/pipebench"), "bench", *bench_args, "--repeats", "1",
            "--json", str(json_path), "-o", str(json_path.with_suffix(".md")), "--quiet"]
     seen: dict[tuple[int, int], tuple[str, int, int]] = {}
@@ -119,15 +132,18 @@ def _run(bench_args: list[str], env: dict[str, str],
               f"{stderr[-2000:]}", file=sys.stderr)
         return None
     cells = json.loads(json_path.read_text())["cells"]
-    return ({c["key"]: c["metrics"][METRIC]["median"] for c in cells
+    return ({c["key"]: {k: c["metrics"][k]["median"] for k in PAIRED
+                        if k in c.get("metrics", {})} for c in cells
              if METRIC in c.get("metrics", {})}, _threads(seen))
 
 
 @dataclass
 class Measured:
-    """cell -> side -> steady samples/s of each run; thread figure -> side -> its value in
-    each run; the runs of each side that failed."""
+    """cell -> side -> steady samples/s of each run; (cell, figure) -> the (A, B) pair of
+    each round that has both; thread figure -> side -> its value in each run; the runs of
+    each side that failed."""
     runs: dict[str, dict[str, list[float]]] = field(default_factory=dict)
+    pairs: dict[tuple[str, str], list[tuple[float, float]]] = field(default_factory=dict)
     threads: dict[str, dict[str, list[float]]] = field(
         default_factory=lambda: {f: {"A": [], "B": []} for f in THREAD_FIGURES})
     failed: dict[str, int] = field(default_factory=lambda: {"A": 0, "B": 0})
@@ -138,16 +154,23 @@ def measure(bench_args: list[str], assignments: list[str], rounds: int,
     """A and B alternating, A-B then B-A, ``rounds`` times."""
     m = Measured()
     for r in range(rounds):
+        this: dict[str, dict[str, dict[str, float]]] = {}  # side -> this round's cells
         for side in ("AB" if r % 2 == 0 else "BA"):
             got = _run(bench_args, _env(assignments, side), workdir / f"{side}-{r}.json")
             if got is None:
                 m.failed[side] += 1
                 continue
-            for key, value in got[0].items():
-                m.runs.setdefault(key, {"A": [], "B": []})[side].append(value)
+            this[side] = got[0]
+            for key, figures in got[0].items():
+                m.runs.setdefault(key, {"A": [], "B": []})[side].append(figures[METRIC])
             for figure, value in got[1].items():
                 m.threads[figure][side].append(value)
             print(f"env_ab: round {r + 1}/{rounds} {side} done", file=sys.stderr)
+        for key, a in this.get("A", {}).items():
+            b = this.get("B", {}).get(key, {})
+            for figure in PAIRED:
+                if figure in a and figure in b:
+                    m.pairs.setdefault((key, figure), []).append((a[figure], b[figure]))
     return m
 
 
@@ -162,9 +185,26 @@ def _row(name: str, a: list[float], b: list[float], digits: int) -> str:
             f"{', '.join(f'{v:.{digits}f}' for v in sorted(b))} |")
 
 
+def _paired_row(name: str, figure: str, pairs: list[tuple[float, float]]) -> str:
+    """A cell's figure over the rounds: the median of the rounds' B / A, their range, and
+    the two-sided exact Wilcoxon signed-rank p of their logs."""
+    ratios = [b / a for a, b in pairs if a > 0 and b > 0]
+    if len(ratios) < 2:
+        return f"| {name} | {figure} | n/a: {len(ratios)} round(s) with both sides | | | |"
+    logs = [math.log(x) for x in ratios]
+    p = wilcoxon(logs, alternative="two-sided", method="exact").pvalue \
+        if any(logs) else 1.0
+    return (f"| {name} | {figure} | {statistics.median(ratios):.3f} | "
+            f"{min(ratios):.3f}-{max(ratios):.3f} | {p:.3g} | "
+            f"{', '.join(f'{x:.3f}' for x in ratios)} |")
+
+
 def report(m: Measured, assignments: list[str], command: str) -> str:
     git = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=ROOT,
                          capture_output=True, text=True).stdout.strip()
+    if subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT,
+                      capture_output=True, text=True).stdout.strip():
+        git += "-dirty"  # the runs ran code that no commit holds
     b = " ".join(assignments)
     head = "| {} | A median | B median | B / A | p | A runs (sorted) | B runs (sorted) |"
     lines = [f"# `{b}` against the default: steady throughput, run by run", "",
@@ -177,6 +217,17 @@ def report(m: Measured, assignments: list[str], command: str) -> str:
              "Mann-Whitney U test of A's runs against B's.", "",
              head.format("cell"), "|---|---|---|---|---|---|---|"]
     lines += [_row(key, s["A"], s["B"], 0) for key, s in sorted(m.runs.items())]
+    lines += ["", "Paired by round: each round's A and B ran back to back, so drift slower "
+              "than a round falls on both. B / A per round (in the rounds' order) of the "
+              f"steady samples/s (`{METRIC}`) and of the same over the fixed reference "
+              f"loop's speed measured before each cell (`{CANCELLED}`, drift-cancelled); "
+              "p: two-sided exact Wilcoxon signed-rank test of the logs of the rounds' "
+              "ratios (no effect: each round's sign as likely either way). With n rounds "
+              "the smallest p it can give is 2 / 2^n.", "",
+              "| cell | figure | median B / A | range | p | rounds' B / A |",
+              "|---|---|---|---|---|---|"]
+    lines += [_paired_row(key, figure, m.pairs[(key, figure)])
+              for key, figure in sorted(m.pairs)]
     lines += ["", "The threads of every process each run started (its cells, start-up and "
               "evaluation included), read from the kernel's per-thread schedstat every "
               f"{SAMPLE_S:g} s (a thread's last reading counts): the CPU seconds of gloo's "

@@ -142,6 +142,19 @@ def _train_tracked(cfg: RunConfig, workload: Workload, target: float, splits: Da
     return summary
 
 
+def runtime_env() -> str:
+    """The runtime's switches this run's environment sets (``NAME=VALUE``, comma-separated;
+    ``defaults`` where none is set): runs that differ in one must not be compared as if
+    they were alike. Each switch's name lives in the module it switches."""
+    from pipedream_impl.runtime.comm import RECV_AHEAD_ENV
+    from pipedream_impl.runtime.grad_buckets import BUCKET_MB_ENV
+    from pipedream_impl.runtime.pinning import PIN_ENV
+
+    set_ = [f"{k}={os.environ[k]}" for k in (RECV_AHEAD_ENV, BUCKET_MB_ENV, PIN_ENV)
+            if k in os.environ]
+    return ",".join(set_) or "defaults"
+
+
 def _log_params(tracker: tracking.Tracker, cfg: RunConfig, workload: Workload,
                 splits: DataSplits, device: torch.device, target: float, more: dict) -> None:
     """The run's params (the schema's PARAM_KEYS and the layout's)."""
@@ -152,7 +165,7 @@ def _log_params(tracker: tracking.Tracker, cfg: RunConfig, workload: Workload,
         "metric": workload.metric, "data": splits.description,
         "optimizer": spec.optimizer, "lr": cfg.lr if cfg.lr is not None else spec.lr,
         "threads": cfg.threads_per_worker(), "device": str(device),
-        "warmup_steps": cfg.warmup_steps,
+        "warmup_steps": cfg.warmup_steps, "runtime_env": runtime_env(),
         "hardware": tracking.hardware(device), "git_sha": tracking.git_sha(),
         "torch_version": torch.__version__, **more})
 

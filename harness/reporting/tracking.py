@@ -54,7 +54,8 @@ __all__ = ["ERROR_CHARS", "ERROR_TAG", "EPOCH_METRICS", "PARAM_KEYS", "RUN_METRI
 
 PARAM_KEYS = ("system", "workload", "scale", "batch_size", "global_batch_size", "workers",
               "seed", "epochs", "target", "metric", "data", "optimizer", "lr", "threads",
-              "device", "hardware", "git_sha", "torch_version", "num_parameters", "warmup_steps")
+              "device", "hardware", "git_sha", "torch_version", "num_parameters", "warmup_steps",
+              "runtime_env")
 SYSTEM_METRICS_INTERVAL_S = 2.0
 
 

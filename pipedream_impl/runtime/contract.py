@@ -50,6 +50,7 @@ from core.imports import load
 from pipedream_impl.runtime import STAGE_EXECUTOR, TIMEOUT_S, WARMUP_STEPS
 from pipedream_impl.runtime.device_clock import DeviceClock
 from pipedream_impl.runtime.faults import Fault, Progress, board_path
+from pipedream_impl.runtime.pinning import pin
 from pipedream_impl.runtime.stage_lr import STAGE_LR_RULES
 from pipedream_impl.schedule import WEIGHT_MODES, Layout
 from pipedream_impl.schedule import registry as schedules
@@ -394,6 +395,8 @@ def _serve(spec: WorkerSpec, control, results) -> None:  # noqa: ANN001
     if spec.run.device == "cuda":  # one GPU per local rank; NCCL below
         device = torch.device(f"cuda:{spec.local_rank % max(1, torch.cuda.device_count())}")
         torch.cuda.set_device(device)
+    else:  # before the process group starts its threads (pinning.py; off by default)
+        pin(spec.local_rank, spec.run.threads, sum(spec.system.replicas))
     executor_cls = load(spec.system.executor)
     if executor_cls.torch_distributed:  # Horovod brings its own
         dist.init_process_group("nccl" if device.type == "cuda" else "gloo",

@@ -1,10 +1,12 @@
-"""scripts/env_ab.py: the order of its runs, its test's p-value against brute force, its
-thread figures from /proc, and what it does with failed runs and missing cells.
+"""scripts/env_ab.py: the order of its runs and their pairing by round, its tests' p-values
+against brute force, its thread figures from /proc, and what it does with failed runs and
+missing cells.
 
 Why: results/recv-ahead-ab-*.md decide whether a runtime default changes (issue 24). The
 p-value is checked against an exhaustive enumeration of every way the runs could have been
-split between the sides (the exact permutation distribution of the rank-sum), not against
-scipy's own routine; the runs' order is checked on a fake bench that records its calls;
+split between the sides (the exact permutation distribution of the rank-sum), the paired
+one against every way of flipping the rounds' signs, not against scipy's own routines;
+the runs' order is checked on a fake bench that records its calls;
 the thread reader on a real child process.
 """
 
@@ -50,6 +52,33 @@ def test_p_value_equals_the_exhaustive_permutation_test(a, b) -> None:  # noqa: 
                                           abs=0.005)
 
 
+def _brute_force_signed_rank_p(logs: list[float]) -> float:
+    """Two-sided exact p of the signed-rank statistic: the share of all 2^n ways of giving
+    the ranks of |log| signs whose positive rank-sum lies at least as far from its mean."""
+    ranks = {v: i + 1 for i, v in enumerate(sorted(abs(x) for x in logs))}  # no ties here
+    n = len(logs)
+    mean = n * (n + 1) / 4
+    seen = abs(sum(ranks[abs(x)] for x in logs if x > 0) - mean)
+    signs = list(itertools.product((0, 1), repeat=n))
+    return sum(abs(sum(r * s for r, s in zip(range(1, n + 1), sg, strict=True)) - mean)
+               >= seen - 1e-9 for sg in signs) / len(signs)
+
+
+@pytest.mark.parametrize("ratios", [
+    [1.10, 1.05, 1.08, 0.98, 1.12, 1.03],
+    [0.90, 1.01, 0.95, 0.97, 0.93, 1.04, 0.96],
+    [1.2, 0.8, 1.1, 0.9, 1.05],
+])
+def test_paired_p_equals_the_exhaustive_sign_flip_test(ratios) -> None:  # noqa: ANN001
+    import math
+
+    pairs = [(100.0, 100.0 * r) for r in ratios]
+    row = ab._paired_row("cell", ab.METRIC, pairs).split("|")
+    logs = [math.log(r) for r in ratios]
+    assert float(row[5]) == pytest.approx(_brute_force_signed_rank_p(logs), abs=5e-4)
+    assert float(row[3]) == pytest.approx(statistics.median(ratios), abs=5e-4)
+
+
 def test_rounds_alternate_and_failures_are_counted(monkeypatch) -> None:
     calls = []
 
@@ -58,7 +87,9 @@ def test_rounds_alternate_and_failures_are_counted(monkeypatch) -> None:
         calls.append(side)
         if len(calls) == 4:  # the fourth run fails
             return None
-        return {"cell": 100.0 if side == "A" else 50.0}, {f: 1.0 for f in ab.THREAD_FIGURES}
+        value = 100.0 if side == "A" else 50.0
+        figures = {ab.METRIC: value, ab.CANCELLED: value / 10}
+        return {"cell": figures}, {f: 1.0 for f in ab.THREAD_FIGURES}
 
     monkeypatch.setenv("X", "stale")  # A unsets it, B sets it
     monkeypatch.setattr(ab, "_run", fake_run)
@@ -66,6 +97,9 @@ def test_rounds_alternate_and_failures_are_counted(monkeypatch) -> None:
     assert calls == ["A", "B", "B", "A", "A", "B"]
     assert m.failed == {"A": 1, "B": 0}
     assert m.runs["cell"] == {"A": [100.0, 100.0], "B": [50.0, 50.0, 50.0]}
+    # the round whose A failed has no pair; the other two pair their own A and B
+    assert m.pairs[("cell", ab.METRIC)] == [(100.0, 50.0), (100.0, 50.0)]
+    assert m.pairs[("cell", ab.CANCELLED)] == [(10.0, 5.0), (10.0, 5.0)]
     text = ab.report(m, ["X=0"], "cmd")
     assert "Runs that failed (left out): A 1, B 0." in text
     m.runs["gone"] = {"A": [1.0], "B": []}
