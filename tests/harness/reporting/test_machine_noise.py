@@ -1,0 +1,44 @@
+"""scripts/machine_noise.py: its figures on measurements worked out by hand, and its reading
+of the kernel's steal counter.
+
+Why: results/machine-noise.md explains why this machine's verdicts are noisy (issue 23);
+its successive change and its share of measurements whose cores did not add up must be
+what the report says they are.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+import sys
+from pathlib import Path
+
+import pytest
+
+_PATH = Path(__file__).resolve().parents[3] / "scripts" / "machine_noise.py"
+_SPEC = importlib.util.spec_from_file_location("machine_noise", _PATH)
+mn = importlib.util.module_from_spec(_SPEC)
+sys.modules["machine_noise"] = mn
+_SPEC.loader.exec_module(mn)
+
+
+def test_successive_change_is_the_median_step() -> None:
+    # steps: x2, x1, x0.5 (|log| ln2, 0, ln2): median ln2
+    assert mn.successive([100.0, 200.0, 200.0, 100.0]) == pytest.approx(math.log(2))
+    assert math.isnan(mn.successive([100.0]))
+
+
+def test_cores_that_do_not_add_up_are_counted() -> None:
+    pairs = [(1000.0, 1900.0), (1000.0, 1150.0), (900.0, 1080.0), (1000.0, 1201.0)]
+    # 1150 <= 1200 and 1080 <= 1080: two of four; 1201 > 1200 is not
+    assert mn.shared_share(pairs) == pytest.approx(0.5)
+    text = mn.report(pairs, 0.5, 2, 8.0, 1.0, "cmd")
+    assert "in 50% of the measurements" in text
+    assert "0.5 s of 16 CPU seconds" in text
+    assert "| one thread | 1000 | 900-1000 |" in text
+
+
+def test_steal_is_read_from_proc_stat() -> None:
+    a = mn.steal_s()
+    b = mn.steal_s()
+    assert 0.0 <= a <= b
