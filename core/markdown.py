@@ -1,4 +1,5 @@
-"""The one markdown table writer: every generated report in results/ goes through it.
+"""The one markdown table writer: every generated report in results/ goes through it; and
+the scripts' one way of handing a finished report over (to a file, or to stdout).
 
 A cell may contain ``|`` (e.g. an error message): it is written as ``/`` so the table
 keeps its columns.
@@ -6,9 +7,11 @@ keeps its columns.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Sequence
+from pathlib import Path
 
-__all__ = ["markdown_table"]
+__all__ = ["markdown_table", "write_report"]
 
 
 def markdown_table(columns: Sequence[str], rows: Sequence[Sequence[object]]) -> list[str]:
@@ -16,3 +19,12 @@ def markdown_table(columns: Sequence[str], rows: Sequence[Sequence[object]]) -> 
     lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
     lines += ["| " + " | ".join(str(c).replace("|", "/") for c in row) + " |" for row in rows]
     return lines
+
+
+def write_report(text: str, output: Path | None, who: str) -> None:
+    """``text`` to ``output`` (saying so on stderr, as ``who``), else to stdout."""
+    if output:
+        output.write_text(text)
+        print(f"{who}: wrote {output}", file=sys.stderr)
+    else:
+        print(text, end="")

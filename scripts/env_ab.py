@@ -52,6 +52,10 @@ from pathlib import Path
 from scipy.stats import mannwhitneyu, wilcoxon
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from core.markdown import write_report  # noqa: E402
+
 METRIC = "steady_samples_per_s"
 CANCELLED = "steady_per_reference"  # METRIC over the fixed reference loop's speed
 PAIRED = (METRIC, CANCELLED)
@@ -261,11 +265,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="env_ab-") as tmp:
         measured = measure(bench_args, args.set, args.rounds, Path(tmp))
     text = report(measured, args.set, command)
-    if args.output:
-        args.output.write_text(text)
-        print(f"env_ab: wrote {args.output}", file=sys.stderr)
-    else:
-        print(text, end="")
+    write_report(text, args.output, "env_ab")
 
 
 if __name__ == "__main__":

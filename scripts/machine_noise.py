@@ -37,6 +37,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from core.markdown import write_report  # noqa: E402
 from harness.experiments.reference import measure  # noqa: E402
 
 SHARED = 1.2  # all cores at most this many times one thread: the others added next to nothing
@@ -113,11 +114,7 @@ def main() -> None:
     pairs, stolen = sample(args.seconds, args.each, cores)
     command = " ".join([".venv/bin/python", "scripts/machine_noise.py", *sys.argv[1:]])
     text = report(pairs, stolen, cores, args.seconds, args.each, command)
-    if args.output:
-        args.output.write_text(text)
-        print(f"machine_noise: wrote {args.output}", file=sys.stderr)
-    else:
-        print(text, end="")
+    write_report(text, args.output, "machine_noise")
 
 
 if __name__ == "__main__":
