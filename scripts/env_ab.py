@@ -55,9 +55,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from core.markdown import write_report  # noqa: E402
+from harness.metrics import STEADY_PER_REFERENCE, STEADY_THROUGHPUT  # noqa: E402
 
-METRIC = "steady_samples_per_s"
-CANCELLED = "steady_per_reference"  # METRIC over the fixed reference loop's speed
+METRIC = STEADY_THROUGHPUT
+CANCELLED = STEADY_PER_REFERENCE  # METRIC over the fixed reference loop's speed
 PAIRED = (METRIC, CANCELLED)
 OWN_FLAGS = ("--repeats", "--json", "-o", "--output", "--quiet")
 GLOO_LOOP = "gloo_tcp_loop"  # the name gloo gives its transport's event-loop threads
@@ -196,19 +197,25 @@ def _paired_row(name: str, figure: str, pairs: list[tuple[float, float]]) -> str
     if len(ratios) < 2:
         return f"| {name} | {figure} | n/a: {len(ratios)} round(s) with both sides | | | |"
     logs = [math.log(x) for x in ratios]
-    p = wilcoxon(logs, alternative="two-sided", method="exact").pvalue \
-        if any(logs) else 1.0
+    used = [x for x in logs if x != 0.0]  # a round with B = A carries no sign: dropped
+    p = wilcoxon(used, alternative="two-sided", method="exact").pvalue if used else 1.0
     return (f"| {name} | {figure} | {statistics.median(ratios):.3f} | "
-            f"{min(ratios):.3f}-{max(ratios):.3f} | {p:.3g} | "
+            f"{min(ratios):.3f}-{max(ratios):.3f} | {p:.3g} ({len(used)}) | "
             f"{', '.join(f'{x:.3f}' for x in ratios)} |")
 
 
-def report(m: Measured, assignments: list[str], command: str) -> str:
+def git_state() -> str:
+    """The commit the runs run, ``-dirty`` where the tree holds changes or new files (the
+    runs then ran code no commit holds); read before the runs, not after them."""
     git = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=ROOT,
                          capture_output=True, text=True).stdout.strip()
-    if subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT,
-                      capture_output=True, text=True).stdout.strip():
-        git += "-dirty"  # the runs ran code that no commit holds
+    if subprocess.run(["git", "status", "--porcelain"], cwd=ROOT, capture_output=True,
+                      text=True).stdout.strip():
+        git += "-dirty"
+    return git
+
+
+def report(m: Measured, assignments: list[str], command: str, git: str) -> str:
     b = " ".join(assignments)
     head = "| {} | A median | B median | B / A | p | A runs (sorted) | B runs (sorted) |"
     lines = [f"# `{b}` against the default: steady throughput, run by run", "",
@@ -225,9 +232,10 @@ def report(m: Measured, assignments: list[str], command: str) -> str:
               "than a round falls on both. B / A per round (in the rounds' order) of the "
               f"steady samples/s (`{METRIC}`) and of the same over the fixed reference "
               f"loop's speed measured before each cell (`{CANCELLED}`, drift-cancelled); "
-              "p: two-sided exact Wilcoxon signed-rank test of the logs of the rounds' "
-              "ratios (no effect: each round's sign as likely either way). With n rounds "
-              "the smallest p it can give is 2 / 2^n.", "",
+              "p (n): two-sided exact Wilcoxon signed-rank test of the logs of the rounds' "
+              "ratios (no effect: each round's sign as likely either way), over the n "
+              "rounds whose ratio is not exactly 1; the smallest p it can give is 2 / 2^n "
+              "(tied ratios round its statistic).", "",
               "| cell | figure | median B / A | range | p | rounds' B / A |",
               "|---|---|---|---|---|---|"]
     lines += [_paired_row(key, figure, m.pairs[(key, figure)])
@@ -263,8 +271,9 @@ def main() -> None:
         ap.error("--set takes NAME=VALUE")
     command = shlex.join([".venv/bin/python", "scripts/env_ab.py", *sys.argv[1:]])
     with tempfile.TemporaryDirectory(prefix="env_ab-") as tmp:
+        git = git_state()
         measured = measure(bench_args, args.set, args.rounds, Path(tmp))
-    text = report(measured, args.set, command)
+    text = report(measured, args.set, command, git)
     write_report(text, args.output, "env_ab")
 
 

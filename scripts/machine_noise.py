@@ -43,10 +43,11 @@ from harness.experiments.reference import measure  # noqa: E402
 SHARED = 1.2  # all cores at most this many times one thread: the others added next to nothing
 
 
-def steal_s() -> float:
+def steal_s(stat: str | None = None) -> float:
     """CPU seconds the kernel counted as stolen by the host, all CPUs, since boot (0 where
-    /proc/stat has no such field)."""
-    fields = Path("/proc/stat").read_text().splitlines()[0].split()
+    /proc/stat has no such field); ``stat``: the file's text (default: read it)."""
+    text = Path("/proc/stat").read_text() if stat is None else stat
+    fields = text.splitlines()[0].split()  # cpu user nice system idle iowait irq softirq steal
     ticks = os.sysconf("SC_CLK_TCK")
     return int(fields[8]) / ticks if len(fields) > 8 else 0.0
 

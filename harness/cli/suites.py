@@ -226,6 +226,9 @@ def regressions(
         changes = reg.over_nights(bases, cur, history, alpha)
     lines = [f"# Regressions: {current} against {against}", "",
              f"Rule: {verdicts.rule_text(alpha)}.", ""]
+    switches = reg.switches_differ(bases, cur)
+    if switches:
+        lines += [switches, ""]
     table = reg.rows(changes, show_all)
     lines += markdown_table(reg.COLUMNS, table) if table else ["Nothing moved beyond "
                                                                "the noise."]

@@ -54,7 +54,9 @@ __all__ = ["environment", "failure_note", "run_suite"]
 
 
 def environment(device: str, threads: int) -> dict:
-    """What the numbers depend on besides the code: versions, hardware, threads."""
+    """What the numbers depend on besides the code: versions, hardware, threads, the
+    runtime switches set."""
+    from harness.experiments.runner import runtime_env
     from harness.experiments.training import resolve_device
 
     def version(pkg: str) -> str | None:
@@ -73,7 +75,8 @@ def environment(device: str, threads: int) -> dict:
                                        "mlflow")},
             "hardware": hw, "machine": machine,
             "cpu_count": os.cpu_count(), "threads_per_worker": threads,
-            "device": dev.type, "platform": platform.platform()}
+            "device": dev.type, "platform": platform.platform(),
+            "runtime_env": runtime_env()}
 
 
 @contextlib.contextmanager

@@ -41,7 +41,7 @@ from harness.reporting import verdicts
 from harness.reporting.results import COUNTERS, METRICS, summarise
 
 __all__ = ["COLUMNS", "Change", "compare_results", "detectability", "has_regression",
-           "judged_against", "not_judged", "over_nights", "rows"]
+           "judged_against", "not_judged", "over_nights", "rows", "switches_differ"]
 
 # the counters that depend on the stages, their replicas and layer ranges
 LAYOUT_COUNTERS = ("bytes_per_sample", metrics.ACTIONS_PER_EPOCH)
@@ -245,6 +245,20 @@ def detectability(changes: list[Change]) -> str:
     if blind:
         line += (f"; throughput cells that cannot ({len(blind)}): " + ", ".join(blind))
     return line + "."
+
+
+def switches_differ(baselines: list[dict], current: dict) -> str:
+    """A line where the runtime switches set (``environment.runtime_env``) differ between
+    the baselines and the current result, so that a move they cause is not read as the
+    code's; empty where they agree or a result (from before they were recorded) lacks them."""
+    def env(result: dict) -> str | None:
+        return result.get("environment", {}).get("runtime_env")
+
+    now, before = env(current), {env(b) for b in baselines}
+    if now is None or None in before or before == {now}:
+        return ""
+    return (f"Runtime switches differ: the baseline ran with {', '.join(sorted(before))}, "
+            f"the current result with {now}; what they change is in the comparison.")
 
 
 def has_regression(changes: list[Change]) -> bool:

@@ -21,7 +21,7 @@ Schema ``pipebench-suite/1`` (``SCHEMA``)::
      "suite": {"name", "description", "source", "repeats", "threads", "device", "plant"},
      "environment": {"git_sha", "python", "torch", "torchvision", "horovod", "deepspeed",
                      "mlflow", "hardware", "machine", "cpu_count", "threads_per_worker",
-                     "device", "platform"},
+                     "device", "platform", "runtime_env"},
      "rule": {"centre", "spread", "drop_extremes_from", "stability"},
      "mlflow": {"tracking_uri", "experiment", "parent_run_id"} or null,
      "cells": [{"key", "workload", "scale", "workers", "system", "mode", "tracking",

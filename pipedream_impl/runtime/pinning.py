@@ -8,17 +8,21 @@ cores. MPI launchers bind each rank to its cores for this reason (Open MPI's
 ``scripts/env_ab.py --set PIPEBENCH_PIN=1`` runs the bench both ways.
 
 The rule, with ``PIPEBENCH_PIN=1`` on the CPU: the worker of local rank ``i`` with ``t``
-torch threads takes cores ``[i t, (i + 1) t)`` of the cores the launcher may use (its
-affinity mask, in order), provided that the whole world (workers x ``t``) fits on them.
-Otherwise nothing is pinned. Every thread the process has at that moment (gloo's,
+torch threads takes logical CPUs ``[i t, (i + 1) t)`` of those the launcher may use (its
+affinity mask, in order; where SMT siblings are numbered next to each other, two of them
+share one physical core), provided that the workers on this machine (``LOCAL_WORLD_SIZE``
+where the launcher sets it, else the whole world) times ``t`` fit on them. Otherwise
+nothing is pinned, and the worker says so on stderr: a measured "pinned" side that was not
+pinned would measure nothing. Every thread the process has at that moment (gloo's,
 Horovod's, the orphan guard) is pinned, and threads started later inherit the mask. Every
 system's workers pass through the same call (``contract._serve``), so all are pinned
-alike. ``0`` (the default) leaves placement to the kernel.
+alike; GPU runs are not pinned. ``0`` (the default) leaves placement to the kernel.
 """
 
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 __all__ = ["PIN_ENV", "cores_for", "pin", "pinning"]
@@ -46,14 +50,25 @@ def cores_for(local_rank: int, threads: int, world: int, cores: list[int]) -> se
 
 def pin(local_rank: int, threads: int, world: int) -> set[int]:
     """Pin this process's threads as the rule says, if ``PIPEBENCH_PIN=1``; returns the
-    cores taken (empty: nothing pinned)."""
+    cores taken (empty: nothing pinned). ``world``: every worker of the run; the launcher's
+    ``LOCAL_WORLD_SIZE``, where set, counts those on this machine instead."""
     if not pinning():
         return set()
-    mine = cores_for(local_rank, threads, world, sorted(os.sched_getaffinity(0)))
-    if mine:
-        for task in Path("/proc/self/task").iterdir():
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", world))
+    allowed = sorted(os.sched_getaffinity(0))
+    mine = cores_for(local_rank, threads, local, allowed)
+    if not mine:
+        print(f"{PIN_ENV}=1: not pinned: {local} worker(s) x {threads} thread(s) do not fit "
+              f"on the {len(allowed)} CPU(s) this worker may use", file=sys.stderr)
+        return set()
+    done: set[int] = set()
+    while True:  # until no thread is left that a pinned one started meanwhile
+        tids = {int(t.name) for t in Path("/proc/self/task").iterdir()} - done
+        if not tids:
+            return mine
+        for tid in tids:
             try:
-                os.sched_setaffinity(int(task.name), mine)
-            except (OSError, ValueError):  # a thread that ended meanwhile
-                continue
-    return mine
+                os.sched_setaffinity(tid, mine)
+            except ProcessLookupError:  # a thread that ended meanwhile
+                pass
+        done |= tids

@@ -152,6 +152,24 @@ def test_the_detectability_line_says_which_mdc_it_counts() -> None:
     assert judged[0].mdc == pytest.approx(verdicts.consecutive_mdc(
         verdicts.noise([[v, v * 1.01] for v in (100.0, 104.0, 97.0)]), 3), rel=1e-9)
     assert "(1 of them by the MDC of a change lasting two nights" in detectability(nightly)
+    # a second cell that joined two nights ago: one earlier result, one comparison's MDC
+    def with_new(day: int, values: list[float], new: list[float] | None) -> dict:
+        night = _night(day, values)
+        if new is not None:
+            cell = dict(night["cells"][0], key="vgg16/tiny/w2/gpipe/throughput",
+                        metrics={"throughput_samples_per_s": summarise(new).to_json()})
+            night["cells"].append(cell)
+        return night
+
+    mixed = over_nights(
+        [with_new(1, [100.0, 101.0], None), with_new(2, [104.0, 105.0], None),
+         with_new(3, [97.0, 98.0], [50.0, 51.0]), with_new(4, [99.0, 99.5], [50.5, 50.0])],
+        with_new(5, [101.0, 100.5], [50.2, 50.9]), window=3)
+    flags = {c.cell: c.two_nights for c in mixed if c.name == "throughput_samples_per_s"}
+    assert flags == {"vgg16/tiny/w2/pipedream/throughput": True,
+                     "vgg16/tiny/w2/gpipe/throughput": False}
+    assert "(1 of them by the MDC of a change lasting two nights" in detectability(mixed)
     pair = compare_results([_night(1, [100.0, 101.0])], _night(2, [100.5, 99.0]))
     assert not any(c.two_nights for c in pair)
     assert "two nights" not in detectability(pair)
+

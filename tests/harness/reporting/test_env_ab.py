@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import importlib.util
 import itertools
+import math
 import os
 import statistics
 import subprocess
@@ -70,13 +71,23 @@ def _brute_force_signed_rank_p(logs: list[float]) -> float:
     [1.2, 0.8, 1.1, 0.9, 1.05],
 ])
 def test_paired_p_equals_the_exhaustive_sign_flip_test(ratios) -> None:  # noqa: ANN001
-    import math
-
     pairs = [(100.0, 100.0 * r) for r in ratios]
     row = ab._paired_row("cell", ab.METRIC, pairs).split("|")
     logs = [math.log(r) for r in ratios]
-    assert float(row[5]) == pytest.approx(_brute_force_signed_rank_p(logs), abs=5e-4)
+    p, n = row[5].split()
+    assert float(p) == pytest.approx(_brute_force_signed_rank_p(logs), abs=5e-4)
+    assert n == f"({len(ratios)})"
     assert float(row[3]) == pytest.approx(statistics.median(ratios), abs=5e-4)
+
+
+def test_a_round_with_no_change_carries_no_sign() -> None:
+    pairs = [(100.0, 110.0), (100.0, 100.0), (100.0, 105.0), (100.0, 108.0)]
+    row = ab._paired_row("cell", ab.METRIC, pairs).split("|")
+    p, n = row[5].split()
+    assert n == "(3)"  # the round with B = A is left out of the test, not of the median
+    assert float(p) == pytest.approx(_brute_force_signed_rank_p(
+        [math.log(1.10), math.log(1.05), math.log(1.08)]), abs=5e-4)
+    assert float(row[3]) == pytest.approx(1.065, abs=5e-4)
 
 
 def test_rounds_alternate_and_failures_are_counted(monkeypatch) -> None:
@@ -100,10 +111,10 @@ def test_rounds_alternate_and_failures_are_counted(monkeypatch) -> None:
     # the round whose A failed has no pair; the other two pair their own A and B
     assert m.pairs[("cell", ab.METRIC)] == [(100.0, 50.0), (100.0, 50.0)]
     assert m.pairs[("cell", ab.CANCELLED)] == [(10.0, 5.0), (10.0, 5.0)]
-    text = ab.report(m, ["X=0"], "cmd")
+    text = ab.report(m, ["X=0"], "cmd", "abc")
     assert "Runs that failed (left out): A 1, B 0." in text
     m.runs["gone"] = {"A": [1.0], "B": []}
-    assert "| gone | n/a: 1 A run(s), 0 B run(s)" in ab.report(m, ["X=0"], "cmd")
+    assert "| gone | n/a: 1 A run(s), 0 B run(s)" in ab.report(m, ["X=0"], "cmd", "abc")
 
 
 def test_threads_of_a_child_process_are_read() -> None:

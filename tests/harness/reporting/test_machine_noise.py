@@ -38,7 +38,11 @@ def test_cores_that_do_not_add_up_are_counted() -> None:
     assert "| one thread | 1000 | 900-1000 |" in text
 
 
-def test_steal_is_read_from_proc_stat() -> None:
-    a = mn.steal_s()
-    b = mn.steal_s()
-    assert 0.0 <= a <= b
+def test_steal_is_the_eighth_counter_of_the_cpu_line() -> None:
+    import os
+
+    hz = os.sysconf("SC_CLK_TCK")
+    stat = f"cpu  1000 1 200 5000 30 0 7 {3 * hz} 0 0\ncpu0 1 2 3 4 5 6 7 8 0 0\n"
+    assert mn.steal_s(stat) == pytest.approx(3.0)  # not user, idle or any other field
+    assert mn.steal_s("cpu  1 2 3 4\n") == 0.0  # a kernel without the field
+    assert 0.0 <= mn.steal_s() <= mn.steal_s()  # this machine's, read twice

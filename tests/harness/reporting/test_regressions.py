@@ -223,3 +223,16 @@ def test_over_nights_judges_exactly_one_of_each_drift_pair() -> None:
               if c.name in ("throughput_samples_per_s", "throughput_per_reference")
               and not c.verdict.startswith("not judged")]
     assert judged == ["throughput_per_reference"]  # the twin the earlier nights chose
+
+
+def test_results_run_with_other_runtime_switches_say_so() -> None:
+    from harness.reporting.regressions import switches_differ
+
+    def ran_with(env: str | None) -> dict:
+        return {"environment": {"machine": "m"} if env is None else
+                {"machine": "m", "runtime_env": env}, "cells": []}
+
+    assert switches_differ([ran_with("defaults")], ran_with("defaults")) == ""
+    line = switches_differ([ran_with("defaults")], ran_with("PIPEBENCH_PIN=1"))
+    assert "the baseline ran with defaults, the current result with PIPEBENCH_PIN=1" in line
+    assert switches_differ([ran_with(None)], ran_with("PIPEBENCH_PIN=1")) == ""  # older

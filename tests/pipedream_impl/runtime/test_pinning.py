@@ -67,7 +67,15 @@ def test_every_thread_of_a_pinned_worker_runs_on_its_core(rank: int) -> None:
     out = subprocess.run([sys.executable, "-c", _CHILD.format(rank=rank)], env=env,
                          capture_output=True, text=True, check=True).stdout.split("]", 1)
     assert out[0] + "]" == f"[{core}]"
-    assert out[1].strip() == f"['{core}']"  # all four threads: one mask, that core
+    assert out[1].strip() == f"['{core}']"  # all three threads: one mask, that core
+
+
+def test_a_world_that_does_not_fit_is_not_pinned_and_says_so() -> None:
+    env = dict(os.environ, **{PIN_ENV: "1", "LOCAL_WORLD_SIZE": "64"})
+    done = subprocess.run([sys.executable, "-c", _CHILD.format(rank=0)], env=env,
+                          capture_output=True, text=True, check=True)
+    assert done.stdout.startswith("[]")
+    assert "not pinned: 64 worker(s) x 1 thread(s) do not fit" in done.stderr
 
 
 def test_unset_pins_nothing() -> None:
