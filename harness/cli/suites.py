@@ -225,10 +225,7 @@ def regressions(
             return
         changes = reg.over_nights(bases, cur, history, alpha)
     lines = [f"# Regressions: {current} against {against}", "",
-             f"Rule: {verdicts.rule_text(alpha)}.", ""]
-    switches = reg.switches_differ(bases, cur)
-    if switches:
-        lines += [switches, ""]
+             f"Rule: {verdicts.rule_text(alpha)}.", "", *reg.switches_differ(bases, cur)]
     table = reg.rows(changes, show_all)
     lines += markdown_table(reg.COLUMNS, table) if table else ["Nothing moved beyond "
                                                                "the noise."]

@@ -247,18 +247,19 @@ def detectability(changes: list[Change]) -> str:
     return line + "."
 
 
-def switches_differ(baselines: list[dict], current: dict) -> str:
-    """A line where the runtime switches set (``environment.runtime_env``) differ between
-    the baselines and the current result, so that a move they cause is not read as the
-    code's; empty where they agree or a result (from before they were recorded) lacks them."""
+def switches_differ(baselines: list[dict], current: dict) -> list[str]:
+    """A report's lines (the note and a blank) where the runtime switches set
+    (``environment.runtime_env``) differ between the baselines and the current result, so
+    that a move they cause is not read as the code's; none where they agree or a result
+    (from before they were recorded) lacks them."""
     def env(result: dict) -> str | None:
         return result.get("environment", {}).get("runtime_env")
 
     now, before = env(current), {env(b) for b in baselines}
     if now is None or None in before or before == {now}:
-        return ""
-    return (f"Runtime switches differ: the baseline ran with {', '.join(sorted(before))}, "
-            f"the current result with {now}; what they change is in the comparison.")
+        return []
+    return [f"Runtime switches differ: the baseline ran with {', '.join(sorted(before))}, "
+            f"the current result with {now}; what they change is in the comparison.", ""]
 
 
 def has_regression(changes: list[Change]) -> bool:

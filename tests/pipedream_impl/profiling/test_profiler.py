@@ -29,5 +29,8 @@ def test_profile_times_and_exact_bytes(name: str) -> None:
             assert node.parameter_bytes == sum(p.numel() * 4 for p in layer.parameters())
     # the per-layer sum is within a sensible margin of a whole-model step
     total = sum(n.forward_ms + n.backward_ms for n in prof.layers)
-    whole = whole_step_ms(model, batch, w.loss, torch.device("cpu"), warmup=2, steps=4)
+    # the fastest of three: one whole step timed in a slow stretch of a shared machine (the
+    # tests run two at once) fell below the margin once, with nothing wrong in the profile
+    whole = min(whole_step_ms(model, batch, w.loss, torch.device("cpu"), warmup=2, steps=4)
+                for _ in range(3))
     assert 0.4 < total / whole < 2.5, (total, whole)
