@@ -56,6 +56,7 @@ sys.path.insert(0, str(ROOT))
 
 from core.markdown import write_report  # noqa: E402
 from harness.metrics import STEADY_PER_REFERENCE, STEADY_THROUGHPUT  # noqa: E402
+from harness.reporting.tracking import git_sha  # noqa: E402
 
 METRIC = STEADY_THROUGHPUT
 CANCELLED = STEADY_PER_REFERENCE  # METRIC over the fixed reference loop's speed
@@ -204,17 +205,6 @@ def _paired_row(name: str, figure: str, pairs: list[tuple[float, float]]) -> str
             f"{', '.join(f'{x:.3f}' for x in ratios)} |")
 
 
-def git_state() -> str:
-    """The commit the runs run, ``-dirty`` where the tree holds changes or new files (the
-    runs then ran code no commit holds); read before the runs, not after them."""
-    git = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=ROOT,
-                         capture_output=True, text=True).stdout.strip()
-    if subprocess.run(["git", "status", "--porcelain"], cwd=ROOT, capture_output=True,
-                      text=True).stdout.strip():
-        git += "-dirty"
-    return git
-
-
 def report(m: Measured, assignments: list[str], command: str, git: str) -> str:
     b = " ".join(assignments)
     head = "| {} | A median | B median | B / A | p | A runs (sorted) | B runs (sorted) |"
@@ -271,7 +261,7 @@ def main() -> None:
         ap.error("--set takes NAME=VALUE")
     command = shlex.join([".venv/bin/python", "scripts/env_ab.py", *sys.argv[1:]])
     with tempfile.TemporaryDirectory(prefix="env_ab-") as tmp:
-        git = git_state()
+        git = git_sha(untracked=True)  # before the runs: the code they run
         measured = measure(bench_args, args.set, args.rounds, Path(tmp))
     text = report(measured, args.set, command, git)
     write_report(text, args.output, "env_ab")

@@ -95,11 +95,14 @@ def default_tracking_uri() -> str:
     return os.environ.get("MLFLOW_TRACKING_URI") or local_tracking_uri()
 
 
-def git_sha() -> str:
+def git_sha(untracked: bool = False) -> str:
+    """The commit, ``-dirty`` where tracked files changed (``untracked``: new files count
+    too, for a measurement that may run a module no commit holds)."""
     try:
         sha = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=REPO,
                              capture_output=True, text=True, timeout=10).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
+        dirty = subprocess.run(["git", "status", "--porcelain",
+                                "--untracked-files=" + ("normal" if untracked else "no")],
                                cwd=REPO, capture_output=True, text=True, timeout=10).stdout
         return (sha or "unknown") + ("-dirty" if dirty.strip() else "")
     except (OSError, subprocess.SubprocessError):

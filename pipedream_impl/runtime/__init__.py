@@ -3,10 +3,18 @@ communication with byte counts (comm), weight versions (weight_stash), the proce
 launcher (launcher; workers that connect back: remote; across a Slurm allocation: srun), all
 ranks in one process (local) and the torchrun entry point.
 
+``switch`` reads the runtime's on/off environment switches (``PIPEBENCH_RECV_AHEAD``,
+``PIPEBENCH_PIN``) by one rule.
+
 The two names below are how a registry or a spec refers to our executor and launcher
 without importing them (and torch): ``module:Class`` strings, loaded with
 ``core.imports.load`` when a run starts.
 """
+
+import os
+
+__all__ = ["JOBS_DIR", "LAUNCHERS", "SPAWN_LAUNCHER", "SRUN_LAUNCHER", "STAGE_EXECUTOR",
+           "TIMEOUT_S", "WARMUP_STEPS", "switch"]
 
 STAGE_EXECUTOR = "pipedream_impl.runtime.stage_executor:StageExecutor"
 SPAWN_LAUNCHER = "pipedream_impl.runtime.launcher:Launcher"
@@ -19,3 +27,13 @@ JOBS_DIR = ".pipebench-jobs"  # under a job's submit directory: its script, outp
 # and ``harness.config`` (whose classes the CLI's flags read) take them from here.
 TIMEOUT_S = 120.0  # every receive / all-reduce waits at most this long
 WARMUP_STEPS = 2  # first minibatches of a run, excluded from throughput
+
+
+def switch(name: str, default: str, on: str, off: str) -> bool:
+    """Whether the environment switch ``name`` is on: ``1`` or ``0``, ``default`` when
+    unset; anything else is an error naming what each value does (``on``, ``off``), not a
+    silent default."""
+    value = os.environ.get(name, default)
+    if value not in ("0", "1"):
+        raise ValueError(f"{name}={value!r}: use 1 ({on}) or 0 ({off})")
+    return value == "1"

@@ -63,6 +63,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from core.collectives import ring_allreduce_bytes
+from pipedream_impl.runtime import switch
 
 __all__ = ["FAKE_HOSTS_ENV", "HEADER", "RECV_AHEAD_ENV", "TAGS", "Comm", "CommTimeout",
            "Hierarchy", "LinkStats", "host_name", "recv_ahead"]
@@ -115,11 +116,8 @@ def _shapes(h: Tensor) -> list[tuple[torch.dtype, tuple[int, ...]]]:
 def recv_ahead() -> bool:
     """Whether receives may be posted ahead: ``PIPEBENCH_RECV_AHEAD`` is ``1`` (the default,
     also when unset) or ``0``; anything else is an error, not a silent default."""
-    value = os.environ.get(RECV_AHEAD_ENV, "1")
-    if value not in ("0", "1"):
-        raise ValueError(f"{RECV_AHEAD_ENV}={value!r}: use 1 (post receives ahead, the "
-                         "default) or 0 (post each receive when it is due)")
-    return value == "1"
+    return switch(RECV_AHEAD_ENV, "1", "post receives ahead, the default",
+                  "post each receive when it is due")
 
 
 def host_name(rank: int) -> str:

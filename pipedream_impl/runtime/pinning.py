@@ -25,6 +25,8 @@ import os
 import sys
 from pathlib import Path
 
+from pipedream_impl.runtime import switch
+
 __all__ = ["PIN_ENV", "cores_for", "pin", "pinning"]
 
 PIN_ENV = "PIPEBENCH_PIN"  # "1": each CPU worker on cores of its own (see the module doc)
@@ -33,11 +35,8 @@ PIN_ENV = "PIPEBENCH_PIN"  # "1": each CPU worker on cores of its own (see the m
 def pinning() -> bool:
     """Whether ``PIPEBENCH_PIN`` asks for pinning: ``1``, or ``0`` (the default, also when
     unset). Anything else is an error rather than a silent default."""
-    value = os.environ.get(PIN_ENV, "0")
-    if value not in ("0", "1"):
-        raise ValueError(f"{PIN_ENV}={value!r}: use 1 (each CPU worker on cores of its "
-                         "own) or 0 (the kernel places the threads; the default)")
-    return value == "1"
+    return switch(PIN_ENV, "0", "each CPU worker on cores of its own",
+                  "the kernel places the threads; the default")
 
 
 def cores_for(local_rank: int, threads: int, world: int, cores: list[int]) -> set[int]:
