@@ -63,7 +63,8 @@ from pipedream_impl.schedule.actions import BACKWARDS
 from workloads import registry
 from workloads.recipe import load_splits
 
-__all__ = ["ValidationRow", "compute_in_run", "markdown", "measured_actions", "validate"]
+__all__ = ["ValidationRow", "compute_in_run", "kinds_in_run", "markdown", "measured_actions",
+           "scale_compute", "validate"]
 
 
 @dataclass
@@ -81,11 +82,14 @@ class ValidationRow:
     measured_bubble: float | None = None
     simulated_bubble: float | None = None
     # each stage's compute per minibatch in the run over the same measured alone (the
-    # run's ``metrics.STAGE_MEASURED`` against the one-process action costs), and the
-    # simulation again with each stage's compute scaled by it: the part of the error that
-    # the schedule and communication model leave once the run's own compute is known
+    # run's ``metrics.STAGE_MEASURED`` against the one-process action costs), the same
+    # ratio per compute kind (``kinds_in_run``, where the run timed each worker's kinds),
+    # and the simulation again with each kind's cost scaled by its own ratio (else by its
+    # stage's): the part of the error that the schedule and communication model leave
+    # once the run's own compute is known
     compute_in_run: tuple[float, ...] = ()
     resimulated: float | None = None
+    kinds_in_run: tuple[dict[str, float], ...] = ()
 
     @property
     def error(self) -> float:
@@ -252,17 +256,31 @@ def _one(setup: _Setup, prof: Profile, system: str, w: int, progress: Progress) 
         1 - sum(e - s for s, e, a in row if a.kind in ("F", *BACKWARDS, "U", "A")) / sim.total_s
         for row in sim.timeline)
     ratios = compute_in_run(actions, summary.final_metrics, m)
+    per_kind = kinds_in_run(actions, summary.final_metrics, m, ratios, replicas)
     resimulated = None
     if ratios:
-        scaled = {st: {kd: v * ratios[st] if kd in COMPUTE_KINDS else v
-                       for kd, v in a.items()} for st, a in actions.items()}
+        scaled = scale_compute(actions, ratios, per_kind)
         again = simulate_system(prof, cluster, system, SimLayout(groups, replicas, placement),
                                 replace(options, machine=replace(model, action_s=scaled)))
         resimulated = k * b / again.total_s
     return ValidationRow(name, cfg.system, w, "-".join(map(str, replicas)),
                          summary.throughput, simulated, costs,
                          bubble, None if bubble is None else sim_bubble,
-                         tuple(ratios[st] for st in sorted(ratios)), resimulated)
+                         tuple(ratios[st] for st in sorted(ratios)), resimulated,
+                         tuple(per_kind[st] for st in sorted(per_kind)))
+
+
+def scale_compute(actions: dict[int, dict[str, float]], ratios: dict[int, float],
+                  per_kind: dict[int, dict[str, float]]) -> dict[int, dict[str, float]]:
+    """``actions`` with each compute action's cost times its kind's in-run ratio, else its
+    stage's (transfers and all-reduces as they are)."""
+    return {st: {kd: v * per_kind.get(st, {}).get(kd, ratios[st]) if kd in COMPUTE_KINDS
+                 else v for kd, v in a.items()} for st, a in actions.items()}
+
+
+def _units(kind: str, microbatches: int) -> int:
+    """How many times a minibatch runs ``kind``: once per microbatch, the update once."""
+    return 1 if kind == "U" else microbatches
 
 
 def compute_in_run(actions: dict[int, dict[str, float]], final: dict[str, float],
@@ -274,12 +292,46 @@ def compute_in_run(actions: dict[int, dict[str, float]], final: dict[str, float]
     ratios = {}
     for st, a in actions.items():
         got = final.get(metrics.key(metrics.STAGE_MEASURED, stage=st))
-        alone = 1e3 * (microbatches * sum(a.get(kd, 0.0) for kd in ("F", *BACKWARDS))
-                       + a.get("U", 0.0))
+        alone = 1e3 * sum(_units(kd, microbatches) * a.get(kd, 0.0) for kd in COMPUTE_KINDS)
         if got is None or not alone > 0:
             return {}
         ratios[st] = got / alone
     return ratios
+
+
+def kinds_in_run(actions: dict[int, dict[str, float]], final: dict[str, float],
+                 microbatches: int, ratios: dict[int, float],
+                 replicas: tuple[int, ...]) -> dict[int, dict[str, float]]:
+    """Each stage's compute ratio (``compute_in_run``'s ``ratios``) split by action kind:
+    the kind's share of the seconds the stage's worker timed in the run
+    (``metrics.ACTION_TIME``, warm-up epoch included) times the stage's compute per
+    minibatch, over ``_units`` of the kind's cost alone. Only where every stage is one
+    worker (rank = stage, as on the validation's straight splits) and each timed its
+    kinds; else empty."""
+    if not ratios or any(r != 1 for r in replicas):
+        return {}
+    out = {}
+    for st, a in actions.items():
+        kinds = [kd for kd in COMPUTE_KINDS if a.get(kd, 0.0) > 0]
+        timed = {kd: final.get(metrics.key(metrics.ACTION_TIME, kind=kd, worker=st), 0.0)
+                 for kd in kinds}
+        total = sum(timed.values())
+        if not total > 0:
+            return {}
+        run_ms = ratios[st] * 1e3 * sum(_units(kd, microbatches) * a[kd] for kd in kinds)
+        out[st] = {kd: run_ms * timed[kd] / total / (1e3 * _units(kd, microbatches) * a[kd])
+                   for kd in kinds}
+    return out
+
+
+def _ratios_cell(r: ValidationRow) -> str:
+    """``1.18 (F 1.20 B 1.25 U 0.95) / ...``: each stage's ratio and its kinds'."""
+    if not r.compute_in_run:
+        return "-"
+    kinds = r.kinds_in_run or ({},) * len(r.compute_in_run)
+    return " / ".join(f"{x:.2f}" + (" (" + " ".join(f"{kd} {v:.2f}" for kd, v in k.items())
+                                    + ")" if k else "")
+                      for x, k in zip(r.compute_in_run, kinds, strict=True))
 
 
 def markdown(rows: list[ValidationRow], machine: dict[str, float], command: str) -> str:
@@ -306,8 +358,10 @@ def markdown(rows: list[ValidationRow], machine: dict[str, float], command: str)
     lines += ["", "Compute in the run / alone: each stage's compute per minibatch in the run "
               "(its workers' timed F, B and U) over the same from the action costs measured "
               "alone, in one process (the warm-up epoch counts in the run's figure, not in "
-              "the other). Simulated with the run's compute: the simulation again with each "
-              "stage's compute actions scaled by that ratio, its error beside: what remains "
+              "the other), and in parentheses the same ratio for each kind of action (its "
+              "share of the seconds the worker timed). Simulated with the run's compute: the "
+              "simulation again with each compute action's cost scaled by its kind's ratio "
+              "(by its stage's where the run timed no kinds), its error beside: what remains "
               "for the schedule and communication model once the run's own compute is "
               "known. A diagnosis, not a prediction: the goal is judged on the first error. "
               "'-' where the run times no compute per stage (data parallelism)."]
@@ -318,7 +372,7 @@ def markdown(rows: list[ValidationRow], machine: dict[str, float], command: str)
          "action costs per stage (ms per unit)"),
         [(r.workload, r.system, r.workers, r.config, f"{r.measured:.0f}",
           f"{r.simulated:.0f}", f"{100 * r.error:+.0f}%",
-          " / ".join(f"{x:.2f}" for x in r.compute_in_run) or "-",
+          _ratios_cell(r),
           "-" if r.resimulated is None else
           f"{r.resimulated:.0f} ({100 * (r.resimulated / r.measured - 1):+.0f}%)",
           "-" if r.measured_bubble is None else

@@ -1,12 +1,19 @@
 """reproduce validation's diagnosis column (harness/sim/validation.py): each stage's compute
-in the run over the same measured alone, from figures worked out by hand."""
+in the run over the same measured alone, and the same per kind of action, from figures
+worked out by hand."""
 
 from __future__ import annotations
 
 import pytest
 
 from harness import metrics
-from harness.sim.validation import ValidationRow, compute_in_run, markdown
+from harness.sim.validation import (
+    ValidationRow,
+    compute_in_run,
+    kinds_in_run,
+    markdown,
+    scale_compute,
+)
 
 
 def _measured(stage: int) -> str:
@@ -24,15 +31,42 @@ def test_the_ratio_is_the_run_per_minibatch_over_m_units_and_one_update_alone() 
     assert compute_in_run({0: {"F": 0.0, "B": 0.0}}, {_measured(0): 1.0}, 4) == {}
 
 
+def _timed(kind: str, worker: int) -> str:
+    return metrics.key(metrics.ACTION_TIME, kind=kind, worker=worker)
+
+
+def test_each_kind_gets_its_share_of_the_stage_s_run_time_over_its_cost_alone() -> None:
+    actions = {0: {"F": 0.001, "B": 0.002, "U": 0.0005, "SF": 0.003}}  # alone: 12.5 ms
+    # the run: 16.25 ms of compute per minibatch (ratio 1.3), timed 6 : 9 : 1 s by kind,
+    # so F 16.25 x 6/16 = 6.09375 ms over 4 x 1 ms, B 9.140625 over 4 x 2, U 1.015625 over
+    # one 0.5 ms update
+    final = {_measured(0): 16.25, _timed("F", 0): 6.0, _timed("B", 0): 9.0,
+             _timed("U", 0): 1.0, _timed("SF", 0): 50.0}  # a send is not compute
+    got = kinds_in_run(actions, final, 4, {0: 1.3}, (1,))
+    assert got == {0: {"F": pytest.approx(1.5234375), "B": pytest.approx(1.142578125),
+                       "U": pytest.approx(2.03125)}}
+    # the kinds' costs scaled by their own ratios, the transfer left as it was; a stage
+    # with no kinds of its own takes its stage's ratio
+    both = {**actions, 1: {"F": 0.002, "U": 0.001}}
+    scaled = scale_compute(both, {0: 1.3, 1: 2.0}, got)
+    assert scaled == {0: {"F": pytest.approx(0.0015234375), "B": pytest.approx(0.00228515625),
+                          "U": pytest.approx(0.001015625), "SF": 0.003},
+                      1: {"F": 0.004, "U": 0.002}}
+    # replicated stages (rank is not stage) or a worker that timed nothing: no split
+    assert kinds_in_run(actions, final, 4, {0: 1.3}, (2,)) == {}
+    assert kinds_in_run(actions, {_measured(0): 16.25}, 4, {0: 1.3}, (1,)) == {}
+
+
 def test_the_report_shows_the_ratio_and_the_error_left_once_it_is_known() -> None:
     row = ValidationRow("vgg16", "pipedream-flush", 2, "1-1", measured=400.0,
                         simulated=520.0, measured_bubble=0.3, simulated_bubble=0.2,
-                        compute_in_run=(1.3, 1.25), resimulated=420.0)
+                        compute_in_run=(1.3, 1.25), resimulated=420.0,
+                        kinds_in_run=({"F": 1.5, "U": 0.9}, {"F": 1.25}))
     dp = ValidationRow("vgg16", "ddp", 2, "2", measured=500.0, simulated=520.0)
     text = markdown([row, dp], {"latency_s": 5e-5, "bandwidth_Bps": 3e9, "cores": 2},
                     "pipebench reproduce validation")
     line = next(ln for ln in text.splitlines() if "pipedream-flush" in ln)
-    assert "| +30% | 1.30 / 1.25 | 420 (+5%) |" in line
+    assert "| +30% | 1.30 (F 1.50 U 0.90) / 1.25 (F 1.25) | 420 (+5%) |" in line
     assert "| +4% | - | - |" in next(ln for ln in text.splitlines() if "| ddp |" in ln)
     assert ("At 2 worker(s): 1 of 2 within 10% (goal: all); median |error| 17%, worst 30%; "
             "with the run's own compute 1 of 1 within 10%, median |error| 5%.") in text
