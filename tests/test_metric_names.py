@@ -6,11 +6,11 @@ of systems, tests/test_architecture.py)."""
 from __future__ import annotations
 
 import ast
-import importlib.util
 import re
 from pathlib import Path
 
 from harness import metrics
+from tests.scripts import load_script
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("core", "workloads", "pipedream_impl", "baselines", "harness")
@@ -111,11 +111,7 @@ def test_the_rule_sees_a_planted_key() -> None:
 
 
 def _doc_script():  # noqa: ANN202 - the module scripts/metrics_doc.py
-    spec = importlib.util.spec_from_file_location("metrics_doc", ROOT / "scripts" /
-                                                  "metrics_doc.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("metrics_doc")
 
 
 def test_the_committed_metrics_page_is_the_schema_rendered() -> None:

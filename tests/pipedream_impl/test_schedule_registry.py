@@ -112,14 +112,12 @@ def test_recompute_is_logged_for_every_system_of_our_runtime(tmp_path) -> None:
 def test_the_committed_schedules_page_is_the_registry_rendered() -> None:
     """docs/schedules.md is generated (scripts/schedules_doc.py): regenerate it when this
     fails; every schedule has its row, naming the systems that run it."""
-    import importlib.util
     from pathlib import Path
 
+    from tests.scripts import load_script
+
     root = Path(__file__).resolve().parents[2]
-    spec = importlib.util.spec_from_file_location("schedules_doc",
-                                                  root / "scripts" / "schedules_doc.py")
-    doc = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(doc)
+    doc = load_script("schedules_doc")
     page = doc.render()
     assert (root / "docs" / "schedules.md").read_text() == page
     for kind in schedules.SCHEDULES:

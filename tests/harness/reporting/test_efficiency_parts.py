@@ -8,15 +8,11 @@ hand; nothing is run.
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import pytest
 
-_PATH = Path(__file__).resolve().parents[3] / "scripts" / "efficiency.py"
-_SPEC = importlib.util.spec_from_file_location("efficiency", _PATH)
-eff = importlib.util.module_from_spec(_SPEC)
-_SPEC.loader.exec_module(eff)
+from tests.scripts import load_script
+
+eff = load_script("efficiency")
 
 
 def _row(f: float, b: float, u: float, sf: float = 0.0, sb: float = 0.0, idle: float = 0.0,

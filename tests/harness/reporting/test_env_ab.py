@@ -12,7 +12,6 @@ the thread reader on a real child process.
 
 from __future__ import annotations
 
-import importlib.util
 import itertools
 import math
 import os
@@ -23,11 +22,9 @@ from pathlib import Path
 
 import pytest
 
-_PATH = Path(__file__).resolve().parents[3] / "scripts" / "env_ab.py"
-_SPEC = importlib.util.spec_from_file_location("env_ab", _PATH)
-ab = importlib.util.module_from_spec(_SPEC)
-sys.modules["env_ab"] = ab  # its dataclass looks its module up while being made
-_SPEC.loader.exec_module(ab)
+from tests.scripts import load_script
+
+ab = load_script("env_ab")
 
 
 def _brute_force_p(a: list[float], b: list[float]) -> float:

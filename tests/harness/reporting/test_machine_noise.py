@@ -8,18 +8,13 @@ what the report says they are.
 
 from __future__ import annotations
 
-import importlib.util
 import math
-import sys
-from pathlib import Path
 
 import pytest
 
-_PATH = Path(__file__).resolve().parents[3] / "scripts" / "machine_noise.py"
-_SPEC = importlib.util.spec_from_file_location("machine_noise", _PATH)
-mn = importlib.util.module_from_spec(_SPEC)
-sys.modules["machine_noise"] = mn
-_SPEC.loader.exec_module(mn)
+from tests.scripts import load_script
+
+mn = load_script("machine_noise")
 
 
 def test_successive_change_is_the_median_step() -> None:

@@ -10,20 +10,16 @@ or from counting, never from the script's own code; the suite runs are built by 
 
 from __future__ import annotations
 
-import importlib.util
 import math
-from pathlib import Path
 
 import pytest
 from scipy import stats
 
 from harness.reporting.regressions import Change
 from harness.reporting.results import SCHEMA, summarise
+from tests.scripts import SCRIPTS, load_script
 
-_PATH = Path(__file__).resolve().parents[3] / "scripts" / "nightly_power.py"
-_SPEC = importlib.util.spec_from_file_location("nightly_power", _PATH)
-np_ = importlib.util.module_from_spec(_SPEC)
-_SPEC.loader.exec_module(np_)
+np_ = load_script("nightly_power")
 
 THR, PER_REF = "throughput_samples_per_s", "throughput_per_reference"
 STEADY, STEADY_REF = "steady_samples_per_s", "steady_per_reference"
@@ -214,7 +210,7 @@ def test_nightly_labels_judge_on_the_window_of_make_nightly() -> None:
     """WINDOW is the history `make nightly` gives `pipebench regressions`, and a result
     more than WINDOW before the night before no longer widens the noise: the old level 50
     is in the 8th run's window only if it were 6 results or more."""
-    makefile = (_PATH.parent.parent / "Makefile").read_text()
+    makefile = (SCRIPTS.parent / "Makefile").read_text()
     nightly = next(line for line in makefile.splitlines() if "pipebench regressions" in line)
     assert f"--history {np_.WINDOW} " in nightly
     pd = [50.0, 100.0, 100.1, 99.9, 100.0, 100.05, 99.95, 80.0]

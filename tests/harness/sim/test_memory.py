@@ -174,16 +174,13 @@ def test_the_committed_memory_table_is_what_its_profiles_give() -> None:
     """results/memory-gpt-tiny.md: its simulated full-scale table is what
     scripts/memory_table.py computes from the committed GPT-2 124M profile today, and every
     tiny row's measured bytes equal the simulated boundary bytes, as the file says."""
-    import importlib.util
     from pathlib import Path
 
     from core.markdown import markdown_table
+    from tests.scripts import load_script
 
     root = Path(__file__).resolve().parents[3]
-    spec = importlib.util.spec_from_file_location("memory_table",
-                                                  root / "scripts" / "memory_table.py")
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
+    script = load_script("memory_table")
     text = (root / "results" / "memory-gpt-tiny.md").read_text()
     steps = int(text.split("--steps ")[1].split()[0])
     rows = script._full_scale(steps)

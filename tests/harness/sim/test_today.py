@@ -4,20 +4,17 @@ and a folder holding a GPT profile under the script's file name yields a GPT row
 
 from __future__ import annotations
 
-import importlib.util
 import shutil
 from pathlib import Path
 
 from harness.paths import RESULTS
 from harness.reporting.progress import quiet
 from harness.sim import today
+from tests.scripts import load_script
 
 
 def test_gpu_profiles_script_profiles_what_today_reads() -> None:
-    path = Path(__file__).resolve().parents[3] / "scripts" / "gpu_profiles.py"
-    spec = importlib.util.spec_from_file_location("gpu_profiles", path)
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
+    script = load_script("gpu_profiles")
     assert script.WORKLOADS is today.WORKLOADS
     assert {"gpt", "gpt-llama"} <= set(today.WORKLOADS)
 
