@@ -12,10 +12,13 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 from pipedream_impl.runtime.pinning import PIN_ENV, cores_for, pinning
+
+_REPO = Path(__file__).resolve().parents[3]
 
 
 def test_each_local_rank_takes_its_own_slice_of_the_cores() -> None:
@@ -83,3 +86,20 @@ def test_unset_pins_nothing() -> None:
     out = subprocess.run([sys.executable, "-c", _CHILD.format(rank=0)], env=env,
                          capture_output=True, text=True, check=True).stdout
     assert out.startswith("[]")
+
+
+@pytest.mark.multiprocess
+@pytest.mark.cli
+@pytest.mark.parametrize("system", ["pipedream", "ddp"])
+def test_every_worker_of_a_run_goes_through_the_pinning(system: str) -> None:
+    """contract._serve calls the rule in every worker: a world told not to fit makes each of
+    the run's two workers say so (a worker that skipped the call would say nothing)."""
+    env = dict(os.environ, **{PIN_ENV: "1", "LOCAL_WORLD_SIZE": "64",
+                              "PIPEBENCH_TRACKING": "off"})
+    done = subprocess.run([sys.executable, "-m", "harness.cli", "run", "--workload", "vgg16",
+                           "--system", system, "--workers", "2", "--threads", "1",
+                           "--epochs", "1", "--max-steps", "2", "--quiet"],
+                          env=env, capture_output=True, text=True, timeout=600, cwd=_REPO)
+    assert done.returncode == 0, done.stderr
+    said = [ln for ln in done.stderr.splitlines() if "not pinned: 64 worker(s)" in ln]
+    assert len(said) == 2, done.stderr
