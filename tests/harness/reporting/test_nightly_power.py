@@ -233,3 +233,15 @@ def test_nightly_labels_count_the_runs_with_enough_history(repeats: int) -> None
         assert labelled == sum(1 for k in range(1, n) if min(k - 1, 5) >= need)
     assert np_._label_counts([], 2, 5) == (
         "nothing flagged (2 of the 4 later runs had the history a label needs).")
+
+
+def test_runs_with_other_repeats_are_refused() -> None:
+    """A reused run made with other repeats would make the header's count wrong."""
+    def made(n: int) -> dict:
+        return {"suite": {"repeats": n}}
+    np_._same_repeats([made(5), made(5)], None)
+    np_._same_repeats([made(12), made(12)], 12)
+    with pytest.raises(SystemExit, match=r"\[5, 12\] repeats"):
+        np_._same_repeats([made(5), made(12)], None)
+    with pytest.raises(SystemExit, match="not the 12 asked for"):
+        np_._same_repeats([made(5), made(5)], 12)
