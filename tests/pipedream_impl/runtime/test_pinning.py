@@ -92,14 +92,16 @@ def test_unset_pins_nothing() -> None:
 @pytest.mark.cli
 @pytest.mark.parametrize("system", ["pipedream", "ddp"])
 def test_every_worker_of_a_run_goes_through_the_pinning(system: str) -> None:
-    """contract._serve calls the rule in every worker: a world told not to fit makes each of
-    the run's two workers say so (a worker that skipped the call would say nothing)."""
-    env = dict(os.environ, **{PIN_ENV: "1", "LOCAL_WORLD_SIZE": "64",
+    """contract._serve calls the rule in every CPU worker: told that one worker more than
+    the CPUs shares the machine, each of the run's two workers says it is not pinned (a
+    worker that skipped the call would say nothing)."""
+    crowd = len(os.sched_getaffinity(0)) + 1  # one worker more than the CPUs
+    env = dict(os.environ, **{PIN_ENV: "1", "LOCAL_WORLD_SIZE": str(crowd),
                               "PIPEBENCH_TRACKING": "off"})
     done = subprocess.run([sys.executable, "-m", "harness.cli", "run", "--workload", "vgg16",
                            "--system", system, "--workers", "2", "--threads", "1",
-                           "--epochs", "1", "--max-steps", "2", "--quiet"],
+                           "--device", "cpu", "--epochs", "1", "--max-steps", "2", "--quiet"],
                           env=env, capture_output=True, text=True, timeout=600, cwd=_REPO)
     assert done.returncode == 0, done.stderr
-    said = [ln for ln in done.stderr.splitlines() if "not pinned: 64 worker(s)" in ln]
+    said = [ln for ln in done.stderr.splitlines() if f"not pinned: {crowd} worker(s)" in ln]
     assert len(said) == 2, done.stderr
