@@ -1,4 +1,5 @@
-"""reproduce validation's diagnosis column (harness/sim/validation.py): each stage's compute
+"""reproduce validation's diagnosis columns (harness/sim/validation_compute.py, and the
+report of harness/sim/validation.py): each stage's compute
 in the run over the same measured alone, and the same per kind of action, from figures
 worked out by hand."""
 
@@ -7,13 +8,8 @@ from __future__ import annotations
 import pytest
 
 from harness import metrics
-from harness.sim.validation import (
-    ValidationRow,
-    compute_in_run,
-    kinds_in_run,
-    markdown,
-    scale_compute,
-)
+from harness.sim.validation import ValidationRow, markdown
+from harness.sim.validation_compute import compute_in_run, kinds_in_run, scale_compute
 
 
 def _measured(stage: int) -> str:
@@ -52,9 +48,14 @@ def test_each_kind_gets_its_share_of_the_stage_s_run_time_over_its_cost_alone() 
     assert scaled == {0: {"F": pytest.approx(0.0015234375), "B": pytest.approx(0.00228515625),
                           "U": pytest.approx(0.001015625), "SF": 0.003},
                       1: {"F": 0.004, "U": 0.002}}
-    # replicated stages (rank is not stage) or a worker that timed nothing: no split
+    # replicated stages (rank is not stage), a worker that timed nothing, one that did not
+    # time a kind its stage has, or one that timed a kind its stage has no cost for: no
+    # split (a missing kind would otherwise be scaled to nothing)
     assert kinds_in_run(actions, final, 4, {0: 1.3}, (2,)) == {}
     assert kinds_in_run(actions, {_measured(0): 16.25}, 4, {0: 1.3}, (1,)) == {}
+    no_update = {k: v for k, v in final.items() if k != _timed("U", 0)}
+    assert kinds_in_run(actions, no_update, 4, {0: 1.3}, (1,)) == {}
+    assert kinds_in_run(actions, {**final, _timed("W", 0): 2.0}, 4, {0: 1.3}, (1,)) == {}
 
 
 def test_the_report_shows_the_ratio_and_the_error_left_once_it_is_known() -> None:

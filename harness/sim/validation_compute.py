@@ -1,0 +1,81 @@
+"""The validation's diagnosis of a run's compute: how much longer each stage's compute
+took inside the run than the same actions measured alone, per stage and per kind of
+action, and the action costs scaled by those ratios for the diagnostic simulation.
+
+Why apart from ``validation``: the ratios are arithmetic on a run's metrics and the
+measured costs, tested on figures worked out by hand without running anything, while
+``validation`` runs and simulates.
+"""
+
+from __future__ import annotations
+
+from harness import metrics
+from pipedream_impl.runtime.faults import COMPUTE_KINDS  # F, B, I, W, U: what is computed
+
+__all__ = ["compute_in_run", "kinds_in_run", "ratios_cell", "scale_compute"]
+
+
+def scale_compute(actions: dict[int, dict[str, float]], ratios: dict[int, float],
+                  per_kind: dict[int, dict[str, float]]) -> dict[int, dict[str, float]]:
+    """``actions`` with each compute action's cost times its kind's in-run ratio, else its
+    stage's (transfers and all-reduces as they are)."""
+    return {st: {kd: v * per_kind.get(st, {}).get(kd, ratios[st]) if kd in COMPUTE_KINDS
+                 else v for kd, v in a.items()} for st, a in actions.items()}
+
+
+def _units(kind: str, microbatches: int) -> int:
+    """How many times a minibatch runs ``kind``: once per microbatch, the update once."""
+    return 1 if kind == "U" else microbatches
+
+
+def compute_in_run(actions: dict[int, dict[str, float]], final: dict[str, float],
+                   microbatches: int) -> dict[int, float]:
+    """Each stage's compute per minibatch in the run (``metrics.STAGE_MEASURED``, ms) over
+    the same from the action costs measured alone (``microbatches`` units of F and the
+    backward kinds, one U); empty unless the run measured every stage (our runtime's
+    pipelines do; data parallelism does not)."""
+    ratios = {}
+    for st, a in actions.items():
+        got = final.get(metrics.key(metrics.STAGE_MEASURED, stage=st))
+        alone = 1e3 * sum(_units(kd, microbatches) * a.get(kd, 0.0) for kd in COMPUTE_KINDS)
+        if got is None or not alone > 0:
+            return {}
+        ratios[st] = got / alone
+    return ratios
+
+
+def kinds_in_run(actions: dict[int, dict[str, float]], final: dict[str, float],
+                 microbatches: int, ratios: dict[int, float],
+                 replicas: tuple[int, ...]) -> dict[int, dict[str, float]]:
+    """Each stage's compute ratio (``compute_in_run``'s ``ratios``) split by action kind:
+    the kind's share of the seconds the stage's worker timed in the run
+    (``metrics.ACTION_TIME``, warm-up epoch included) times the stage's compute per
+    minibatch, over ``_units`` of the kind's cost alone. Only where every stage is one
+    worker (rank = stage, as on the validation's straight splits) and each worker timed
+    exactly the compute kinds its stage has a cost for alone; else empty."""
+    if not ratios or any(r != 1 for r in replicas):
+        return {}
+    out = {}
+    for st, a in actions.items():
+        kinds = [kd for kd in COMPUTE_KINDS if a.get(kd, 0.0) > 0]
+        timed = {kd: final.get(metrics.key(metrics.ACTION_TIME, kind=kd, worker=st), 0.0)
+                 for kd in COMPUTE_KINDS}
+        if any(not timed[kd] > 0 for kd in kinds) or \
+                any(timed[kd] > 0 for kd in COMPUTE_KINDS if kd not in kinds):
+            return {}  # a kind one side has and the other not: no split to trust
+        total = sum(timed.values())
+        run_ms = ratios[st] * 1e3 * sum(_units(kd, microbatches) * a[kd] for kd in kinds)
+        out[st] = {kd: run_ms * timed[kd] / total / (1e3 * _units(kd, microbatches) * a[kd])
+                   for kd in kinds}
+    return out
+
+
+def ratios_cell(compute_in_run: tuple[float, ...],
+                kinds_in_run: tuple[dict[str, float], ...]) -> str:
+    """``1.18 (F 1.20 B 1.25 U 0.95) / ...``: each stage's ratio and its kinds', or ``-``."""
+    if not compute_in_run:
+        return "-"
+    kinds = kinds_in_run or ({},) * len(compute_in_run)
+    return " / ".join(f"{x:.2f}" + (" (" + " ".join(f"{kd} {v:.2f}" for kd, v in k.items())
+                                    + ")" if k else "")
+                      for x, k in zip(compute_in_run, kinds, strict=True))
