@@ -260,7 +260,7 @@ def _one(setup: _Setup, prof: Profile, system: str, w: int, progress: Progress) 
         1 - sum(e - s for s, e, a in row if a.kind in ("F", *BACKWARDS, "U", "A")) / sim.total_s
         for row in sim.timeline)
     ratios = compute_in_run(actions, summary.final_metrics, m)
-    per_kind = kinds_in_run(actions, summary.final_metrics, m, ratios, replicas)
+    per_kind = kinds_in_run(actions, summary.final_metrics, m, replicas)
     resimulated = None
     if ratios:
         scaled = scale_compute(actions, ratios, per_kind)

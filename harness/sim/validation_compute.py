@@ -45,37 +45,37 @@ def compute_in_run(actions: dict[int, dict[str, float]], final: dict[str, float]
 
 
 def kinds_in_run(actions: dict[int, dict[str, float]], final: dict[str, float],
-                 microbatches: int, ratios: dict[int, float],
-                 replicas: tuple[int, ...]) -> dict[int, dict[str, float]]:
-    """Each stage's compute ratio (``compute_in_run``'s ``ratios``) split by action kind:
-    the kind's share of the seconds the stage's worker timed in the run
-    (``metrics.ACTION_TIME``, warm-up epoch included) times the stage's compute per
-    minibatch, over ``_units`` of the kind's cost alone. Only where every stage is one
-    worker (rank = stage, as on the validation's straight splits) and each worker timed
-    exactly the compute kinds its stage has a cost for alone; else empty."""
-    if not ratios or any(r != 1 for r in replicas):
+                 microbatches: int, replicas: tuple[int, ...]) -> dict[int, dict[str, float]]:
+    """``compute_in_run`` split by action kind: the kind's share of the seconds the
+    stage's worker timed in the run (``metrics.ACTION_TIME``, warm-up epoch included)
+    times the stage's compute per minibatch in the run (``metrics.STAGE_MEASURED``), over
+    ``_units`` of the kind's cost alone. Only where every stage is one worker (rank =
+    stage, as on the validation's straight splits), the run measured every stage, and
+    each worker timed exactly the compute kinds its stage has a cost for alone; else
+    empty."""
+    if any(r != 1 for r in replicas):
         return {}
     out = {}
     for st, a in actions.items():
+        run_ms = final.get(metrics.key(metrics.STAGE_MEASURED, stage=st))
         kinds = [kd for kd in COMPUTE_KINDS if a.get(kd, 0.0) > 0]
         timed = {kd: final.get(metrics.key(metrics.ACTION_TIME, kind=kd, worker=st), 0.0)
                  for kd in COMPUTE_KINDS}
-        if any(not timed[kd] > 0 for kd in kinds) or \
+        if run_ms is None or not kinds or any(not timed[kd] > 0 for kd in kinds) or \
                 any(timed[kd] > 0 for kd in COMPUTE_KINDS if kd not in kinds):
-            return {}  # a kind one side has and the other not: no split to trust
+            return {}  # a stage unmeasured, or a kind one side has and the other not
         total = sum(timed.values())
-        run_ms = ratios[st] * 1e3 * sum(_units(kd, microbatches) * a[kd] for kd in kinds)
         out[st] = {kd: run_ms * timed[kd] / total / (1e3 * _units(kd, microbatches) * a[kd])
                    for kd in kinds}
     return out
 
 
-def ratios_cell(compute_in_run: tuple[float, ...],
-                kinds_in_run: tuple[dict[str, float], ...]) -> str:
+def ratios_cell(stage_ratios: tuple[float, ...],
+                kind_ratios: tuple[dict[str, float], ...]) -> str:
     """``1.18 (F 1.20 B 1.25 U 0.95) / ...``: each stage's ratio and its kinds', or ``-``."""
-    if not compute_in_run:
+    if not stage_ratios:
         return "-"
-    kinds = kinds_in_run or ({},) * len(compute_in_run)
+    kinds = kind_ratios or ({},) * len(stage_ratios)
     return " / ".join(f"{x:.2f}" + (" (" + " ".join(f"{kd} {v:.2f}" for kd, v in k.items())
                                     + ")" if k else "")
-                      for x, k in zip(compute_in_run, kinds, strict=True))
+                      for x, k in zip(stage_ratios, kinds, strict=True))

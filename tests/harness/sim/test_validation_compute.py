@@ -38,7 +38,7 @@ def test_each_kind_gets_its_share_of_the_stage_s_run_time_over_its_cost_alone() 
     # one 0.5 ms update
     final = {_measured(0): 16.25, _timed("F", 0): 6.0, _timed("B", 0): 9.0,
              _timed("U", 0): 1.0, _timed("SF", 0): 50.0}  # a send is not compute
-    got = kinds_in_run(actions, final, 4, {0: 1.3}, (1,))
+    got = kinds_in_run(actions, final, 4, (1,))
     assert got == {0: {"F": pytest.approx(1.5234375), "B": pytest.approx(1.142578125),
                        "U": pytest.approx(2.03125)}}
     # the kinds' costs scaled by their own ratios, the transfer left as it was; a stage
@@ -51,11 +51,13 @@ def test_each_kind_gets_its_share_of_the_stage_s_run_time_over_its_cost_alone() 
     # replicated stages (rank is not stage), a worker that timed nothing, one that did not
     # time a kind its stage has, or one that timed a kind its stage has no cost for: no
     # split (a missing kind would otherwise be scaled to nothing)
-    assert kinds_in_run(actions, final, 4, {0: 1.3}, (2,)) == {}
-    assert kinds_in_run(actions, {_measured(0): 16.25}, 4, {0: 1.3}, (1,)) == {}
+    assert kinds_in_run(actions, final, 4, (2,)) == {}
+    assert kinds_in_run(actions, {_measured(0): 16.25}, 4, (1,)) == {}
     no_update = {k: v for k, v in final.items() if k != _timed("U", 0)}
-    assert kinds_in_run(actions, no_update, 4, {0: 1.3}, (1,)) == {}
-    assert kinds_in_run(actions, {**final, _timed("W", 0): 2.0}, 4, {0: 1.3}, (1,)) == {}
+    assert kinds_in_run(actions, no_update, 4, (1,)) == {}
+    assert kinds_in_run(actions, {**final, _timed("W", 0): 2.0}, 4, (1,)) == {}
+    unmeasured = {k: v for k, v in final.items() if k != _measured(0)}  # no stage figure
+    assert kinds_in_run(actions, unmeasured, 4, (1,)) == {}
 
 
 def test_the_report_shows_the_ratio_and_the_error_left_once_it_is_known() -> None:
