@@ -331,13 +331,18 @@ class Executor:
         """Stamp minibatch ``minibatch`` (of this epoch's count) complete on this rank (the
         steady-state throughput's clock, ``harness.experiments.steady``), and the end of
         the warm-up once it completes the run's ``warmup_steps``. Where device events
-        time the actions, the device is waited for first, so that the stamp is when the
-        minibatch is done, not when its last kernels were queued."""
+        time the actions, the stamp is an event read at the close (``DeviceClock.mark``):
+        when the device finishes the minibatch, not when its last kernels were queued,
+        and without waiting for the device here."""
         if self.clock is not None:
-            self.synchronize()
-        report.done_at.append((minibatch, time.time()))
+            self.clock.mark(minibatch)
+        else:
+            self._stamp(report, minibatch, time.time())
+
+    def _stamp(self, report: EpochReport, minibatch: int, at: float) -> None:
+        report.done_at.append((minibatch, at))
         if minibatch == min(self.n_steps, self.run.warmup_steps) - 1:
-            report.warm_done_at = report.done_at[-1][1]
+            report.warm_done_at = at
 
     def synchronize(self) -> None:
         """Wait for the device (CUDA kernels run asynchronously) before reading a clock."""
@@ -349,6 +354,8 @@ class Executor:
             self.synchronize()
             for name, t0, t1, busy in self.clock.spans():
                 self.record(report, name, t0, t1, busy)
+            for minibatch, t in self.clock.stamps():
+                self._stamp(report, minibatch, self._wall0 + (t - self._perf0))
         self.progress.end_epoch()
         report.end_at = time.time()
         report.cpu_s = time.process_time() - self._cpu0

@@ -24,6 +24,12 @@ host-side wait inside an action (a blocking transfer) still lies inside its span
 the end event is queued after it. An action timed on the host instead (a straggler
 fault's, whose spin reads the host clock) is booked with ``host`` in its place among them.
 
+A minibatch's completion (the steady-state throughput's stamp) is a mark: an event
+recorded after its last action, read at the close like the spans, so the last stage no
+longer waits for the device once per minibatch to stamp it (that wait kept the host from
+preparing the next minibatch while the device worked). Marks are one per minibatch and
+are all kept until the close.
+
 Once ``FOLD_AT`` actions are pending, those at the front whose end the device has passed
 are read as each action ends, so a long epoch does not hold two events per action until
 its close.
@@ -52,6 +58,7 @@ class DeviceClock:
         self.anchor.record()
         self.pending: list[tuple[str, Any, Any, bool]] = []
         self.read: list[tuple[str, float, float, bool]] = []  # spans already read
+        self.marks: list[tuple[Any, Any]] = []  # (tag, event) of each ``mark``
 
     def start(self) -> Any:
         ev = self.event()
@@ -64,6 +71,20 @@ class DeviceClock:
         self.pending.append((name, begin, end, busy))
         if len(self.pending) >= FOLD_AT:
             self._fold(lambda end: end.query())
+
+    def mark(self, tag: Any) -> None:
+        """Note when the device reaches this point of the stream (read by ``stamps``)."""
+        ev = self.event()
+        ev.record()
+        self.marks.append((tag, ev))
+
+    def stamps(self) -> list[tuple[Any, float]]:
+        """``(tag, t)`` of every mark in order, ``t`` on the host's clock
+        (``time.perf_counter`` seconds); the device must be synchronised first."""
+        out = [(tag, self.anchor_at + self.anchor.elapsed_time(ev) / 1e3)
+               for tag, ev in self.marks]
+        self.marks = []
+        return out
 
     def host(self, name: str, t0: float, t1: float, busy: bool) -> None:
         """An action timed on the host clock (the device waited for on both sides)."""
