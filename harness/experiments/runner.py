@@ -32,7 +32,7 @@ from harness.experiments.training import (
 from harness.reporting import tracking
 from harness.reporting.artifacts import log_artifacts
 from harness.reporting.progress import Progress
-from pipedream_impl.runtime import STAGE_EXECUTOR
+from pipedream_impl.runtime import STAGE_EXECUTOR, no_halt
 from workloads import registry
 from workloads.base import DataSplits, Workload, count_parameters
 from workloads.recipe import load_splits, peak_memory_bytes
@@ -46,6 +46,7 @@ def run(cfg: RunConfig, progress: Progress | None = None,
     ``parent_run_id`` when given: ``compare-run``). ``resume``: continue that checkpoint's
     run (its config is ``cfg``; see ``harness.experiments.checkpoint``)."""
     check_run(cfg)  # its files and layout, before any worker or MLflow run starts
+    no_halt.hold()  # PIPEBENCH_NO_HALT (off by default): idle CPUs poll, for the whole run
     progress = progress or Progress()
     workload = registry.get(cfg.workload)
     spec = workload.spec(cfg.scale)
@@ -148,10 +149,11 @@ def runtime_env() -> str:
     they were alike. Each switch's name lives in the module it switches."""
     from pipedream_impl.runtime.comm import RECV_AHEAD_ENV
     from pipedream_impl.runtime.grad_buckets import BUCKET_MB_ENV
+    from pipedream_impl.runtime.no_halt import NO_HALT_ENV
     from pipedream_impl.runtime.pinning import PIN_ENV
 
-    set_ = [f"{k}={os.environ[k]}" for k in (RECV_AHEAD_ENV, BUCKET_MB_ENV, PIN_ENV)
-            if k in os.environ]
+    set_ = [f"{k}={os.environ[k]}"
+            for k in (RECV_AHEAD_ENV, BUCKET_MB_ENV, PIN_ENV, NO_HALT_ENV) if k in os.environ]
     return ",".join(set_) or "defaults"
 
 

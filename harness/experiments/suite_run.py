@@ -217,8 +217,10 @@ def run_suite(suite: Suite, progress: Progress, experiment: str = "pipebench-sui
     workers run (``srun``: across the Slurm allocation the suite runs in)."""
     plant = plant or {}
     from harness.experiments.runner import run
+    from pipedream_impl.runtime import no_halt
     from pipedream_impl.runtime.launcher import PipelineFailure
 
+    no_halt.hold()  # PIPEBENCH_NO_HALT: before the first drift reference, as the cells run
     repeats = repeats or suite.repeats
     env = environment(suite.device, suite.threads)
     cells = list(suite.cells)

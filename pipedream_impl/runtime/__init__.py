@@ -4,7 +4,7 @@ launcher (launcher; workers that connect back: remote; across a Slurm allocation
 ranks in one process (local) and the torchrun entry point.
 
 ``switch`` reads the runtime's on/off environment switches (``PIPEBENCH_RECV_AHEAD``,
-``PIPEBENCH_PIN``) by one rule.
+``PIPEBENCH_PIN``, ``PIPEBENCH_NO_HALT``) by one rule.
 
 The two names below are how a registry or a spec refers to our executor and launcher
 without importing them (and torch): ``module:Class`` strings, loaded with

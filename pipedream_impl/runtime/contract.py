@@ -47,7 +47,7 @@ import torch
 import torch.distributed as dist
 
 from core.imports import load
-from pipedream_impl.runtime import STAGE_EXECUTOR, TIMEOUT_S, WARMUP_STEPS
+from pipedream_impl.runtime import STAGE_EXECUTOR, TIMEOUT_S, WARMUP_STEPS, no_halt
 from pipedream_impl.runtime.device_clock import DeviceClock
 from pipedream_impl.runtime.faults import Fault, Progress, board_path
 from pipedream_impl.runtime.pinning import pin
@@ -398,6 +398,7 @@ def _serve(spec: WorkerSpec, control, results) -> None:  # noqa: ANN001
     threading.Thread(target=_orphan_guard, args=(spec.launcher_pid, os.getppid()), daemon=True,
                      name="pipebench-orphan-guard").start()
     torch.set_num_threads(spec.run.threads)
+    no_halt.hold()  # PIPEBENCH_NO_HALT (off by default; no_halt.py)
     device = torch.device("cpu")
     if spec.run.device == "cuda":  # one GPU per local rank; NCCL below
         device = torch.device(f"cuda:{spec.local_rank % max(1, torch.cuda.device_count())}")
