@@ -317,16 +317,20 @@ def main() -> None:
     args = ap.parse_args()
     work = ROOT / args.workdir
     work.mkdir(parents=True, exist_ok=True)
-    runs = [_bench(args.suite, work / f"aa-{i}.json", [], args.reuse, args.repeats)
-            for i in range(args.aa)]
-    planted = []
+    aa_paths = [work / f"aa-{i}.json" for i in range(args.aa)]
+    plant_runs = []  # (systems, factor, its --plant flags, its file)
     for spec in args.plant:
         names, factor = spec.split("=")
         chosen = names.split(",")
-        plants = [f"{s}=slow:*:*:{factor}" for s in chosen]
-        out = work / f"plant-{'+'.join(chosen)}-{factor}.json"
-        planted.append((chosen, float(factor), _bench(args.suite, out, plants, args.reuse,
-                                                           args.repeats)))
+        plant_runs.append((chosen, factor, [f"{s}=slow:*:*:{factor}" for s in chosen],
+                           work / f"plant-{'+'.join(chosen)}-{factor}.json"))
+    if args.reuse:  # the kept runs' repeats, before any new run is spent on a mismatch
+        kept = [p for p in [*aa_paths, *(r[3] for r in plant_runs)] if p.exists()]
+        _same_repeats([load_result(p) for p in kept], args.repeats)
+    runs = [_bench(args.suite, p, [], args.reuse, args.repeats) for p in aa_paths]
+    planted = [(chosen, float(factor), _bench(args.suite, out, plants, args.reuse,
+                                              args.repeats))
+               for chosen, factor, plants, out in plant_runs]
     _same_repeats([*runs, *(r for _, _, r in planted)], args.repeats)
     base = runs[0]
     lines = [f"# The regression detector, measured ({base['suite']['name']} suite)", "",

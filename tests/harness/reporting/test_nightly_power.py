@@ -245,3 +245,18 @@ def test_runs_with_other_repeats_are_refused() -> None:
         np_._same_repeats([made(5), made(12)], None)
     with pytest.raises(SystemExit, match="not the 12 asked for"):
         np_._same_repeats([made(5), made(5)], 12)
+
+
+def test_kept_runs_with_other_repeats_are_refused_before_any_run(
+        tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: ANN001
+    """With --reuse, a kept run of other repeats stops the script before it spends a
+    suite run (an hour for the nightly) on a report it would then refuse."""
+    (tmp_path / "aa-0.json").write_text("{}")  # kept; aa-1 is not: it would run
+    monkeypatch.setattr(np_, "load_result", lambda path: {"suite": {"repeats": 5}})
+    ran = []
+    monkeypatch.setattr(np_, "_bench", lambda *a: ran.append(a))
+    monkeypatch.setattr("sys.argv", ["nightly_power.py", "--reuse", "--repeats", "12",
+                                     "--workdir", str(tmp_path), "-o", str(tmp_path / "o.md")])
+    with pytest.raises(SystemExit, match="not the 12 asked for"):
+        np_.main()
+    assert ran == []
