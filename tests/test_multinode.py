@@ -24,8 +24,9 @@ import pytest
 import torch
 
 from pipedream_impl.planner.plan import Plan, Stage
-from pipedream_impl.runtime.contract import ORPHAN_CHECK_S, RunSettings, SystemSettings, WorkerSpec
+from pipedream_impl.runtime.contract import RunSettings, SystemSettings, WorkerSpec
 from pipedream_impl.runtime.local import local_executors, run_local
+from pipedream_impl.runtime.worker import ORPHAN_CHECK_S
 from tests.pipeline_reference import single_process_reference
 from workloads.registry import get
 

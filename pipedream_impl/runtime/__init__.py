@@ -1,7 +1,8 @@
-"""The runtime: the executor contract (contract), our stage executor (stage_executor),
-communication with byte counts (comm), weight versions (weight_stash), the process
-launcher (launcher; workers that connect back: remote; across a Slurm allocation: srun), all
-ranks in one process (local) and the torchrun entry point.
+"""The runtime: the executor contract (contract), the worker process around it (worker),
+our stage executor (stage_executor), communication with byte counts (comm), weight
+versions (weight_stash), the process launcher (launcher; workers that connect back:
+remote; across a Slurm allocation: srun), all ranks in one process (local) and the
+torchrun entry point.
 
 ``switch`` reads the runtime's on/off environment switches (``PIPEBENCH_RECV_AHEAD``,
 ``PIPEBENCH_PIN``, ``PIPEBENCH_NO_HALT``) by one rule.

@@ -1,11 +1,11 @@
 """The executor contract: what a launcher hands a worker and what every system's worker does.
 
 Every multi-process system (our pipelines, DDP, Horovod, the peer engines) runs the same
-worker: ``worker_main`` builds the worker's pieces once (``WorkerPieces``: the workload,
-its data splits, the whole model initialised with the run's seed, the device and the
-layout) and hands them to the system's ``Executor``, which trains one epoch per control
-message and returns an ``EpochReport``. The base class holds the scaffolding every
-executor shares, so it is written once:
+worker (``pipedream_impl.runtime.worker``): it builds the worker's pieces once
+(``WorkerPieces``: the workload, its data splits, the whole model initialised with the
+run's seed, the device and the layout) and hands them to the system's ``Executor``, which
+trains one epoch per control message and returns an ``EpochReport``. The base class holds
+the scaffolding every executor shares, so it is written once:
 
 - seeding: each rank's dropout stream per epoch (``dropout_seed``);
 - warm-up: the first ``RunSettings.warmup_steps`` minibatches of the run are excluded from
@@ -25,32 +25,20 @@ Trace events are ``(name, start, duration, busy)`` with ``start`` in wall-clock 
 ``TRACE_EVENTS_PER_EPOCH`` are kept per epoch, and the busy/idle sums count every span
 whether kept or not. ``harness.reporting.trace`` turns them into Chrome trace JSON.
 
-A worker that raises reports its traceback on the results queue and exits non-zero; the
-launcher (``pipedream_impl.runtime.launcher``) then stops every worker. Workers ignore
-SIGINT and SIGTERM (the launcher decides what Ctrl-C or a termination means and stops them
-itself) and exit on their own when their parent dies, so nothing outlives a killed launcher.
 """
 
 from __future__ import annotations
 
-import datetime
-import os
-import signal
-import threading
 import time
-import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import ClassVar, TypeVar
 
 import torch
-import torch.distributed as dist
 
-from core.imports import load
-from pipedream_impl.runtime import STAGE_EXECUTOR, TIMEOUT_S, WARMUP_STEPS, no_halt
+from pipedream_impl.runtime import STAGE_EXECUTOR, TIMEOUT_S, WARMUP_STEPS
 from pipedream_impl.runtime.device_clock import DeviceClock
 from pipedream_impl.runtime.faults import Fault, Progress, board_path
-from pipedream_impl.runtime.pinning import pin
 from pipedream_impl.runtime.stage_lr import STAGE_LR_RULES
 from pipedream_impl.schedule import WEIGHT_MODES, Layout
 from pipedream_impl.schedule import registry as schedules
@@ -65,13 +53,11 @@ from workloads.recipe import (
 )
 from workloads.recipe import peak_memory_bytes as _peak_memory_bytes
 
-__all__ = ["ORPHAN_CHECK_S", "TRACE_EVENTS_PER_EPOCH", "EpochReport", "Executor", "RunSettings",
-           "SystemSettings", "WorkerPieces", "WorkerSpec", "cpu_copy", "flat_tensors",
-           "worker_main"]
+__all__ = ["TRACE_EVENTS_PER_EPOCH", "EpochReport", "Executor", "RunSettings",
+           "SystemSettings", "WorkerPieces", "WorkerSpec", "cpu_copy", "flat_tensors"]
 
 R = TypeVar("R")
 TRACE_EVENTS_PER_EPOCH = 20_000  # per worker: a full-scale epoch is not shipped whole
-ORPHAN_CHECK_S = 1.0  # how often a worker checks that its launcher is still alive
 
 
 def cpu_copy(obj):  # noqa: ANN001, ANN201
@@ -362,65 +348,3 @@ class Executor:
         report.peak_memory = _peak_memory_bytes(self.device)
         report.state = cpu_copy(module.state_dict())
         return report
-
-
-def worker_main(spec: WorkerSpec, control, results) -> None:  # noqa: ANN001 - queues
-    """A worker process: build the pieces, then one epoch per ``("epoch", k)`` message
-    until ``("stop",)``; ``("restore", state)`` loads a checkpoint. Errors are reported
-    with their traceback, then the worker exits non-zero so the launcher stops everyone."""
-    for sig in (signal.SIGINT, signal.SIGTERM):  # the launcher stops us (module doc)
-        signal.signal(sig, signal.SIG_IGN)
-    try:
-        _serve(spec, control, results)
-    except BaseException:  # report, then die non-zero: the launcher stops everyone
-        results.put(("error", spec.rank, traceback.format_exc()))
-        raise SystemExit(1) from None
-    finally:
-        if dist.is_initialized():
-            dist.destroy_process_group()
-
-
-def _orphan_guard(launcher: int, parent: int) -> None:
-    """Exit when the launcher (or, without one, the parent process: torchrun's agent) is
-    gone: a killed launcher must not leave its workers waiting for an hour."""
-    while True:
-        if launcher:
-            try:
-                os.kill(launcher, 0)
-            except ProcessLookupError:
-                os._exit(70)
-        elif os.getppid() != parent:
-            os._exit(70)
-        time.sleep(ORPHAN_CHECK_S)
-
-
-def _serve(spec: WorkerSpec, control, results) -> None:  # noqa: ANN001
-    threading.Thread(target=_orphan_guard, args=(spec.launcher_pid, os.getppid()), daemon=True,
-                     name="pipebench-orphan-guard").start()
-    torch.set_num_threads(spec.run.threads)
-    no_halt.hold()  # PIPEBENCH_NO_HALT (off by default; no_halt.py)
-    device = torch.device("cpu")
-    if spec.run.device == "cuda":  # one GPU per local rank; NCCL below
-        device = torch.device(f"cuda:{spec.local_rank % max(1, torch.cuda.device_count())}")
-        torch.cuda.set_device(device)
-    else:  # before the process group starts its threads (pinning.py; off by default)
-        pin(spec.local_rank, spec.run.threads, sum(spec.system.replicas))
-    executor_cls = load(spec.system.executor)
-    if executor_cls.torch_distributed:  # Horovod brings its own
-        dist.init_process_group("nccl" if device.type == "cuda" else "gloo",
-                                init_method=spec.init_method, rank=spec.rank,
-                                world_size=sum(spec.system.replicas),
-                                timeout=datetime.timedelta(seconds=spec.run.timeout_s))
-    executor = executor_cls(WorkerPieces.build(spec, device, own_peak=True))
-    while True:  # between epochs the launcher evaluates: wait long, but not forever (a
-        # worker whose launcher was killed must not linger)
-        msg = control.get(timeout=max(3600.0, 4 * spec.run.timeout_s))
-        if msg[0] == "stop":
-            return
-        if msg[0] == "restore":
-            executor.load_checkpoint(msg[1])
-            continue
-        report = executor.run_epoch(msg[1])
-        if spec.run.checkpoint:
-            report.checkpoint = executor.checkpoint_state()
-        results.put(("epoch", spec.rank, report))

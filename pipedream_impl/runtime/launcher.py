@@ -1,7 +1,7 @@
 """Start a system's workers, drive them epoch by epoch, and stop them all on any failure.
 
 ``Launcher`` spawns one process per rank (``torch.multiprocessing``, spawn start method)
-running ``contract.worker_main``, sends each an ``("epoch", k)`` message and collects every
+running ``worker.worker_main``, sends each an ``("epoch", k)`` message and collects every
 rank's ``EpochReport``, while watching for errors and dead processes. A system that starts
 its workers another way subclasses it and overrides ``_start`` (``baselines.horovod``
 starts them under ``horovodrun``).
@@ -35,8 +35,9 @@ from pathlib import Path
 
 import torch.multiprocessing as mp
 
-from pipedream_impl.runtime.contract import EpochReport, WorkerSpec, worker_main
+from pipedream_impl.runtime.contract import EpochReport, WorkerSpec
 from pipedream_impl.runtime.faults import board_path, read_board
+from pipedream_impl.runtime.worker import worker_main
 
 __all__ = ["Launcher", "PipelineFailure", "free_port"]
 

@@ -16,7 +16,7 @@ process's: every process on it, ours or not, gets it meanwhile. Opening the file
 root; where it cannot be opened the process says so on stderr and runs as without the
 switch (a measured side that did not get the setting would measure nothing, so the
 message names why). The request is made once per process and held until it exits:
-every run (``harness.experiments.runner``), every worker (``contract._serve``, for
+every run (``harness.experiments.runner``), every worker (``worker._serve``, for
 workers on other machines) and a suite before its first drift reference (so the
 reference loop runs under the same setting as the cells). ``0`` (the default) leaves the
 CPUs' idle states to the kernel. Polling instead of halting costs power, and on a host

@@ -15,7 +15,7 @@ where the launcher sets it, else the whole world) times ``t`` fit on them. Other
 nothing is pinned, and the worker says so on stderr: a measured "pinned" side that was not
 pinned would measure nothing. Every thread the process has at that moment (gloo's,
 Horovod's, the orphan guard) is pinned, and threads started later inherit the mask. Every
-system's workers pass through the same call (``contract._serve``), so all are pinned
+system's workers pass through the same call (``worker._serve``), so all are pinned
 alike; GPU runs are not pinned. ``0`` (the default) leaves placement to the kernel.
 """
 

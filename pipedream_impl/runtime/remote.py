@@ -26,8 +26,9 @@ from multiprocessing.connection import Client, Connection, Listener
 from pathlib import Path
 
 from core.imports import load
-from pipedream_impl.runtime.contract import WorkerSpec, worker_main
+from pipedream_impl.runtime.contract import WorkerSpec
 from pipedream_impl.runtime.launcher import Launcher
+from pipedream_impl.runtime.worker import worker_main
 
 __all__ = ["ConnEnd", "PopenHandle", "SocketLauncher", "connect_back"]
 

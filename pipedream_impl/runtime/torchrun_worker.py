@@ -43,8 +43,8 @@ from pipedream_impl.runtime.contract import (
     RunSettings,
     SystemSettings,
     WorkerSpec,
-    worker_main,
 )
+from pipedream_impl.runtime.worker import worker_main
 
 __all__ = ["FileSink", "ScriptedControl", "describe_failure", "main", "run_scripted",
            "run_settings", "scripted_parser"]

@@ -11,8 +11,8 @@ import pytest
 
 from core.errors import UserInputError
 from harness.config import RunConfig
-from pipedream_impl.runtime.contract import _orphan_guard
 from pipedream_impl.runtime.faults import Fault, Progress, board_path, read_board
+from pipedream_impl.runtime.worker import _orphan_guard
 
 
 def test_fault_specs_parse_and_hit_only_their_action() -> None:

@@ -92,7 +92,7 @@ def test_unset_pins_nothing() -> None:
 @pytest.mark.cli
 @pytest.mark.parametrize("system", ["pipedream", "ddp"])
 def test_every_worker_of_a_run_goes_through_the_pinning(system: str) -> None:
-    """contract._serve calls the rule in every CPU worker: told that one worker more than
+    """worker._serve calls the rule in every CPU worker: told that one worker more than
     the CPUs shares the machine, each of the run's two workers says it is not pinned (a
     worker that skipped the call would say nothing)."""
     crowd = len(os.sched_getaffinity(0)) + 1  # one worker more than the CPUs
