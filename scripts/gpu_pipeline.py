@@ -18,11 +18,13 @@ which copies each stage's weights to the host for its report, is timed apart):
 - ``S stages``: the runtime's handlers on S balanced stages (layer times profiled on the
   device, ``balanced_bounds``), once as the runtime runs (on a GPU its actions timed by
   device events, ``pipedream_impl.runtime.device_clock``) and once waiting for the device
-  after every action to time it on the host clock (the runtime's way before); and each
-  action kind's time per minibatch from the runtime's own report;
+  after every action to time it on the host clock (the runtime's way before), ``--rounds``
+  times each way, the ways alternating which goes first (median ms per minibatch); and,
+  as the runtime runs, each action kind's time per minibatch from the runtime's own report
+  and every action's span summed (mean over the rounds);
 - with ``--trace-dir``: a ``torch.profiler`` trace (Chrome format, gzipped) of one epoch
-  of the 2-stage run (its close not included), and its top operators by self device /
-  CPU time.
+  of the run with ``--trace-stages`` stages (its close not included), and its top
+  operators by self device / CPU time.
 
     python3 scripts/gpu_pipeline.py --device cuda --scale full -o results/gpu/pipeline-h100.md
     python3 scripts/gpu_pipeline.py --device cpu --scale tiny --threads 1 -o ...
@@ -185,7 +187,8 @@ def _report(rows: dict, args, device_name: str) -> str:  # noqa: ANN001
              f"{torch.__version__}, {args.threads} CPU thread(s)). One process: every stage "
              f"in turn on the one device, {args.epochs} epochs of {args.steps} minibatches "
              f"after a warm-up epoch, each pipeline {args.rounds} time(s) each way, the "
-             "ways alternating which goes first (medians; every round below the table). "
+             "ways alternating which goes first (the time columns are medians, every round "
+        "below the table; the kinds and `booked` are means over the rounds). "
              "`added per action`: (the pipeline's ms per minibatch "
              "as the runtime runs - the trainer's) / actions per minibatch; "
              "the epoch's close (a host copy of each stage's weights for its report) is "
@@ -245,6 +248,10 @@ def main() -> None:
                     help="the stage count whose run is traced")
     ap.add_argument("-o", "--output", required=True)
     args = ap.parse_args()
+    if args.rounds < 1:
+        ap.error("--rounds: at least 1")
+    if args.trace_dir and str(args.trace_stages) not in args.stages.split(","):
+        ap.error(f"--trace-stages {args.trace_stages}: not one of --stages {args.stages}")
     torch.set_num_threads(args.threads)
     device = torch.device(args.device)
     device_name = (torch.cuda.get_device_name(device) if device.type == "cuda"

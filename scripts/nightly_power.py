@@ -326,7 +326,8 @@ def main() -> None:
                            work / f"plant-{'+'.join(chosen)}-{factor}.json"))
     if args.reuse:  # the kept runs' repeats, before any new run is spent on a mismatch
         kept = [p for p in [*aa_paths, *(r[3] for r in plant_runs)] if p.exists()]
-        _same_repeats([load_result(p) for p in kept], args.repeats)
+        if kept:
+            _same_repeats([load_result(p) for p in kept], args.repeats)
     runs = [_bench(args.suite, p, [], args.reuse, args.repeats) for p in aa_paths]
     planted = [(chosen, float(factor), _bench(args.suite, out, plants, args.reuse,
                                               args.repeats))

@@ -146,7 +146,9 @@ def _train_tracked(cfg: RunConfig, workload: Workload, target: float, splits: Da
 def runtime_env() -> str:
     """The runtime's switches this run's environment sets (``NAME=VALUE``, comma-separated;
     ``defaults`` where none is set): runs that differ in one must not be compared as if
-    they were alike. Each switch's name lives in the module it switches."""
+    they were alike. Each switch's name lives in the module it switches. A machine setting
+asked for that this machine does not allow (``PIPEBENCH_NO_HALT`` without root) is
+recorded as ``NAME=1 (not applied)``."""
     from pipedream_impl.runtime.comm import RECV_AHEAD_ENV
     from pipedream_impl.runtime.grad_buckets import BUCKET_MB_ENV
     from pipedream_impl.runtime.no_halt import NO_HALT_ENV
@@ -154,6 +156,8 @@ def runtime_env() -> str:
 
     set_ = [f"{k}={os.environ[k]}"
             for k in (RECV_AHEAD_ENV, BUCKET_MB_ENV, PIN_ENV, NO_HALT_ENV) if k in os.environ]
+    if no_halt.no_halt() and not no_halt.applied():  # asked for, but the run went without
+        set_ = [f"{s} (not applied)" if s.startswith(f"{NO_HALT_ENV}=") else s for s in set_]
     return ",".join(set_) or "defaults"
 
 

@@ -24,7 +24,6 @@ Trace events are ``(name, start, duration, busy)`` with ``start`` in wall-clock 
 (``time.time``, comparable across the processes of one machine); at most
 ``TRACE_EVENTS_PER_EPOCH`` are kept per epoch, and the busy/idle sums count every span
 whether kept or not. ``harness.reporting.trace`` turns them into Chrome trace JSON.
-
 """
 
 from __future__ import annotations

@@ -25,10 +25,12 @@ the end event is queued after it. An action timed on the host instead (a straggl
 fault's, whose spin reads the host clock) is booked with ``host`` in its place among them.
 
 A minibatch's completion (the steady-state throughput's stamp) is a mark: an event
-recorded after its last action, read at the close like the spans, so the last stage no
-longer waits for the device once per minibatch to stamp it (that wait kept the host from
-preparing the next minibatch while the device worked). Marks are one per minibatch and
-are all kept until the close.
+recorded once its update's kernels are queued, read at the close like the spans, so the
+last stage no longer waits for the device after each update to stamp it (that wait kept
+the host from preparing the next minibatch while the update ran). Marks are one per
+minibatch and are all kept until the close. Other waits remain: a copy to the device from
+pageable memory (``tensor.to(device)``, a minibatch's inputs on the first stage and its
+targets on the last) waits for the stream to drain before it returns.
 
 Once ``FOLD_AT`` actions are pending, those at the front whose end the device has passed
 are read as each action ends, so a long epoch does not hold two events per action until

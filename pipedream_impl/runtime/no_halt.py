@@ -16,8 +16,9 @@ process's: every process on it, ours or not, gets it meanwhile. Opening the file
 root; where it cannot be opened the process says so on stderr and runs as without the
 switch (a measured side that did not get the setting would measure nothing, so the
 message names why). The request is made once per process and held until it exits:
-every run (``harness.experiments.runner``), every worker (``worker._serve``, for
-workers on other machines) and a suite before its first drift reference (so the
+every run (``harness.experiments.runner``), every worker (``worker._serve``: on this
+machine the run's request already covers it, on other machines it is theirs) and a suite
+before its first drift reference (so the
 reference loop runs under the same setting as the cells). ``0`` (the default) leaves the
 CPUs' idle states to the kernel. Polling instead of halting costs power, and on a host
 whose virtual CPUs share physical cores, execution resources of the sibling; GPU hosts get
@@ -26,6 +27,7 @@ the same request (their host threads wait on the device).
 
 from __future__ import annotations
 
+import os
 import struct
 import sys
 from pathlib import Path
@@ -33,7 +35,7 @@ from typing import BinaryIO
 
 from pipedream_impl.runtime import switch
 
-__all__ = ["DMA_LATENCY", "NO_HALT_ENV", "hold", "no_halt"]
+__all__ = ["DMA_LATENCY", "NO_HALT_ENV", "applied", "hold", "no_halt"]
 
 NO_HALT_ENV = "PIPEBENCH_NO_HALT"  # "1": idle CPUs poll instead of halting (module doc)
 DMA_LATENCY = Path("/dev/cpu_dma_latency")  # the kernel's PM QoS CPU latency request
@@ -46,6 +48,14 @@ def no_halt() -> bool:
     unset). Anything else is an error rather than a silent default."""
     return switch(NO_HALT_ENV, "0", "idle CPUs poll instead of halting while a run is on",
                   "the kernel chooses the idle states; the default")
+
+
+def applied(path: Path | None = None) -> bool:
+    """Whether the request is in force for a run here: held by this process, or one this
+    process could make (the request file writable: a process that only describes runs,
+    such as a script's parent, does not make it itself). Runs record a switch asked for
+    but not applied as such (``harness.experiments.runner.runtime_env``)."""
+    return bool(_held) or os.access(path or DMA_LATENCY, os.W_OK)
 
 
 def hold(path: Path | None = None) -> bool:

@@ -4,8 +4,8 @@ Why apart from ``contract``: the contract says what a worker is handed and what 
 executor does each epoch; this is the process around it, the same for every system and
 every way of starting workers (``launcher``'s spawned processes, ``remote``'s workers that
 connect back, ``torchrun_worker`` across machines): the machine settings it takes before
-any thread starts (``torch`` threads, ``no_halt``, ``pinning``), the process group, one
-epoch per control message, and how it ends.
+the process group starts its threads (``torch`` threads, ``no_halt``, ``pinning``), the
+process group, one epoch per control message, and how it ends.
 
 A worker that raises reports its traceback on the results queue and exits non-zero; the
 launcher (``pipedream_impl.runtime.launcher``) then stops every worker. Workers ignore

@@ -260,3 +260,20 @@ def test_kept_runs_with_other_repeats_are_refused_before_any_run(
     with pytest.raises(SystemExit, match="not the 12 asked for"):
         np_.main()
     assert ran == []
+
+
+def test_reuse_in_an_empty_workdir_runs_everything(
+        tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: ANN001
+    """With nothing kept yet, --reuse --repeats N runs every suite run (nothing to refuse)."""
+    ran = []
+
+    def bench(suite, out, plants, reuse, repeats):  # noqa: ANN001, ANN202
+        ran.append((out.name, repeats))
+        raise SystemExit("stop here")  # the report is not what this test is about
+
+    monkeypatch.setattr(np_, "_bench", bench)
+    monkeypatch.setattr("sys.argv", ["nightly_power.py", "--reuse", "--repeats", "12",
+                                     "--workdir", str(tmp_path), "-o", str(tmp_path / "o.md")])
+    with pytest.raises(SystemExit, match="stop here"):
+        np_.main()
+    assert ran == [("aa-0.json", 12)]

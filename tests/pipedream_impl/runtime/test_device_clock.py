@@ -22,7 +22,7 @@ from pipedream_impl.runtime.contract import (
 )
 from pipedream_impl.runtime.device_clock import DeviceClock
 from pipedream_impl.runtime.faults import Fault
-from pipedream_impl.runtime.local import local_executors, run_local
+from pipedream_impl.runtime.local import local_executors, play_epoch, run_local
 from pipedream_impl.schedule import Layout, one_f_one_b
 
 
@@ -199,3 +199,31 @@ def test_torch_peers_time_their_chunks_by_the_device_clock_too(gpu: Device) -> N
     ex._book(report, t0, time.perf_counter())
     assert [e[0] for e in report.events] == ["wait", "F", "wait", "F", "wait"]
     assert report.action_s["wait"] >= 0.009 and report.action_s["F"] > 0
+
+
+def test_minibatches_are_stamped_done_from_their_marks_at_the_close(gpu: Device) -> None:
+    """The stamps come from the clock's marks when the epoch closes, not from the host's
+    clock as each minibatch's update is queued: none exists before the close, and each is
+    its mark's device time on the wall clock. The stand-in device's clock runs at twice
+    the host's rate, so a stamp taken from the host clock would be off."""
+    base = time.perf_counter()
+
+    class Twice(HostEvent):
+        def record(self) -> None:
+            super().record()
+            self.host, self.t = self.t, base + 2 * (self.t - base)
+
+    executors = local_executors(_spec())
+    for ex in executors:
+        ex.event = lambda: Twice(gpu)
+    play_epoch(executors, 0)
+    last = executors[-1]
+    assert last.report.done_at == [] and last.report.warm_done_at is None
+    clock, marks = last.clock, list(last.clock.marks)
+    reports = [ex.finish_epoch() for ex in executors]
+    on_wall = last._wall0 - last._perf0 + clock.anchor_at
+    expected = [(k, on_wall + 2 * (ev.host - clock.anchor.host)) for k, ev in marks]
+    assert [k for k, _ in reports[-1].done_at] == [k for k, _ in expected] == list(range(4))
+    assert [t for _, t in reports[-1].done_at] == pytest.approx(
+        [t for _, t in expected], rel=0, abs=1e-6)
+    assert reports[-1].done_at[-1][1] > reports[-1].end_at  # a host stamp could not be
