@@ -147,8 +147,8 @@ def runtime_env() -> str:
     """The runtime's switches this run's environment sets (``NAME=VALUE``, comma-separated;
     ``defaults`` where none is set): runs that differ in one must not be compared as if
     they were alike. Each switch's name lives in the module it switches. A machine setting
-asked for that this machine does not allow (``PIPEBENCH_NO_HALT`` without root) is
-recorded as ``NAME=1 (not applied)``."""
+    asked for that this machine does not allow (``PIPEBENCH_NO_HALT`` without root) is
+    recorded as ``NAME=1 (not applied)``."""
     from pipedream_impl.runtime.comm import RECV_AHEAD_ENV
     from pipedream_impl.runtime.grad_buckets import BUCKET_MB_ENV
     from pipedream_impl.runtime.no_halt import NO_HALT_ENV

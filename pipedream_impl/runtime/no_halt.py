@@ -4,9 +4,11 @@ Why: a pipeline stage waits for its neighbour many times per minibatch. Where th
 sleeps, an idle virtual CPU halts, and the compute right after waking runs slower:
 ``results/wake-cost.md`` measured about 6-8% on this machine's VMs (cpuidle driver
 ``haltpoll`` with guest halt polling off), paired within rounds, against waits that keep
-the CPU from halting. One process that never waits (``single``) pays nothing of the kind,
-so the halts fall on the pipelines alone. This switch measures what they cost a whole run:
-``scripts/env_ab.py --set PIPEBENCH_NO_HALT=1`` runs the bench both ways.
+the CPU from halting. A process that never waits on another (``single``) should pay
+little of it, the pipelines much. This switch measures what halts cost whole runs:
+``scripts/env_ab.py --set PIPEBENCH_NO_HALT=1`` runs the bench both ways
+(``results/no-halt-ab-vgg16.md``), ``scripts/efficiency.py`` under it the efficiency
+(``results/efficiency-*-no-halt.md``).
 
 How, with ``PIPEBENCH_NO_HALT=1``: the process asks the kernel's PM QoS for a CPU wake-up
 latency of 0 by writing a 32-bit 0 to ``/dev/cpu_dma_latency`` and keeping the file open
@@ -18,8 +20,8 @@ switch (a measured side that did not get the setting would measure nothing, so t
 message names why). The request is made once per process and held until it exits:
 every run (``harness.experiments.runner``), every worker (``worker._serve``: on this
 machine the run's request already covers it, on other machines it is theirs) and a suite
-before its first drift reference (so the
-reference loop runs under the same setting as the cells). ``0`` (the default) leaves the
+before its first drift reference (so the reference loop runs under the same setting as
+the cells). ``0`` (the default) leaves the
 CPUs' idle states to the kernel. Polling instead of halting costs power, and on a host
 whose virtual CPUs share physical cores, execution resources of the sibling; GPU hosts get
 the same request (their host threads wait on the device).
