@@ -7,8 +7,8 @@ sleeps, an idle virtual CPU halts, and the compute right after waking runs slowe
 the CPU from halting. A process that never waits on another (``single``) should pay
 little of it, the pipelines much. This switch measures what halts cost whole runs:
 ``scripts/env_ab.py --set PIPEBENCH_NO_HALT=1`` runs the bench both ways
-(``results/no-halt-ab-vgg16.md``), ``scripts/efficiency.py`` under it the efficiency
-(``results/efficiency-*-no-halt.md``).
+(``results/no-halt-ab-vgg16*.md``), ``scripts/efficiency.py`` under it the efficiency
+(``results/efficiency-*-no-halt.md``); docs/systems.md lists every measurement.
 
 How, with ``PIPEBENCH_NO_HALT=1``: the process asks the kernel's PM QoS for a CPU wake-up
 latency of 0 by writing a 32-bit 0 to ``/dev/cpu_dma_latency`` and keeping the file open
