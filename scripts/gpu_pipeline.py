@@ -188,7 +188,7 @@ def _report(rows: dict, args, device_name: str) -> str:  # noqa: ANN001
              f"in turn on the one device, {args.epochs} epochs of {args.steps} minibatches "
              f"after a warm-up epoch, each pipeline {args.rounds} time(s) each way, the "
              "ways alternating which goes first (the time columns are medians, every round "
-        "below the table; the kinds and `booked` are means over the rounds). "
+             "below the table; the kinds and `booked` are means over the rounds). "
              "`added per action`: (the pipeline's ms per minibatch "
              "as the runtime runs - the trainer's) / actions per minibatch; "
              "the epoch's close (a host copy of each stage's weights for its report) is "
@@ -217,7 +217,7 @@ def _report(rows: dict, args, device_name: str) -> str:  # noqa: ANN001
     lines += ["", "Rounds, ms per minibatch waiting per action / as the runtime runs:", ""]
     for name, got in rows.items():
         for p in got["pipes"]:
-            pairs = zip(*(([ms for ms, _, _ in way]) for way in p["rounds"]), strict=True)
+            pairs = zip(*([ms for ms, _, _ in way] for way in p["rounds"]), strict=True)
             lines.append(f"- {name}, {p['stages']} stage(s): "
                          + ", ".join(f"{a:.2f} / {b:.2f}" for a, b in pairs))
     for name, got in rows.items():

@@ -16,7 +16,8 @@ over a pipe and waits for it back. The wait is
 - ``block+idle-spinner``: a blocking read while a ``SCHED_IDLE`` process per core spins
   (it runs only when nothing else wants the core, so the CPU never halts; no root needed);
 - ``block+dma0``: a blocking read while ``/dev/cpu_dma_latency`` is held at 0 (the
-  kernel's cpuidle may then only poll; root only, skipped elsewhere);
+  kernel's cpuidle may then only poll; root only, skipped elsewhere; the request made as
+  ``PIPEBENCH_NO_HALT`` makes it, ``no_halt.request``, the timed loop still none of ours);
 
 and ``alone`` is the same loop back to back in one process, no waits. Each mode runs once
 per round, the modes interleaved; the report gives each mode's median compute time per
@@ -33,7 +34,6 @@ import argparse
 import multiprocessing as mp
 import os
 import statistics
-import struct
 import sys
 import time
 from datetime import UTC, datetime
@@ -42,6 +42,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from core.markdown import markdown_table, write_report  # noqa: E402
+from pipedream_impl.runtime import no_halt  # noqa: E402
 
 MODES = ("alone", "block", "spin", "block+idle-spinner", "block+dma0")
 WARM = 50  # calls of the loop in each process before its first timed turn
@@ -120,8 +121,7 @@ def _run(mode: str, reps: int) -> tuple[float, float] | None:
     q, ready, go, extra, dma = ctx.Queue(), ctx.Queue(), ctx.Event(), [], None
     if mode == "block+dma0":
         try:
-            dma = open("/dev/cpu_dma_latency", "wb", buffering=0)  # noqa: SIM115
-            dma.write(struct.pack("i", 0))
+            dma = no_halt.request()  # held for this mode's run only
         except OSError:
             return None
     if mode == "block+idle-spinner":

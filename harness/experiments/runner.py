@@ -154,10 +154,14 @@ def runtime_env() -> str:
     from pipedream_impl.runtime.no_halt import NO_HALT_ENV
     from pipedream_impl.runtime.pinning import PIN_ENV
 
-    set_ = [f"{k}={os.environ[k]}"
-            for k in (RECV_AHEAD_ENV, BUCKET_MB_ENV, PIN_ENV, NO_HALT_ENV) if k in os.environ]
-    if no_halt.no_halt() and not no_halt.applied():  # asked for, but the run went without
-        set_ = [f"{s} (not applied)" if s.startswith(f"{NO_HALT_ENV}=") else s for s in set_]
+    def entry(name: str) -> str:
+        value = os.environ[name]
+        if name == NO_HALT_ENV and no_halt.no_halt() and not no_halt.applied():
+            value += " (not applied)"  # asked for, but the run went without
+        return f"{name}={value}"
+
+    set_ = [entry(k) for k in (RECV_AHEAD_ENV, BUCKET_MB_ENV, PIN_ENV, NO_HALT_ENV)
+            if k in os.environ]
     return ",".join(set_) or "defaults"
 
 

@@ -55,10 +55,9 @@ def print_summary(summary: RunSummary, console: Console) -> None:
     table.add_row("total time", f"{summary.total_time_s:.1f}s")
     for rank, b in sorted(summary.peak_memory_bytes.items()):
         table.add_row(f"peak memory, worker {rank}", fmt_bytes(b))
-    if summary.run_id is None:  # PIPEBENCH_TRACKING=off: nothing was logged
-        table.add_row("MLflow run", "none (tracking off)")
-        console.print(table)
-        return
-    table.add_row("MLflow run", f"{summary.run_id} in {summary.tracking_uri}")
+    tracked = summary.run_id is not None  # PIPEBENCH_TRACKING=off: nothing was logged
+    table.add_row("MLflow run", f"{summary.run_id} in {summary.tracking_uri}" if tracked
+                  else "none (tracking off)")
     console.print(table)
-    console.print(f"browse: mlflow ui --backend-store-uri {summary.tracking_uri}")
+    if tracked:
+        console.print(f"browse: mlflow ui --backend-store-uri {summary.tracking_uri}")

@@ -37,7 +37,7 @@ from typing import BinaryIO
 
 from pipedream_impl.runtime import switch
 
-__all__ = ["DMA_LATENCY", "NO_HALT_ENV", "applied", "hold", "no_halt"]
+__all__ = ["DMA_LATENCY", "NO_HALT_ENV", "applied", "hold", "no_halt", "request"]
 
 NO_HALT_ENV = "PIPEBENCH_NO_HALT"  # "1": idle CPUs poll instead of halting (module doc)
 DMA_LATENCY = Path("/dev/cpu_dma_latency")  # the kernel's PM QoS CPU latency request
@@ -60,6 +60,19 @@ def applied(path: Path | None = None) -> bool:
     return bool(_held) or os.access(path or DMA_LATENCY, os.W_OK)
 
 
+def request(path: Path | None = None) -> BinaryIO:
+    """Ask for a CPU wake-up latency of 0, whatever the switch says: the open request,
+    in force until it is closed (``OSError`` where it cannot be made, e.g. without root).
+    ``path``: the request file (tests)."""
+    f = (path or DMA_LATENCY).open("wb", buffering=0)
+    try:
+        f.write(struct.pack("i", 0))
+    except BaseException:
+        f.close()
+        raise
+    return f
+
+
 def hold(path: Path | None = None) -> bool:
     """Make this process's request if the switch asks for it (once; later calls only
     report it); whether a request is held. ``path``: the request file (tests)."""
@@ -67,16 +80,10 @@ def hold(path: Path | None = None) -> bool:
         return True
     if not no_halt():
         return False
-    path = path or DMA_LATENCY
-    f = None
     try:
-        f = path.open("wb", buffering=0)
-        f.write(struct.pack("i", 0))
+        _held.append(request(path))
     except OSError as err:
-        if f is not None:
-            f.close()
-        print(f"{NO_HALT_ENV}=1: not applied: cannot write {path} "
+        print(f"{NO_HALT_ENV}=1: not applied: cannot write {path or DMA_LATENCY} "
               f"({err.strerror or err}); idle CPUs may halt", file=sys.stderr)
         return False
-    _held.append(f)
     return True
