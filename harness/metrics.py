@@ -28,7 +28,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 __all__ = [
-    "ACTIONS_PER_EPOCH", "ACTION_TIME", "AGGREGATIONS", "BEST_QUALITY", "BUBBLE_FRACTION",
+    "ACTIONS_PER_EPOCH", "ACTION_CPU", "ACTION_FAULTS", "ACTION_PREEMPTIONS", "ACTION_SYS",
+    "ACTION_TIME", "AGGREGATIONS", "BEST_QUALITY", "BUBBLE_FRACTION",
     "BUSY", "BYTES_PER_SAMPLE", "CELL_STAT", "CELL_STATS", "END", "EPOCH", "EPOCHS_RUN",
     "EPOCHS_TO_TARGET", "EPOCH_METRICS", "EPOCH_SAMPLES_PER_S", "EPOCH_TIME", "EVAL_TIME",
     "FINAL_QUALITY", "IDLE", "LINK_BYTES", "PEAK_MEMORY", "PEAK_MEMORY_MAX", "QUALITY",
@@ -68,6 +69,10 @@ BUSY = "busy_s"
 IDLE = "idle_s"
 BUBBLE_FRACTION = "bubble_fraction"
 ACTION_TIME = "action_s"
+ACTION_CPU = "action_cpu_s"
+ACTION_SYS = "action_sys_s"
+ACTION_FAULTS = "action_faults"
+ACTION_PREEMPTIONS = "action_preemptions"
 STASH_WEIGHTS = "stash_weight_bytes"
 STASH_ACTIVATIONS = "stash_activation_bytes"
 LINK_BYTES = "bytes_link"
@@ -100,6 +105,7 @@ _REACHED = "training runs that reached the target"
 _MULTI = "multi-process systems"
 _IDLE = "systems that time their idle (`reports_idle`: the pipelines of our runtime and torch's)"
 _OURS = "the pipelines of our runtime (one stage per worker)"
+_TIMED = "systems that time their actions (the pipelines of our runtime and torch's)"
 _COMPARISON = "the parent run of `compare-run`"
 _CELL = "the cell runs of a suite (`bench`)"
 
@@ -225,6 +231,20 @@ SCHEMA: tuple[Metric, ...] = (
            "after waiting for the device.",
            runs=_MULTI, pattern=ACTION_TIME + "_{kind}" + _W,
            aggregate="sum"),
+    Metric(ACTION_CPU, "s", "CPU time (user and system) of the worker's main thread in "
+           "its actions of one kind (`pipedream_impl/runtime/thread_use.py`); where it is "
+           "below `action_s_<kind>` the thread was off its core (waiting, preempted, or woken "
+           "late). On a GPU: the host's part, queueing the work.", runs=_TIMED,
+           pattern=ACTION_CPU + "_{kind}" + _W, aggregate="sum"),
+    Metric(ACTION_SYS, "s", "The part of `action_cpu_s_<kind>` spent in the kernel (its "
+           "split is sampled at the kernel's timer tick: exact only summed over many "
+           "actions).", runs=_TIMED, pattern=ACTION_SYS + "_{kind}" + _W, aggregate="sum"),
+    Metric(ACTION_FAULTS, "count", "Minor page faults of the worker's main thread in its "
+           "actions of one kind (fresh memory touched for the first time).", runs=_TIMED,
+           pattern=ACTION_FAULTS + "_{kind}" + _W, aggregate="sum"),
+    Metric(ACTION_PREEMPTIONS, "count", "Involuntary context switches of the worker's main "
+           "thread in its actions of one kind (another thread took its core).", runs=_TIMED,
+           pattern=ACTION_PREEMPTIONS + "_{kind}" + _W, aggregate="sum"),
     Metric(STASH_WEIGHTS, "bytes", "Peak bytes of the weight versions stashed on the worker "
            "(the live weights not counted).", runs=_MULTI, pattern=STASH_WEIGHTS + _W,
            aggregate="max"),

@@ -21,7 +21,10 @@ minibatch: means over repeats, so that the parts below add up):
 From these the busier worker's time per minibatch is taken apart: half of the single
 worker's; what the runtime's handlers add on the whole model; what splitting it into two
 stages adds; the split's imbalance; what running as two processes at once adds to the same
-actions; sending; waiting.
+actions; sending; waiting. What the compute actions cost each worker's main thread
+(``pipedream_impl.runtime.thread_use``: CPU time, the kernel's part, page faults,
+preemptions; the ``action_cpu_s_<kind>_worker_<r>`` metrics and their kin in the pipeline)
+splits the two processes' part into more CPU time on the core and time off it.
 
 Usage: ``.venv/bin/python scripts/efficiency.py [--workload vgg16|gnmt8] [--repeats 3]
 [--epochs 3] [--steps 24] [-o results/efficiency-vgg16-tiny.md]``. Nothing else may run on
@@ -39,12 +42,18 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from harness import metrics  # noqa: E402
 from harness.config import RunConfig  # noqa: E402
 from harness.experiments.runner import run, runtime_env  # noqa: E402
 from harness.reporting.progress import quiet  # noqa: E402
 from harness.systems import PAPER  # noqa: E402
 
 KINDS = ("F", "B", "U", "SF", "SB", "RF", "RB")
+COMPUTE = ("F", "B", "U")
+# what the compute actions cost the worker's thread, in thread_use.FIELDS' order:
+# (row key, the metric a pipeline run logs it as, its scale into the row's unit)
+USE = (("cpu", metrics.ACTION_CPU, 1e3), ("sys", metrics.ACTION_SYS, 1e3),
+       ("faults", metrics.ACTION_FAULTS, 1.0), ("preempt", metrics.ACTION_PREEMPTIONS, 1.0))
 
 
 def _config(system: str, workers: int, args: argparse.Namespace) -> RunConfig:
@@ -75,6 +84,8 @@ def _pipeline(args: argparse.Namespace) -> tuple[tuple[float, float],
         row = {k: 1e3 * m.get(f"action_s_{k}_worker_{r}", 0.0) / n for k in KINDS}
         row["idle"] = 1e3 * m.get(f"idle_s_worker_{r}", 0.0) / n
         row["busy"] = 1e3 * m.get(f"busy_s_worker_{r}", 0.0) / n
+        row.update({name: scale * sum(m.get(metrics.key(metric, kind=k, worker=r), 0.0)
+                                      for k in COMPUTE) / n for name, metric, scale in USE})
         per[r] = row
     bounds = tuple(tuple(b) for b in summary.layout_params["stages"])
     return (summary.throughput, summary.steady.samples_per_s), per, bounds
@@ -101,6 +112,10 @@ def _in_process(args: argparse.Namespace, bounds: tuple, out) -> None:  # noqa: 
         n = args.epochs * executors[0].n_steps
         rows = [{k: 1e3 * sum(rep[r].action_s.get(k, 0.0) for rep in reports) / n
                  for k in KINDS} for r in range(len(executors))]
+        for r, row in enumerate(rows):
+            row.update({name: scale * sum(rep[r].action_use[k][i] for rep in reports
+                                          for k in COMPUTE if k in rep[r].action_use) / n
+                        for i, (name, _, scale) in enumerate(USE)})
         got.update({"whole": rows[0]} if key == "whole" else dict(enumerate(rows)))
     out.put(got)
 
@@ -131,6 +146,11 @@ def _compute(row: dict[str, float]) -> float:
     return row["F"] + row["B"] + row["U"]
 
 
+def _off(row: dict[str, float]) -> float:
+    """The compute actions' time off the thread's core: wall above CPU time."""
+    return _compute(row) - row["cpu"]
+
+
 def _parts(single_ms: float, alone: dict, piped: dict) -> list[tuple[str, float]]:
     """The busier worker's ms per minibatch (busy + idle), part by part, from the means
     over repeats (``alone``: the in-process rows, ``piped``: the pipeline's); the parts add
@@ -149,8 +169,10 @@ def _parts(single_ms: float, alone: dict, piped: dict) -> list[tuple[str, float]
               "whole, in one process)", mean - whole),
              ("+ the split's imbalance (this stage above the two stages' mean, in one "
               "process)", _compute(alone[w]) - mean),
-             ("+ the same actions run as two processes at once",
-              _compute(piped[w]) - _compute(alone[w])),
+             ("+ the same actions run as two processes at once: more CPU time on its core",
+              piped[w]["cpu"] - alone[w]["cpu"]),
+             ("+ the same actions run as two processes at once: off its core (their wall "
+              "time above their CPU time)", _off(piped[w]) - _off(alone[w])),
              ("+ posting its sends (SF, SB)", sent),
              ("+ waiting for the other stage (RF, RB: idle)", piped[w]["idle"])]
     other = piped[w]["busy"] - _compute(piped[w]) - sent  # any other busy action kind
@@ -240,6 +262,7 @@ def _report(args: argparse.Namespace, got: dict[str, list]) -> str:
     whole = inproc["whole"]
     lines.append("| whole | one process | " + " | ".join(f"{whole[k]:.2f}" for k in KINDS)
                  + f" | {_compute(whole):.2f} | - | - |")
+    lines += _use_table(piped, inproc)
     lines += ["", f"single, alone: {single_ms:.2f} ms per minibatch of {b} samples. The "
               "busier worker's time per minibatch, part by part (ms; the single's figure "
               "excludes the warm-up, the others count every epoch):", "",
@@ -248,6 +271,25 @@ def _report(args: argparse.Namespace, got: dict[str, list]) -> str:
     total = parts[-1][1]
     lines += [f"| {name} | {ms:.2f} | {ms / total:.0%} |" for name, ms in parts]
     return "\n".join(lines) + "\n"
+
+
+def _use_table(piped: dict, inproc: dict) -> list[str]:
+    """The compute actions per minibatch, by what they cost the worker's main thread."""
+    lines = ["", "The compute actions (F, B, U) per minibatch (means over repeats, every "
+             "epoch counted), by what they cost the worker's main thread "
+             "(`pipedream_impl/runtime/thread_use.py`): wall and CPU time; of the CPU time "
+             "the kernel's part (sampled at its timer tick); off its core (wall above CPU: "
+             "preempted, or woken late); minor page faults and involuntary context "
+             "switches.", "",
+             "| stage | run | wall ms | CPU ms | system ms | off core ms | page faults | "
+             "preemptions |", "|---|---|---|---|---|---|---|---|"]
+    rows = [(r, name, row) for r in (0, 1)
+            for name, row in (("pipeline", piped[r]), ("one process", inproc[r]))]
+    for r, name, row in [*rows, ("whole", "one process", inproc["whole"])]:
+        lines.append(f"| {r} | {name} | {_compute(row):.2f} | {row['cpu']:.2f} | "
+                     f"{row['sys']:.2f} | {_off(row):.2f} | {row['faults']:.1f} | "
+                     f"{row['preempt']:.2f} |")
+    return lines
 
 
 def main() -> None:

@@ -25,7 +25,10 @@ Beside throughput it reads, every ``SAMPLE_S`` seconds, the kernel's per-thread 
 every process the run starts, and reports per run the CPU seconds of gloo's transport loop
 threads, of all threads, and the time threads spent runnable but waiting for a core: where
 a setting moves work onto gloo's threads, or makes threads queue for the 2 cores, it shows
-there. (Reading costs a few milliseconds each time, on both sides alike.)
+there. (Reading costs a few milliseconds each time, on both sides alike.) From each
+run's result it also takes what the actions cost each worker's main thread (the cells'
+``actions``, from the ``action_cpu_s_<kind>_worker_<r>`` metrics and kin): the CPU time,
+time off the core and preemptions of its compute actions and of its sends, per minibatch.
 
 Usage: ``.venv/bin/python scripts/env_ab.py --set PIPEBENCH_RECV_AHEAD=0 --rounds 10
 -o results/recv-ahead-ab-vgg16-b4.md -- --workload vgg16 --systems pipedream-flush --batch-size 4
@@ -56,6 +59,7 @@ sys.path.insert(0, str(ROOT))
 
 from core.markdown import write_report  # noqa: E402
 from harness.metrics import STEADY_PER_REFERENCE, STEADY_THROUGHPUT  # noqa: E402
+from harness.reporting.action_costs import grouped  # noqa: E402
 from harness.reporting.tracking import git_sha  # noqa: E402
 
 METRIC = STEADY_THROUGHPUT
@@ -66,6 +70,7 @@ GLOO_LOOP = "gloo_tcp_loop"  # the name gloo gives its transport's event-loop th
 THREAD_FIGURES = ("gloo loop threads' CPU s", "all threads' CPU s",
                   "s runnable, waiting for a core")
 SAMPLE_S = 0.2  # how often the run's threads are read (a thread's last reading counts)
+USE_FIGURES = ("CPU ms", "off core ms", "preemptions")  # of action_costs.FIGURES
 
 
 def _env(assignments: list[str], side: str) -> dict[str, str]:
@@ -122,7 +127,7 @@ def _threads(seen: dict[tuple[int, int], tuple[str, int, int]]) -> dict[str, flo
 def _run(bench_args: list[str], env: dict[str, str],
          json_path: Path) -> tuple[dict[str, dict[str, float]], dict[str, float]] | None:
     """One bench run: each cell's figures (``PAIRED``, those it has), and its processes'
-    thread figures."""
+    thread figures with its workers' thread use (``_thread_use``)."""
     cmd = [str(ROOT / ".venv/bin/pipebench"), "bench", *bench_args, "--repeats", "1",
            "--json", str(json_path), "-o", str(json_path.with_suffix(".md")), "--quiet"]
     seen: dict[tuple[int, int], tuple[str, int, int]] = {}
@@ -140,7 +145,20 @@ def _run(bench_args: list[str], env: dict[str, str],
     cells = json.loads(json_path.read_text())["cells"]
     return ({c["key"]: {k: c["metrics"][k]["median"] for k in PAIRED
                         if k in c.get("metrics", {})} for c in cells
-             if METRIC in c.get("metrics", {})}, _threads(seen))
+             if METRIC in c.get("metrics", {})}, {**_threads(seen), **_thread_use(cells)})
+
+
+def _thread_use(cells: list[dict]) -> dict[str, float]:
+    """What each cell's actions cost its workers' main threads, per minibatch, by group of
+    kinds (the result's ``actions``, ``action_costs.grouped``): ``"cell w0 sends (SF, SB)
+    CPU ms"`` -> value."""
+    out = {}
+    for c in cells:
+        costs = {int(w): kinds for w, kinds in (c.get("actions") or {}).items()}
+        for w, groups in grouped(costs).items():
+            for group, figures in groups.items():
+                out.update({f"{c['key']} w{w} {group} {f}": figures[f] for f in USE_FIGURES})
+    return out
 
 
 @dataclass
@@ -170,7 +188,7 @@ def measure(bench_args: list[str], assignments: list[str], rounds: int,
             for key, figures in got[0].items():
                 m.runs.setdefault(key, {"A": [], "B": []})[side].append(figures[METRIC])
             for figure, value in got[1].items():
-                m.threads[figure][side].append(value)
+                m.threads.setdefault(figure, {"A": [], "B": []})[side].append(value)
             print(f"env_ab: round {r + 1}/{rounds} {side} done", file=sys.stderr)
         for key, a in this.get("A", {}).items():
             b = this.get("B", {}).get(key, {})
@@ -237,6 +255,15 @@ def report(m: Measured, assignments: list[str], command: str, git: str) -> str:
               "threads spent runnable but waiting for a core.", "",
               head.format("figure, per run"), "|---|---|---|---|---|---|---|"]
     lines += [_row(f, m.threads[f]["A"], m.threads[f]["B"], 2) for f in THREAD_FIGURES]
+    use = sorted(f for f in m.threads if f not in THREAD_FIGURES)
+    if use:
+        lines += ["", "What the actions cost each worker's main thread, per minibatch, in "
+                  "each cell's run (its thread-use metrics: `pipedream_impl/runtime/"
+                  "thread_use.py`), summed over the kinds of each group: CPU time, time off "
+                  "the core (the group's wall time above its CPU time: preempted, or woken "
+                  "late) and involuntary context switches.", "",
+                  head.format("cell, worker, actions, figure"), "|---|---|---|---|---|---|---|"]
+        lines += [_row(f, m.threads[f]["A"], m.threads[f]["B"], 3) for f in use]
     if any(m.failed.values()):
         lines += ["", f"Runs that failed (left out): A {m.failed['A']}, B {m.failed['B']}."]
     return "\n".join(lines) + "\n"

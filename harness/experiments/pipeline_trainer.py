@@ -32,6 +32,7 @@ from pipedream_impl.runtime.contract import (
     cpu_copy,
 )
 from pipedream_impl.runtime.launcher import Launcher, free_port
+from pipedream_impl.runtime.thread_use import FIELDS
 from pipedream_impl.schedule import registry as schedules
 from pipedream_impl.schedule.torch_csv import microbatches_of, read_csv
 from workloads.base import DataSplits, Workload
@@ -48,6 +49,8 @@ class PipelineMetrics:
     busy: dict[int, float] | None = None
     idle: dict[int, float] | None = None
     action_s: dict[int, dict[str, float]] | None = None  # our runtime: seconds per action kind
+    # per rank and action kind, what the actions cost their thread (thread_use.FIELDS)
+    action_use: dict[int, dict[str, list[float]]] | None = None
     peak_memory: dict[int, int] | None = None
     stash_weights: dict[int, int] | None = None
     stash_activations: dict[int, int] | None = None
@@ -111,6 +114,16 @@ def schedule_file_order(cfg: RunConfig, stages: int) -> tuple | None:
         raise UserInputError(f"--microbatches {cfg.pipeline.microbatches}: the schedule file "
                              f"has {m} microbatches per step; drop --microbatches")
     return tuple(tuple(row) for row in order)
+
+
+def _summed(before: dict[str, list[float]], epoch: dict[str, list[float]]) \
+        -> dict[str, list[float]]:
+    """One rank's thread use by action kind over the run so far: ``before``'s and this
+    epoch's, field by field."""
+    kinds = {*before, *epoch}
+    return {k: [a + b for a, b in zip(before.get(k, [0.0] * len(FIELDS)),
+                                     epoch.get(k, [0.0] * len(FIELDS)), strict=True)]
+            for k in kinds}
 
 
 class PipelineTrainer:
@@ -186,7 +199,8 @@ class PipelineTrainer:
         at the last finished epoch's end."""
         m = self.metrics
         counters = {"samples": m.samples, "busy": m.busy, "idle": m.idle,
-                    "action_s": m.action_s, "actions": m.actions, "links": m.links,
+                    "action_s": m.action_s, "action_use": m.action_use,
+                    "actions": m.actions, "links": m.links,
                     "bytes_sent": m.bytes_sent, "events_dropped": m.events_dropped}
         return self.held, {"eval_model": cpu_copy(self.model.state_dict()),
                            "counters": counters, "layout": (self.replicas, self.bounds)}
@@ -200,6 +214,7 @@ class PipelineTrainer:
         self.model.load_state_dict(trainer_state["eval_model"])
         c, m = trainer_state["counters"], self.metrics
         m.samples, m.busy, m.idle, m.action_s = c["samples"], c["busy"], c["idle"], c["action_s"]
+        m.action_use = c.get("action_use")  # absent from checkpoints made before it existed
         m.actions, m.events_dropped = c["actions"], c["events_dropped"]
         self.link_base, self.bytes_base = dict(c["links"] or {}), c["bytes_sent"]
 
@@ -219,6 +234,8 @@ class PipelineTrainer:
         m.action_s = {r.rank: {k: before.get(r.rank, {}).get(k, 0.0) + r.action_s.get(k, 0.0)
                                for k in {*r.action_s, *before.get(r.rank, {})}}
                       for r in reports}
+        used = m.action_use or {}
+        m.action_use = {r.rank: _summed(used.get(r.rank, {}), r.action_use) for r in reports}
         m.peak_memory = {r.rank: r.peak_memory for r in reports}
         m.events = m.events or {}
         for r in reports:

@@ -255,6 +255,15 @@ def _stage_times(trainer, batch_size: int, progress: Progress) -> dict[str, floa
     return stage_metrics(trainer.predicted_stage_ms, measured)
 
 
+def _thread_use(rank: int, use: dict[str, list[float]]) -> dict[str, float]:
+    """A worker's thread use by action kind (``thread_use.FIELDS``), as metrics."""
+    names = (metrics.ACTION_CPU, metrics.ACTION_SYS, metrics.ACTION_FAULTS,
+             metrics.ACTION_PREEMPTIONS)
+    return {metrics.key(name, kind=kind, worker=rank): value
+            for kind, values in sorted(use.items())
+            for name, value in zip(names, values, strict=True)}
+
+
 def _final_metrics(cfg: RunConfig, trainer, summary: RunSummary,  # noqa: ANN001
                    device: torch.device, workload: Workload) -> dict[str, float]:
     """The run's metrics at the end: throughput, quality, time to target, bytes, memory,
@@ -274,6 +283,7 @@ def _final_metrics(cfg: RunConfig, trainer, summary: RunSummary,  # noqa: ANN001
                     idle / max(1e-12, busy + idle)
             for kind, secs in sorted((m.action_s or {}).get(r, {}).items()):
                 extra[metrics.key(metrics.ACTION_TIME, kind=kind, worker=r)] = secs
+            extra.update(_thread_use(r, (m.action_use or {}).get(r, {})))
             extra[metrics.key(metrics.STASH_WEIGHTS, worker=r)] = m.stash_weights[r]
             extra[metrics.key(metrics.STASH_ACTIVATIONS, worker=r)] = m.stash_activations[r]
         for (a, b), n in m.links.items():

@@ -36,6 +36,7 @@ from harness.experiments import reference
 from harness.experiments.compare import plan_key, shared_plans, system_config
 from harness.experiments.suite import Cell, Suite
 from harness.reporting import tracking
+from harness.reporting.action_costs import median_costs, per_action
 from harness.reporting.progress import Progress
 from harness.reporting.results import (
     COUNTERS,
@@ -224,8 +225,8 @@ def run_suite(suite: Suite, progress: Progress, experiment: str = "pipebench-sui
     repeats = repeats or suite.repeats
     env = environment(suite.device, suite.threads)
     cells = list(suite.cells)
-    record = {c.key: {"values": [], "counters": [], "run_ids": [], "status": "ok",
-                      "note": ""} for c in cells}
+    record = {c.key: {"values": [], "counters": [], "run_ids": [], "actions": [],
+                      "status": "ok", "note": ""} for c in cells}
     tags = {"pipebench.kind": "suite", "pipebench.suite": suite.name,
             "pipebench.git_sha": env["git_sha"], "pipebench.machine": env["machine"]}
     with tempfile.TemporaryDirectory(prefix="pipebench-suite-") as tmp, \
@@ -269,6 +270,8 @@ def run_suite(suite: Suite, progress: Progress, experiment: str = "pipebench-sui
                     continue
                 measured, counters = _measure(summary, speed)
                 rec["values"].append(measured)
+                rec["actions"].append(per_action(summary.final_metrics, max(1, sum(
+                    e.steps for e in summary.epochs))))
                 rec["counters"].append(counters)
                 rec["run_ids"].append(summary.run_id)
                 rec.update(config=summary.layout_params.get("config", "1"),
@@ -343,5 +346,6 @@ def _cell_result(cell: Cell, rec: dict) -> dict:
                                         "curve", "timeline", "per_worker")})
     out.update(metrics=stats, counters={k: first.get(k) for k in COUNTERS},
                counters_consistent=consistent, run_ids=rec["run_ids"],
+               actions=median_costs(rec.get("actions", [])),
                reached=sum(v[metrics.TIME_TO_TARGET] is not None for v in rec["values"]))
     return out

@@ -35,6 +35,9 @@ Schema ``pipebench-suite/1`` (``SCHEMA``)::
                              kind, busy], ...]}} (last repeat, last epoch) or null,
                 "per_worker": {"peak_memory_bytes": {rank: n}, "bubble_fraction":
                                {rank: x}} (last repeat),
+                "actions": {rank: {kind: {figure: x}}} (median over repeats, per
+                           minibatch: ``harness.reporting.action_costs``; empty for
+                           engines that log no thread use),
                 "reached": repeats that reached the target, "run_ids": [...]}],
      (a cell with no successful repeat has only its key fields, status, note, empty
      metrics and counters and no curve, timeline or per_worker)

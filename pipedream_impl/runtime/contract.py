@@ -17,8 +17,9 @@ the scaffolding every executor shares, so it is written once:
   state is); with ``RunSettings.checkpoint`` every epoch's report carries that state, and a
   ``("restore", state)`` control message loads it before the next epoch;
 - reports: ``start_epoch`` opens one, ``record`` books each timed span (busy or idle,
-  by action kind) and keeps it as a trace event, ``close_report`` stamps the end, peak
-  memory and the stage's weights.
+  by action kind) and keeps it as a trace event, ``timed`` also what each action cost its
+  thread (``thread_use``: CPU, system time, page faults, preemptions), ``close_report``
+  stamps the end, peak memory and the stage's weights.
 
 Trace events are ``(name, start, duration, busy)`` with ``start`` in wall-clock seconds
 (``time.time``, comparable across the processes of one machine); at most
@@ -35,7 +36,7 @@ from typing import ClassVar, TypeVar
 
 import torch
 
-from pipedream_impl.runtime import STAGE_EXECUTOR, TIMEOUT_S, WARMUP_STEPS
+from pipedream_impl.runtime import STAGE_EXECUTOR, TIMEOUT_S, WARMUP_STEPS, thread_use
 from pipedream_impl.runtime.device_clock import DeviceClock
 from pipedream_impl.runtime.faults import Fault, Progress, board_path
 from pipedream_impl.runtime.stage_lr import STAGE_LR_RULES
@@ -152,6 +153,7 @@ class EpochReport:
     warm_done_at: float | None = None  # wall clock when its warm-up minibatches finished
     done_at: list = field(default_factory=list)  # (minibatch, wall s) as each completes here
     cpu_s: float = 0.0  # this process's user + system CPU seconds in the epoch
+    action_use: dict = field(default_factory=dict)  # kind -> thread_use.FIELDS, timed actions
     end_at: float = 0.0
     state: dict | None = None
     checkpoint: dict | None = None  # the executor's whole state (RunSettings.checkpoint)
@@ -207,6 +209,7 @@ class Executor:
                                  if pieces.spec.progress_dir else None)
         self.epoch = 0
         self._cpu0 = time.process_time()  # reset by each start_epoch
+        self.use: dict[str, list[float]] = {}  # this epoch's thread use by action kind
 
     def optimizer_for(self, params) -> torch.optim.Optimizer:  # noqa: ANN001
         """The workload's optimizer (the run's learning rate) over ``params``."""
@@ -250,6 +253,7 @@ class Executor:
         # one anchor per epoch maps perf_counter spans onto the wall clock
         self._wall0, self._perf0 = time.time(), time.perf_counter()
         self._cpu0 = time.process_time()
+        self.use = {}
         self.clock = self._device_clock()
         return EpochReport(self.rank, stage, replica)
 
@@ -280,19 +284,22 @@ class Executor:
         waiting for the device, handing ``book(kind, t0, t1, busy)`` the span. ``waited``:
         whether the action's time was spent waiting on others (from ``run``'s result). A
         slowed action (straggler fault) is timed on the host, the device waited for on
-        both sides so that its span is its own, and kept in its place on the clock."""
+        both sides so that its span is its own, and kept in its place on the clock. What
+        the action cost this thread (``thread_use``) is booked under ``kind`` either way."""
         clock = self.clock
         if clock is not None and not self.slowed(kind):
-            begin = clock.start()
+            begin, use0 = clock.start(), thread_use.reading()
             result = run()
+            thread_use.add(self.use, kind, use0, thread_use.reading())  # the host's part
             clock.stop(begin, kind, not waited(result))
             return result
         if clock is not None:
             self.synchronize()
-        t0 = time.perf_counter()
+        t0, use0 = time.perf_counter(), thread_use.reading()
         result = run()
         self.synchronize()
         self.straggle(kind, t0)
+        thread_use.add(self.use, kind, use0, thread_use.reading())
         (clock.host if clock is not None else book)(kind, t0, time.perf_counter(),
                                                     not waited(result))
         return result
@@ -344,6 +351,7 @@ class Executor:
         self.progress.end_epoch()
         report.end_at = time.time()
         report.cpu_s = time.process_time() - self._cpu0
+        report.action_use = self.use
         report.peak_memory = _peak_memory_bytes(self.device)
         report.state = cpu_copy(module.state_dict())
         return report

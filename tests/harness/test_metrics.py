@@ -41,6 +41,10 @@ def test_keys_with_numbers() -> None:
     assert key(CELL_STAT, metric=THROUGHPUT, stat="_min") == "throughput_samples_per_s_min"
     assert key(THROUGHPUT) == "throughput_samples_per_s"
     assert parse("action_s_wait_worker_10") == (ACTION_TIME, {"kind": "wait", "worker": 10})
+    # the thread-use keys beside action_s_: each parses as itself, never as action_s
+    for name in (metrics.ACTION_CPU, metrics.ACTION_SYS, metrics.ACTION_FAULTS,
+                 metrics.ACTION_PREEMPTIONS):
+        assert parse(key(name, kind="SF", worker=2)) == (name, {"kind": "SF", "worker": 2})
     assert parse("bytes_link_12_to_3") == (LINK_BYTES, {"src": 12, "dst": 3})
     # a run metric is itself, not its suite cell's median; the max over workers is no worker
     assert parse("peak_memory_bytes_max") == ("peak_memory_bytes_max", {})
@@ -110,6 +114,8 @@ def test_the_lists_derived_from_the_schema() -> None:
                                "bubble_fraction": False}
     per_worker = {m.name: m.aggregate for m in metrics.SCHEMA if m.per_worker}
     assert per_worker == {"peak_memory_bytes": "max", "busy_s": "sum", "action_s": "sum",
-                          "stash_weight_bytes": "max", "stash_activation_bytes": "max",
-                          "idle_s": "sum", "bubble_fraction": "mean"}
+                          "action_cpu_s": "sum", "action_sys_s": "sum", "action_faults": "sum",
+                          "action_preemptions": "sum", "stash_weight_bytes": "max",
+                          "stash_activation_bytes": "max", "idle_s": "sum",
+                          "bubble_fraction": "mean"}
     assert all(m.unit and m.meaning.endswith(".") for m in metrics.SCHEMA)

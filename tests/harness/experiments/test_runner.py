@@ -31,6 +31,7 @@ def _trainer() -> SimpleNamespace:
     return SimpleNamespace(metrics=PipelineMetrics(
         bytes_sent=12800, samples=128, busy={0: 1.5, 1: 3.0}, idle={0: 0.5, 1: 1.0},
         action_s={0: {"SF": 0.25, "F": 1.25}, 1: {"wait": 1.0}},
+        action_use={0: {"F": [1.0, 0.125, 7.0, 2.0]}},
         peak_memory={0: 100, 1: 300}, stash_weights={0: 10, 1: 0},
         stash_activations={0: 1, 1: 2}, links={(0, 1): 500, (1, 0): 50}, actions=99,
         events_dropped=3))
@@ -50,7 +51,9 @@ def test_a_pipeline_run_logs_the_schemas_keys(reports_idle: bool) -> None:
         "final_quality": 0.3, "best_quality": 0.6,
         "total_time_s": 5.5, "epochs_run": 2, "bytes_communicated_per_sample": 100.0,
         "busy_s_worker_0": 1.5, **idle, "action_s_F_worker_0": 1.25,
-        "action_s_SF_worker_0": 0.25, "stash_weight_bytes_worker_0": 10,
+        "action_s_SF_worker_0": 0.25, "action_cpu_s_F_worker_0": 1.0,
+        "action_sys_s_F_worker_0": 0.125, "action_faults_F_worker_0": 7.0,
+        "action_preemptions_F_worker_0": 2.0, "stash_weight_bytes_worker_0": 10,
         "stash_activation_bytes_worker_0": 1,
         "busy_s_worker_1": 3.0, **idle1, "action_s_wait_worker_1": 1.0,
         "stash_weight_bytes_worker_1": 0, "stash_activation_bytes_worker_1": 2,

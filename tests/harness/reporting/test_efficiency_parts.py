@@ -16,8 +16,10 @@ eff = load_script("efficiency")
 
 
 def _row(f: float, b: float, u: float, sf: float = 0.0, sb: float = 0.0, idle: float = 0.0,
-         busy: float | None = None) -> dict[str, float]:
-    row = {"F": f, "B": b, "U": u, "SF": sf, "SB": sb, "RF": 0.0, "RB": idle}
+         busy: float | None = None, cpu: float | None = None) -> dict[str, float]:
+    """``cpu``: the compute actions' CPU time (default: all of their wall time)."""
+    row = {"F": f, "B": b, "U": u, "SF": sf, "SB": sb, "RF": 0.0, "RB": idle,
+           "cpu": f + b + u if cpu is None else cpu}
     if busy is not None:
         row.update(busy=busy, idle=idle)
     return row
@@ -27,15 +29,16 @@ ALONE = {"whole": _row(6.0, 8.0, 2.0),  # 16 ms: the whole model, one process
          0: _row(3.0, 4.0, 1.0),        # 8 ms
          1: _row(3.5, 4.5, 1.0)}        # 9 ms: the two stages sum to 17
 PIPED = {0: _row(3.2, 4.2, 1.1, sf=0.3, idle=2.0, busy=8.8),
-         1: _row(3.8, 4.9, 1.1, sb=0.4, idle=0.5, busy=10.2)}  # the busier one
+         1: _row(3.8, 4.9, 1.1, sb=0.4, idle=0.5, busy=10.2, cpu=9.5)}  # the busier one
 
 
 def test_each_part_is_the_difference_it_names_and_they_add_up() -> None:
     parts = eff._parts(15.0, ALONE, PIPED)
     values = [ms for _, ms in parts]
     # the single trainer: 15 ms -> 7.5 each; the runtime's whole model: 16 / 2 = 8;
-    # the two stages' mean: 17 / 2 = 8.5; stage 1 alone: 9; stage 1 piped: 9.8
-    assert values[:-1] == pytest.approx([7.5, 0.5, 0.5, 0.5, 0.8, 0.4, 0.5])
+    # the two stages' mean: 17 / 2 = 8.5; stage 1 alone: 9; stage 1 piped: 9.8, of which
+    # 9.5 on its core (0.5 more CPU time than alone) and 0.3 off it (0 alone)
+    assert values[:-1] == pytest.approx([7.5, 0.5, 0.5, 0.5, 0.5, 0.3, 0.4, 0.5])
     assert sum(values[:-1]) == pytest.approx(values[-1])
     assert values[-1] == pytest.approx(10.2 + 0.5)
     assert "worker 1" in parts[0][0] and "worker 1" in parts[-1][0]
@@ -57,3 +60,14 @@ def test_means_over_repeats_keep_the_parts_additive() -> None:
     assert row["busy"] == pytest.approx(row["F"] + row["B"] + row["U"] + row["SB"])
     assert row["busy"] == pytest.approx((8.2 + 10.6 + 10.2) / 3)
     assert row["idle"] == pytest.approx(1.3 / 3)
+
+
+def test_the_thread_table_shows_time_off_the_core_as_wall_above_cpu() -> None:
+    rows = {r: {**row, "sys": 0.25, "faults": 3.0, "preempt": 0.5} for r, row in
+            {**ALONE, "whole": ALONE["whole"]}.items()}
+    piped = {r: {**row, "sys": 0.5, "faults": 9.0, "preempt": 2.0} for r, row in PIPED.items()}
+    lines = eff._use_table(piped, rows)
+    body = [line.split(" | ") for line in lines if line.startswith("| 1 | pipeline")]
+    # stage 1 piped: wall 3.8 + 4.9 + 1.1 = 9.8, CPU 9.5, so 0.3 off its core
+    assert body == [["| 1", "pipeline", "9.80", "9.50", "0.50", "0.30", "9.0", "2.00 |"]]
+    assert any(line.startswith("| whole | one process | 16.00 | 16.00 |") for line in lines)

@@ -134,3 +134,26 @@ def test_threads_of_a_child_process_are_read() -> None:
     finally:
         child.kill()
         child.wait()
+
+
+def test_thread_use_is_summed_by_group_from_the_cells_actions() -> None:
+    costs = {"0": {"F": {"wall ms": 25.0, "CPU ms": 20.0, "off core ms": 5.0,
+                         "preemptions": 0.3},
+                   "B": {"wall ms": 50.0, "CPU ms": 45.0, "off core ms": 5.0,
+                         "preemptions": 0.2},
+                   "SF": {"wall ms": 5.0, "CPU ms": 1.0, "off core ms": 4.0,
+                          "preemptions": 0.05},
+                   "RB": {"wall ms": 150.0, "CPU ms": 0.5, "off core ms": 149.5,
+                          "preemptions": 0.0}}}
+    got = ab._thread_use([{"key": "c", "actions": costs}, {"key": "ddp", "actions": {}}])
+    compute, sends = "c w0 compute (F, B, I, W, U)", "c w0 sends (SF, SB)"
+    # by hand: F + B; SF alone; the receive (RB) belongs to no group
+    assert got == pytest.approx({f"{compute} CPU ms": 65.0, f"{compute} off core ms": 10.0,
+                                 f"{compute} preemptions": 0.5, f"{sends} CPU ms": 1.0,
+                                 f"{sends} off core ms": 4.0, f"{sends} preemptions": 0.05})
+    m = ab.Measured()
+    for side in ("A", "B"):
+        for figure, value in got.items():
+            m.threads.setdefault(figure, {"A": [], "B": []})[side].append(value)
+    text = ab.report(m, ["X=0"], "cmd", "abc")
+    assert f"| {compute} off core ms | 10.000 | 10.000 | 1.00 |" in text

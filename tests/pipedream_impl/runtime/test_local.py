@@ -46,6 +46,14 @@ def test_in_process_run_follows_pipedreams_update_rule() -> None:
         assert set(costs[stage]) == set(rep.action_s) == kinds
         assert ("RF" in kinds) == (stage > 0) and ("SF" in kinds) == (stage < 2)
         assert all(costs[stage][k] > 0 for k in kinds)
+        # what each kind cost the thread: booked for the same kinds, and one thread's CPU
+        # time within the wall time of its spans (the clocks are read inside them)
+        assert set(rep.action_use) == kinds
+        for k in kinds:
+            cpu_s, sys_s, faults, preemptions = rep.action_use[k]
+            assert sys_s >= 0 and 0 <= cpu_s <= rep.action_s[k] * 1.001
+            assert faults >= 0 and preemptions >= 0
+        assert rep.action_use["F"][0] > 0
     # the messages each stage sent: its output forward, its input's gradient backward
     msgs = typical_messages(executors)
     assert set(msgs) == {(0, "F"), (1, "F"), (1, "B"), (2, "B")}

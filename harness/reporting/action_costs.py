@@ -1,0 +1,77 @@
+"""What each kind of action cost a run's workers, per minibatch: wall time, the main
+thread's CPU time, the time it was off its core, and its involuntary context switches.
+
+Why: "our runtime is slower than torch's engine on the same schedule and split" (issue 24)
+is a claim about actions, not about throughput: the same F on the same layers either takes
+longer on one engine (more CPU time: more work, or slower work), or the thread is off its
+core for part of it (preempted by another thread, or woken late after a wait). A run of our
+runtime's pipelines or torch's logs both per worker and kind (``metrics.ACTION_TIME``,
+``ACTION_CPU``, ``ACTION_PREEMPTIONS``); this reads them back out of a run's metrics,
+per minibatch (``per_action``); a suite keeps each cell's medians over its repeats
+(``median_costs``: the result's ``actions``), which ``scripts/action_costs.py`` (engines
+side by side) and ``scripts/env_ab.py`` (a setting against the default) read.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Iterable, Mapping, Sequence
+
+from harness import metrics
+from pipedream_impl.runtime.faults import COMPUTE_KINDS  # F, B, I, W, U: not waits or sends
+
+__all__ = ["FIGURES", "GROUPS", "grouped", "median_costs", "per_action"]
+
+# per kind and worker: wall ms, CPU ms, off core ms (wall above CPU), preemptions
+FIGURES = ("wall ms", "CPU ms", "off core ms", "preemptions")
+# the kinds that add up to a group (waits and receives belong to none: off their core
+# by design)
+GROUPS = {f"compute ({', '.join(COMPUTE_KINDS)})": COMPUTE_KINDS, "sends (SF, SB)": ("SF", "SB")}
+
+
+def per_action(run_metrics: Mapping[str, float], minibatches: int) \
+        -> dict[int, dict[str, dict[str, float]]]:
+    """``{worker: {kind: {figure: value per minibatch}}}`` (``FIGURES``) of the kinds whose
+    thread use the run logged (our runtime's pipelines and torch's; none for the others)."""
+    out: dict[int, dict[str, dict[str, float]]] = {}
+    wall = {(int(f["worker"]), f["kind"]): v
+            for f, v in metrics.select(run_metrics, metrics.ACTION_TIME)}
+    switched = {(int(f["worker"]), f["kind"]): v
+                for f, v in metrics.select(run_metrics, metrics.ACTION_PREEMPTIONS)}
+    for f, cpu in metrics.select(run_metrics, metrics.ACTION_CPU):
+        at = (int(f["worker"]), f["kind"])
+        w = wall.get(at, 0.0)
+        out.setdefault(at[0], {})[at[1]] = dict(zip(FIGURES, (
+            1e3 * w / minibatches, 1e3 * cpu / minibatches, 1e3 * (w - cpu) / minibatches,
+            switched.get(at, 0.0) / minibatches), strict=True))
+    return dict(sorted(out.items()))
+
+
+def grouped(costs: Mapping[int, Mapping[str, Mapping[str, float]]],
+            groups: Mapping[str, Iterable[str]] = GROUPS) \
+        -> dict[int, dict[str, dict[str, float]]]:
+    """``per_action``'s kinds summed into ``groups``: ``{worker: {group: {figure: value}}}``
+    (a group none of whose kinds ran is left out)."""
+    out: dict[int, dict[str, dict[str, float]]] = {}
+    for w, kinds in costs.items():
+        for name, members in groups.items():
+            ran = [kinds[k] for k in members if k in kinds]
+            if ran:
+                out.setdefault(w, {})[name] = {f: sum(k[f] for k in ran) for f in FIGURES}
+    return out
+
+
+def median_costs(repeats: Sequence[Mapping[int, Mapping[str, Mapping[str, float]]]]) \
+        -> dict[str, dict[str, dict[str, float]]]:
+    """Each (worker, kind, figure)'s median over ``repeats`` (``per_action`` of each run),
+    as a suite result keeps it: ``{"worker": {kind: {figure: value}}}`` (JSON keys)."""
+    got: dict[tuple[int, str, str], list[float]] = {}
+    for costs in repeats:
+        for w, kinds in costs.items():
+            for kind, figures in kinds.items():
+                for f, v in figures.items():
+                    got.setdefault((int(w), kind, f), []).append(v)
+    out: dict[str, dict[str, dict[str, float]]] = {}
+    for (w, kind, f), values in sorted(got.items()):
+        out.setdefault(str(w), {}).setdefault(kind, {})[f] = statistics.median(values)
+    return out
