@@ -234,7 +234,8 @@ SCHEMA: tuple[Metric, ...] = (
     Metric(ACTION_CPU, "s", "CPU time (user and system) of the worker's main thread in "
            "its actions of one kind (`pipedream_impl/runtime/thread_use.py`); where it is "
            "below `action_s_<kind>` the thread was off its core (waiting, preempted, or woken "
-           "late). On a GPU: the host's part, queueing the work.", runs=_TIMED,
+           "late). Actions timed on the host's clock only (not those a GPU's device clock "
+           "times).", runs=_TIMED,
            pattern=ACTION_CPU + "_{kind}" + _W, aggregate="sum"),
     Metric(ACTION_SYS, "s", "The part of `action_cpu_s_<kind>` spent in the kernel (its "
            "split is sampled at the kernel's timer tick: exact only summed over many "

@@ -1,13 +1,15 @@
-"""Engines side by side, action by action: what each kind of action cost each worker per
-minibatch in a `pipebench bench` result's runs (wall, the main thread's CPU time, time off
-its core, preemptions).
+"""What each kind of action cost each worker per minibatch, cell by cell, in a bench result.
+
+For every cell of a `pipebench bench --json` result: the wall time, the main thread's CPU
+time, the time off its core and the preemptions of each worker's actions, by kind.
 
 Why: a bench table says our PipeDream-Flush is slower than torch's 1F1B on the same split
 (issue 24); this says in which actions, and whether the extra time is more CPU work or the
 thread off its core. It reads the result's JSON (``bench --json``: each cell keeps, per
 worker and kind, the median over its repeats of each figure per minibatch, from the runs'
 thread-use metrics, ``harness.reporting.action_costs``; our runtime's pipelines and torch's
-log them, cells of other engines are listed as not timed) and prints them a table a cell.
+log them, cells of other engines are listed as not timed) and prints one table a cell,
+the cells in the result's order (a group's systems one after another).
 Nothing is run.
 
 Usage: ``.venv/bin/python scripts/action_costs.py RESULT.json [-o OUT.md]``.

@@ -198,13 +198,18 @@ def measure(bench_args: list[str], assignments: list[str], rounds: int,
     return m
 
 
-def _row(name: str, a: list[float], b: list[float], digits: int) -> str:
-    if not a or not b or min(a + b) <= 0:
+def _row(name: str, a: list[float], b: list[float], digits: int,
+         positive: bool = True) -> str:
+    """One figure's runs, A against B. ``positive``: a figure of 0 or less is no
+    measurement (a throughput); else zero is data (a count of preemptions), and B / A is
+    shown where A's median is above 0."""
+    if not a or not b or (positive and min(a + b) <= 0):
         return (f"| {name} | n/a: {len(a)} A run(s), {len(b)} B run(s) with a positive "
                 "figure | | | | | |")
     p = mannwhitneyu(a, b, alternative="two-sided").pvalue
     ma, mb = statistics.median(a), statistics.median(b)
-    return (f"| {name} | {ma:.{digits}f} | {mb:.{digits}f} | {mb / ma:.2f} | {p:.3f} | "
+    ratio = f"{mb / ma:.2f}" if ma > 0 else "-"
+    return (f"| {name} | {ma:.{digits}f} | {mb:.{digits}f} | {ratio} | {p:.3f} | "
             f"{', '.join(f'{v:.{digits}f}' for v in sorted(a))} | "
             f"{', '.join(f'{v:.{digits}f}' for v in sorted(b))} |")
 
@@ -259,11 +264,13 @@ def report(m: Measured, assignments: list[str], command: str, git: str) -> str:
     if use:
         lines += ["", "What the actions cost each worker's main thread, per minibatch, in "
                   "each cell's run (its thread-use metrics: `pipedream_impl/runtime/"
-                  "thread_use.py`), summed over the kinds of each group: CPU time, time off "
-                  "the core (the group's wall time above its CPU time: preempted, or woken "
-                  "late) and involuntary context switches.", "",
+                  "thread_use.py`; actions timed on the host's clock), summed over the "
+                  "kinds of each group: CPU time, time off the core (the group's wall time "
+                  "above its CPU time: preempted, or woken late) and involuntary context "
+                  "switches. p: as above; B / A '-' where A's median is 0.", "",
                   head.format("cell, worker, actions, figure"), "|---|---|---|---|---|---|---|"]
-        lines += [_row(f, m.threads[f]["A"], m.threads[f]["B"], 3) for f in use]
+        lines += [_row(f, m.threads[f]["A"], m.threads[f]["B"], 3, positive=False)
+                  for f in use]
     if any(m.failed.values()):
         lines += ["", f"Runs that failed (left out): A {m.failed['A']}, B {m.failed['B']}."]
     return "\n".join(lines) + "\n"

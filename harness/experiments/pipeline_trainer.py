@@ -49,8 +49,10 @@ class PipelineMetrics:
     busy: dict[int, float] | None = None
     idle: dict[int, float] | None = None
     action_s: dict[int, dict[str, float]] | None = None  # our runtime: seconds per action kind
-    # per rank and action kind, what the actions cost their thread (thread_use.FIELDS)
+    # per rank and action kind, what the actions cost their thread (thread_use.FIELDS);
+    # not whole for a run resumed from a checkpoint that did not keep it (then not logged)
     action_use: dict[int, dict[str, list[float]]] | None = None
+    action_use_whole: bool = True
     peak_memory: dict[int, int] | None = None
     stash_weights: dict[int, int] | None = None
     stash_activations: dict[int, int] | None = None
@@ -215,6 +217,7 @@ class PipelineTrainer:
         c, m = trainer_state["counters"], self.metrics
         m.samples, m.busy, m.idle, m.action_s = c["samples"], c["busy"], c["idle"], c["action_s"]
         m.action_use = c.get("action_use")  # absent from checkpoints made before it existed
+        m.action_use_whole = "action_use" in c
         m.actions, m.events_dropped = c["actions"], c["events_dropped"]
         self.link_base, self.bytes_base = dict(c["links"] or {}), c["bytes_sent"]
 

@@ -283,7 +283,8 @@ def _final_metrics(cfg: RunConfig, trainer, summary: RunSummary,  # noqa: ANN001
                     idle / max(1e-12, busy + idle)
             for kind, secs in sorted((m.action_s or {}).get(r, {}).items()):
                 extra[metrics.key(metrics.ACTION_TIME, kind=kind, worker=r)] = secs
-            extra.update(_thread_use(r, (m.action_use or {}).get(r, {})))
+            if m.action_use_whole:  # else it would miss the epochs before a resume
+                extra.update(_thread_use(r, (m.action_use or {}).get(r, {})))
             extra[metrics.key(metrics.STASH_WEIGHTS, worker=r)] = m.stash_weights[r]
             extra[metrics.key(metrics.STASH_ACTIVATIONS, worker=r)] = m.stash_activations[r]
         for (a, b), n in m.links.items():

@@ -6,10 +6,12 @@ is a claim about actions, not about throughput: the same F on the same layers ei
 longer on one engine (more CPU time: more work, or slower work), or the thread is off its
 core for part of it (preempted by another thread, or woken late after a wait). A run of our
 runtime's pipelines or torch's logs both per worker and kind (``metrics.ACTION_TIME``,
-``ACTION_CPU``, ``ACTION_PREEMPTIONS``); this reads them back out of a run's metrics,
-per minibatch (``per_action``); a suite keeps each cell's medians over its repeats
-(``median_costs``: the result's ``actions``), which ``scripts/action_costs.py`` (engines
-side by side) and ``scripts/env_ab.py`` (a setting against the default) read.
+``ACTION_CPU``, ``ACTION_PREEMPTIONS``; actions timed on the host's clock, not a GPU's
+device clock); ``per_action`` reads them back out of a run's metrics, per minibatch of the
+run (a replicated stage's worker takes every r-th minibatch, so its figures are about 1/r
+of its own per minibatch). A suite keeps each cell's medians over its repeats
+(``median_costs``: the result's ``actions``), which ``scripts/action_costs.py`` (cell by
+cell) and ``scripts/env_ab.py`` (a setting against the default) read.
 """
 
 from __future__ import annotations
@@ -26,7 +28,8 @@ __all__ = ["FIGURES", "GROUPS", "grouped", "median_costs", "per_action"]
 FIGURES = ("wall ms", "CPU ms", "off core ms", "preemptions")
 # the kinds that add up to a group (waits and receives belong to none: off their core
 # by design)
-GROUPS = {f"compute ({', '.join(COMPUTE_KINDS)})": COMPUTE_KINDS, "sends (SF, SB)": ("SF", "SB")}
+GROUPS = {f"compute ({', '.join(COMPUTE_KINDS)})": COMPUTE_KINDS,
+          "sends (SF, SB, ST)": ("SF", "SB", "ST")}
 
 
 def per_action(run_metrics: Mapping[str, float], minibatches: int) \
@@ -64,7 +67,8 @@ def grouped(costs: Mapping[int, Mapping[str, Mapping[str, float]]],
 def median_costs(repeats: Sequence[Mapping[int, Mapping[str, Mapping[str, float]]]]) \
         -> dict[str, dict[str, dict[str, float]]]:
     """Each (worker, kind, figure)'s median over ``repeats`` (``per_action`` of each run),
-    as a suite result keeps it: ``{"worker": {kind: {figure: value}}}`` (JSON keys)."""
+    as a suite result keeps it: ``{"worker": {kind: {figure: value}}}`` (JSON keys). The
+    time off the core is the medians' difference (wall above CPU), so that a row adds up."""
     got: dict[tuple[int, str, str], list[float]] = {}
     for costs in repeats:
         for w, kinds in costs.items():
@@ -74,4 +78,7 @@ def median_costs(repeats: Sequence[Mapping[int, Mapping[str, Mapping[str, float]
     out: dict[str, dict[str, dict[str, float]]] = {}
     for (w, kind, f), values in sorted(got.items()):
         out.setdefault(str(w), {}).setdefault(kind, {})[f] = statistics.median(values)
+    for kinds in out.values():
+        for figures in kinds.values():
+            figures[FIGURES[2]] = figures[FIGURES[0]] - figures[FIGURES[1]]
     return out

@@ -4,7 +4,8 @@ versions (weight_stash), the process launcher (launcher; workers that connect ba
 remote; across a Slurm allocation: srun), all ranks in one process (local) and the
 torchrun entry point.
 
-``switch`` reads the runtime's on/off environment switches (``PIPEBENCH_RECV_AHEAD``,
+``thread_use`` reads what each action costs the thread running it. ``switch`` reads the
+runtime's on/off environment switches (``PIPEBENCH_RECV_AHEAD``,
 ``PIPEBENCH_PIN``, ``PIPEBENCH_NO_HALT``) by one rule.
 
 The two names below are how a registry or a spec refers to our executor and launcher

@@ -17,8 +17,9 @@ the scaffolding every executor shares, so it is written once:
   state is); with ``RunSettings.checkpoint`` every epoch's report carries that state, and a
   ``("restore", state)`` control message loads it before the next epoch;
 - reports: ``start_epoch`` opens one, ``record`` books each timed span (busy or idle,
-  by action kind) and keeps it as a trace event, ``timed`` also what each action cost its
-  thread (``thread_use``: CPU, system time, page faults, preemptions), ``close_report``
+  by action kind) and keeps it as a trace event, ``timed`` also what each host-timed
+  action cost its thread (``thread_use``: CPU, system time, page faults, preemptions),
+  ``close_report``
   stamps the end, peak memory and the stage's weights.
 
 Trace events are ``(name, start, duration, busy)`` with ``start`` in wall-clock seconds
@@ -284,24 +285,28 @@ class Executor:
         waiting for the device, handing ``book(kind, t0, t1, busy)`` the span. ``waited``:
         whether the action's time was spent waiting on others (from ``run``'s result). A
         slowed action (straggler fault) is timed on the host, the device waited for on
-        both sides so that its span is its own, and kept in its place on the clock. What
-        the action cost this thread (``thread_use``) is booked under ``kind`` either way."""
+        both sides so that its span is its own, and kept in its place on the clock. Where
+        the host's clock times the action (no device clock this epoch), what it cost this
+        thread (``thread_use``) is booked under ``kind`` too: on the device clock a span
+        is the device's time, which the host's CPU time says nothing about."""
         clock = self.clock
         if clock is not None and not self.slowed(kind):
-            begin, use0 = clock.start(), thread_use.reading()
+            begin = clock.start()
             result = run()
-            thread_use.add(self.use, kind, use0, thread_use.reading())  # the host's part
             clock.stop(begin, kind, not waited(result))
             return result
         if clock is not None:
             self.synchronize()
-        t0, use0 = time.perf_counter(), thread_use.reading()
+        t0 = time.perf_counter()
+        use0 = thread_use.reading() if clock is None else None
         result = run()
         self.synchronize()
         self.straggle(kind, t0)
-        thread_use.add(self.use, kind, use0, thread_use.reading())
-        (clock.host if clock is not None else book)(kind, t0, time.perf_counter(),
-                                                    not waited(result))
+        use1 = thread_use.reading() if use0 is not None else None
+        t1 = time.perf_counter()  # the readings inside the span: its CPU time within it
+        (clock.host if clock is not None else book)(kind, t0, t1, not waited(result))
+        if use0 is not None:
+            thread_use.add(self.use, kind, use0, use1)
         return result
 
     def record(self, report: EpochReport, name: str, t0: float, t1: float,

@@ -6,7 +6,8 @@ Why: a pipelined stage's actions take longer than the same actions run in one pr
 have been off its core (preempted, or woken late: wall time above CPU time), in the kernel
 (page faults of fresh buffers: system time and faults), or on its core the whole time but
 slower (CPU time itself grown). The kernel keeps these counts per thread; reading them
-around every timed action costs two system calls (about a microsecond each here).
+around every host-timed action costs four system calls (``getrusage`` and the thread CPU
+clock, which the vDSO does not serve, at each end; about a microsecond each here).
 
 ``reading`` takes one snapshot; ``add`` books the difference of two under an action kind,
 into ``{kind: [cpu_s, sys_s, faults, preemptions]}`` (``FIELDS``' order). CPU time is the
@@ -14,6 +15,8 @@ thread's CPU clock (``CLOCK_THREAD_CPUTIME_ID``: exact at the call); the kernel'
 it into user and system time is sampled at its timer tick, so ``sys_s`` is exact only
 summed over many actions. Only the calling thread is counted: gloo's transport threads
 and an all-reduce thread are not (their CPU shows in the epoch's process CPU time).
+Actions timed by device events (a GPU's device clock) are not read: their span is the
+device's time, not the thread's.
 """
 
 from __future__ import annotations

@@ -39,18 +39,23 @@ def test_per_action_divides_by_the_minibatches_and_finds_time_off_the_core() -> 
     groups = grouped(got)
     compute = next(g for g in groups[0] if g.startswith("compute"))
     assert groups[0][compute]["wall ms"] == pytest.approx(20.0)
-    assert groups[0]["sends (SF, SB)"]["CPU ms"] == pytest.approx(1.25)
-    assert "sends (SF, SB)" not in groups[1]  # worker 1 sent nothing here
+    assert groups[0]["sends (SF, SB, ST)"]["CPU ms"] == pytest.approx(1.25)
+    assert "sends (SF, SB, ST)" not in groups[1]  # worker 1 sent nothing here
 
 
 def test_a_cell_keeps_each_figures_median_over_its_repeats_and_the_script_shows_it() -> None:
     repeats = [per_action(_run(0, F=(0.2, 0.2, 0.0)), 20),
                per_action(_run(0, F=(0.4, 0.2, 2.0)), 20),
-               per_action(_run(0, F=(1.0, 0.3, 4.0)), 20)]
+               per_action(_run(0, F=(1.2, 0.3, 4.0)), 20)]
     kept = median_costs(repeats)
-    # wall 10, 20, 50 ms -> 20; CPU 10, 10, 15 -> 10; off core 0, 10, 35 -> 10; 0, .1, .2
+    # wall 10, 20, 60 ms -> 20; CPU 10, 10, 15 -> 10; off core: the medians' 20 - 10 (the
+    # runs' own 0, 10, 45 have a median of 10 too, by chance; below, the runs' own 10, 10,
+    # 50 have a median of 10, the medians' difference is 40 - 10)
     assert kept == {"0": {"F": pytest.approx(dict(zip(FIGURES, (20.0, 10.0, 10.0, 0.1),
                                                       strict=True)))}}
+    skewed = median_costs([per_action(_run(0, F=w_c), 20) for w_c in
+                           ((0.3, 0.1, 0.0), (0.8, 0.6, 0.0), (1.2, 0.2, 0.0))])
+    assert skewed["0"]["F"]["off core ms"] == pytest.approx(40.0 - 10.0)
     assert median_costs([]) == {}
     result = {"suite": {"name": "adhoc", "repeats": 3},
               "environment": {"git_sha": "abc", "hardware": "x"},

@@ -146,7 +146,7 @@ def test_thread_use_is_summed_by_group_from_the_cells_actions() -> None:
                    "RB": {"wall ms": 150.0, "CPU ms": 0.5, "off core ms": 149.5,
                           "preemptions": 0.0}}}
     got = ab._thread_use([{"key": "c", "actions": costs}, {"key": "ddp", "actions": {}}])
-    compute, sends = "c w0 compute (F, B, I, W, U)", "c w0 sends (SF, SB)"
+    compute, sends = "c w0 compute (F, B, I, W, U)", "c w0 sends (SF, SB, ST)"
     # by hand: F + B; SF alone; the receive (RB) belongs to no group
     assert got == pytest.approx({f"{compute} CPU ms": 65.0, f"{compute} off core ms": 10.0,
                                  f"{compute} preemptions": 0.5, f"{sends} CPU ms": 1.0,
@@ -157,3 +157,6 @@ def test_thread_use_is_summed_by_group_from_the_cells_actions() -> None:
             m.threads.setdefault(figure, {"A": [], "B": []})[side].append(value)
     text = ab.report(m, ["X=0"], "cmd", "abc")
     assert f"| {compute} off core ms | 10.000 | 10.000 | 1.00 |" in text
+    m.threads["c w1 sends (SF, SB, ST) preemptions"] = {"A": [0.0, 0.0], "B": [0.0, 0.1]}
+    text = ab.report(m, ["X=0"], "cmd", "abc")  # no preemption is a measurement, not n/a
+    assert "| c w1 sends (SF, SB, ST) preemptions | 0.000 | 0.050 | - |" in text

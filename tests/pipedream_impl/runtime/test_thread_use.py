@@ -48,8 +48,10 @@ def test_add_sums_each_field_under_its_kind() -> None:
 
 def test_a_spinning_thread_is_on_its_core_and_a_sleeping_one_is_not() -> None:
     spun = _used(lambda: _spin(0.2))
-    assert spun["cpu_s"] <= spun["wall"]  # one thread: never more CPU time than wall time
-    assert spun["cpu_s"] >= 0.5 * spun["wall"]  # most of it, on a machine of 2 cores
+    # one thread: never more CPU time than wall time (the two clocks may be slewed apart
+    # by a hair); and a good part of it, even with other tests' processes on the 2 cores
+    assert spun["cpu_s"] <= spun["wall"] * 1.001
+    assert spun["cpu_s"] >= 0.25 * spun["wall"]
     slept = _used(lambda: time.sleep(0.1))
     assert slept["wall"] >= 0.1 and slept["cpu_s"] < 0.02
     assert all(slept[f] >= 0 for f in FIELDS)
@@ -57,7 +59,8 @@ def test_a_spinning_thread_is_on_its_core_and_a_sleeping_one_is_not() -> None:
 
 def test_touching_fresh_pages_counts_a_fault_each() -> None:
     pages = 128  # 512 KiB with 4 KiB pages: too small for a transparent huge page
-    area = mmap.mmap(-1, pages * PAGE)  # anonymous: no page is there before its first touch
+    # private and anonymous: no page is there before its first touch
+    area = mmap.mmap(-1, pages * PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
 
     def touch() -> None:
         for i in range(pages):
