@@ -19,8 +19,7 @@ the scaffolding every executor shares, so it is written once:
 - reports: ``start_epoch`` opens one, ``record`` books each timed span (busy or idle,
   by action kind) and keeps it as a trace event, ``timed`` also what each host-timed
   action cost its thread (``thread_use``: CPU, system time, page faults, preemptions),
-  ``close_report``
-  stamps the end, peak memory and the stage's weights.
+  ``close_report`` stamps the end, peak memory and the stage's weights.
 
 Trace events are ``(name, start, duration, busy)`` with ``start`` in wall-clock seconds
 (``time.time``, comparable across the processes of one machine); at most

@@ -133,18 +133,21 @@ def test_the_server_received_every_run_of_the_suite(server: str, suite_result: d
 def test_cells_keep_what_each_action_cost_from_their_runs_metrics(
         server: str, suite_result: dict) -> None:
     """A cell's ``actions`` against its runs as the server stored them: each figure the
-    median over the repeats of the run's own metric per minibatch (2 epochs of 1 step);
-    one thread's CPU time within its actions' wall time; engines that time no actions of
-    their own (DDP, the single trainer) keep none."""
+    median over the repeats of the run's own metric per minibatch (the cell's minibatches
+    per epoch times the run's epochs); one thread's CPU time within its actions' wall
+    time; engines that time no actions of their own (DDP, the single trainer) keep none."""
     cells = {c["system"]: c for c in suite_result["cells"]}
     assert cells["ddp"]["actions"] == {} == cells["single"]["actions"]
     runs = [_client(server).get_run(r).data.metrics for r in cells["pipedream"]["run_ids"]]
     kept = cells["pipedream"]["actions"]
     assert set(kept) == {"0", "1"} and {"F", "B", "U", "SF"} <= set(kept["0"])
+    per_epoch = cells["pipedream"]["counters"]["steps_per_epoch"]
     for w, kinds in kept.items():
         for kind, figures in kinds.items():
-            wall = sorted(1e3 * r[f"action_s_{kind}_worker_{w}"] / 2 for r in runs)
-            cpu = sorted(1e3 * r[f"action_cpu_s_{kind}_worker_{w}"] / 2 for r in runs)
+            wall = [1e3 * r[f"action_s_{kind}_worker_{w}"] / (per_epoch * r["epochs_run"])
+                    for r in runs]
+            cpu = [1e3 * r[f"action_cpu_s_{kind}_worker_{w}"] / (per_epoch * r["epochs_run"])
+                   for r in runs]
             assert figures["wall ms"] == pytest.approx(sum(wall) / 2)  # 2 repeats' median
             assert figures["CPU ms"] == pytest.approx(sum(cpu) / 2)
             assert 0 <= figures["CPU ms"] <= figures["wall ms"] * 1.001
