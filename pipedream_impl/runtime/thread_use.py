@@ -7,7 +7,9 @@ have been off its core (preempted, or woken late: wall time above CPU time), in 
 (page faults of fresh buffers: system time and faults), or on its core the whole time but
 slower (CPU time itself grown). The kernel keeps these counts per thread; reading them
 around every host-timed action costs four system calls (``getrusage`` and the thread CPU
-clock, which the vDSO does not serve, at each end; about a microsecond each here).
+clock, which the vDSO does not serve, at each end): a reading took 1.3 us here, two
+readings and the booking about 3 us an action, under 0.3% of a tiny VGG-16 minibatch's
+actions and about 1% at microbatches of 4 samples.
 
 ``reading`` takes one snapshot; ``add`` books the difference of two under an action kind,
 into ``{kind: [cpu_s, sys_s, faults, preemptions]}`` (``FIELDS``' order). CPU time is the
@@ -37,7 +39,12 @@ def reading() -> Reading:
 
 
 def add(into: dict[str, list[float]], kind: str, before: Reading, after: Reading) -> None:
-    """Book ``after - before`` under ``kind`` in ``into`` (summed with what is there)."""
-    acc = into.setdefault(kind, [0.0] * len(FIELDS))
-    for i, (a, b) in enumerate(zip(before, after, strict=True)):
-        acc[i] += b - a
+    """Book ``after - before`` under ``kind`` in ``into`` (summed with what is there).
+    Written out field by field: it runs after every action."""
+    acc = into.get(kind)
+    if acc is None:
+        acc = into[kind] = [0.0] * len(FIELDS)
+    acc[0] += after[0] - before[0]
+    acc[1] += after[1] - before[1]
+    acc[2] += after[2] - before[2]
+    acc[3] += after[3] - before[3]
