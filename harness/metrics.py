@@ -35,7 +35,7 @@ __all__ = [
     "FINAL_QUALITY", "IDLE", "LINK_BYTES", "PEAK_MEMORY", "PEAK_MEMORY_MAX", "QUALITY",
     "RUN_METRICS", "SCHEMA", "STASH_ACTIVATIONS", "STASH_WEIGHTS", "SUITE_METRICS",
     "STAGE_MEASURED", "STAGE_PREDICTED", "SYSTEM_THROUGHPUT", "TARGET_METRICS", "THROUGHPUT",
-    "THROUGHPUT_PER_REFERENCE",
+    "THREAD_USE", "THROUGHPUT_PER_REFERENCE",
     "REFERENCE_SPEED", "DRIFT_PAIRS", "TIME_TO_TARGET", "TOTAL_TIME", "STEADY_THROUGHPUT",
     "STEADY_SPREAD", "STEADY_WINDOWS", "STEADY_PER_REFERENCE", "CPU_PER_SAMPLE",
     "TRACE_EVENTS_DROPPED", "TRAIN_LOSS", "Metric", "aggregate", "get", "key", "mean_bubble",
@@ -73,6 +73,8 @@ ACTION_CPU = "action_cpu_s"
 ACTION_SYS = "action_sys_s"
 ACTION_FAULTS = "action_faults"
 ACTION_PREEMPTIONS = "action_preemptions"
+# what a worker's thread use is logged as, in pipedream_impl.runtime.thread_use.FIELDS' order
+THREAD_USE = (ACTION_CPU, ACTION_SYS, ACTION_FAULTS, ACTION_PREEMPTIONS)
 STASH_WEIGHTS = "stash_weight_bytes"
 STASH_ACTIVATIONS = "stash_activation_bytes"
 LINK_BYTES = "bytes_link"

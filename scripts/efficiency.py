@@ -52,8 +52,8 @@ KINDS = ("F", "B", "U", "SF", "SB", "RF", "RB")
 COMPUTE = ("F", "B", "U")
 # what the compute actions cost the worker's thread, in thread_use.FIELDS' order:
 # (row key, the metric a pipeline run logs it as, its scale into the row's unit)
-USE = (("cpu", metrics.ACTION_CPU, 1e3), ("sys", metrics.ACTION_SYS, 1e3),
-       ("faults", metrics.ACTION_FAULTS, 1.0), ("preempt", metrics.ACTION_PREEMPTIONS, 1.0))
+USE = tuple(zip(("cpu", "sys", "faults", "preempt"), metrics.THREAD_USE, (1e3, 1e3, 1.0, 1.0),
+                strict=True))
 
 
 def _config(system: str, workers: int, args: argparse.Namespace) -> RunConfig:

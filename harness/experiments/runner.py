@@ -257,11 +257,9 @@ def _stage_times(trainer, batch_size: int, progress: Progress) -> dict[str, floa
 
 def _thread_use(rank: int, use: dict[str, list[float]]) -> dict[str, float]:
     """A worker's thread use by action kind (``thread_use.FIELDS``), as metrics."""
-    names = (metrics.ACTION_CPU, metrics.ACTION_SYS, metrics.ACTION_FAULTS,
-             metrics.ACTION_PREEMPTIONS)
     return {metrics.key(name, kind=kind, worker=rank): value
             for kind, values in sorted(use.items())
-            for name, value in zip(names, values, strict=True)}
+            for name, value in zip(metrics.THREAD_USE, values, strict=True)}
 
 
 def _final_metrics(cfg: RunConfig, trainer, summary: RunSummary,  # noqa: ANN001

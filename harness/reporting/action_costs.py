@@ -70,15 +70,17 @@ def median_costs(repeats: Sequence[Mapping[int, Mapping[str, Mapping[str, float]
     as a suite result keeps it: ``{"worker": {kind: {figure: value}}}`` (JSON keys). The
     time off the core is the medians' difference (wall above CPU), so that a row adds up."""
     got: dict[tuple[int, str, str], list[float]] = {}
+    off = FIGURES[2]  # derived below from the other two medians, not a median of its own
     for costs in repeats:
         for w, kinds in costs.items():
             for kind, figures in kinds.items():
                 for f, v in figures.items():
-                    got.setdefault((int(w), kind, f), []).append(v)
+                    if f != off:
+                        got.setdefault((int(w), kind, f), []).append(v)
     out: dict[str, dict[str, dict[str, float]]] = {}
     for (w, kind, f), values in sorted(got.items()):
         out.setdefault(str(w), {}).setdefault(kind, {})[f] = statistics.median(values)
     for kinds in out.values():
         for figures in kinds.values():
-            figures[FIGURES[2]] = figures[FIGURES[0]] - figures[FIGURES[1]]
+            figures[off] = figures[FIGURES[0]] - figures[FIGURES[1]]
     return out

@@ -41,6 +41,9 @@ def test_keys_with_numbers() -> None:
     assert key(CELL_STAT, metric=THROUGHPUT, stat="_min") == "throughput_samples_per_s_min"
     assert key(THROUGHPUT) == "throughput_samples_per_s"
     assert parse("action_s_wait_worker_10") == (ACTION_TIME, {"kind": "wait", "worker": 10})
+    # thread use is logged field by field as thread_use.FIELDS reads it
+    from pipedream_impl.runtime.thread_use import FIELDS
+    assert [f"action_{f}" for f in FIELDS] == list(metrics.THREAD_USE)
     # the thread-use keys beside action_s_: each parses as itself, never as action_s
     for name in (metrics.ACTION_CPU, metrics.ACTION_SYS, metrics.ACTION_FAULTS,
                  metrics.ACTION_PREEMPTIONS):
