@@ -1,7 +1,8 @@
 """What each kind of action cost each worker per minibatch, cell by cell, in a bench result.
 
 For every cell of a `pipebench bench --json` result: the wall time, the main thread's CPU
-time, the time off its core and the preemptions of each worker's actions, by kind.
+time, the time off its core, the preemptions and the minor page faults of each worker's
+actions, by kind.
 
 Why: a bench table says our PipeDream-Flush is slower than torch's 1F1B on the same split
 (issue 24); this says in which actions, and whether the extra time is more CPU work or the
@@ -38,8 +39,9 @@ def report(result: dict, command: str) -> str:
              "microbatches), the median over the cell's repeats: the "
              "action's wall time, its worker's main thread's CPU time, the time that thread "
              "was off its core (the median wall above the median CPU: waiting, preempted, or "
-             "woken late) and its "
-             "involuntary context switches (`pipedream_impl/runtime/thread_use.py`).", ""]
+             "woken late), its involuntary context switches and its minor page faults "
+             "(`pipedream_impl/runtime/thread_use.py`; '-': a result kept before faults "
+             "were).", ""]
     for cell in result["cells"]:
         costs = cell.get("actions") or {}
         lines += [f"## {cell['key']}", ""]
@@ -47,7 +49,7 @@ def report(result: dict, command: str) -> str:
             lines += ["Not timed by action (an engine that logs no thread use, or a "
                       "failed cell).", ""]
             continue
-        rows = [[w, kind, *(f"{figures[f]:.3f}" for f in FIGURES)]
+        rows = [[w, kind, *(f"{figures[f]:.3f}" if f in figures else "-" for f in FIGURES)]
                 for w, kinds in costs.items() for kind, figures in kinds.items()]
         lines += [*markdown_table(["worker", "kind", *FIGURES], rows), ""]
     return "\n".join(lines)

@@ -28,7 +28,8 @@ a setting moves work onto gloo's threads, or makes threads queue for the 2 cores
 there. (Reading costs a few milliseconds each time, on both sides alike.) From each
 run's result it also takes what the actions cost each worker's main thread (the cells'
 ``actions``, from the ``action_cpu_s_<kind>_worker_<r>`` metrics and kin): the CPU time,
-time off the core and preemptions of its compute actions and of its sends, per minibatch.
+time off the core, preemptions and page faults of its compute actions and of its sends, per
+minibatch.
 
 Usage: ``.venv/bin/python scripts/env_ab.py --set PIPEBENCH_RECV_AHEAD=0 --rounds 10
 -o results/recv-ahead-ab-vgg16-b4.md -- --workload vgg16 --systems pipedream-flush --batch-size 4
@@ -70,7 +71,7 @@ GLOO_LOOP = "gloo_tcp_loop"  # the name gloo gives its transport's event-loop th
 THREAD_FIGURES = ("gloo loop threads' CPU s", "all threads' CPU s",
                   "s runnable, waiting for a core")
 SAMPLE_S = 0.2  # how often the run's threads are read (a thread's last reading counts)
-USE_FIGURES = ("CPU ms", "off core ms", "preemptions")  # of action_costs.FIGURES
+USE_FIGURES = ("CPU ms", "off core ms", "preemptions", "faults")  # of action_costs.FIGURES
 
 
 def _env(assignments: list[str], side: str) -> dict[str, str]:
@@ -157,7 +158,8 @@ def _thread_use(cells: list[dict]) -> dict[str, float]:
         costs = {int(w): kinds for w, kinds in (c.get("actions") or {}).items()}
         for w, groups in grouped(costs).items():
             for group, figures in groups.items():
-                out.update({f"{c['key']} w{w} {group} {f}": figures[f] for f in USE_FIGURES})
+                out.update({f"{c['key']} w{w} {group} {f}": figures[f] for f in USE_FIGURES
+                            if f in figures})
     return out
 
 
@@ -266,8 +268,9 @@ def report(m: Measured, assignments: list[str], command: str, git: str) -> str:
                   "each cell's run (its thread-use metrics: `pipedream_impl/runtime/"
                   "thread_use.py`; actions timed on the host's clock), summed over the "
                   "kinds of each group: CPU time, time off the core (the group's wall time "
-                  "above its CPU time: preempted, or woken late) and involuntary context "
-                  "switches. p: as above; B / A '-' where A's median is 0.", "",
+                  "above its CPU time: preempted, or woken late), involuntary context "
+                  "switches and minor page faults. p: as above; B / A '-' where A's median "
+                  "is 0.", "",
                   head.format("cell, worker, actions, figure"), "|---|---|---|---|---|---|---|"]
         lines += [_row(f, m.threads[f]["A"], m.threads[f]["B"], 3, positive=False)
                   for f in use]

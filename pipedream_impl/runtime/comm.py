@@ -13,13 +13,14 @@ for small microbatches (GPipe).
 
 Receives and all-reduces wait with a timeout: a peer that died turns into a
 ``CommTimeout`` on every worker waiting for it, never a hang. Sends are asynchronous
-(``isend``); their handles are completed at ``flush`` (the epoch's end). Completed handles
-are dropped every time the list doubles (amortised O(1) per send): NCCL's report their
-completion, but gloo's never do before ``wait``, so checking the whole list on every send
-costs O(sends) per send, quadratic over an epoch of small microbatches. Waiting earlier
-for a send could deadlock a valid schedule (gloo completes a send only once its receive is
-posted), so nothing here blocks before ``flush``: on gloo the sent tensors stay referenced
-until the epoch's end (memory that grows with the epoch's messages).
+(``isend``) and kept per peer and kind, in order, until they are waited for. Waiting for a
+send whose receive is not posted could deadlock a valid schedule (gloo completes a send
+only once its receive is posted), so a send is waited for only where that cannot block:
+``settle``, when the schedule shows that the peer has received it
+(``pipedream_impl.schedule.delivery``; the executor calls it after such receives), and
+``flush`` at the epoch's end for the rest (``PIPEBENCH_SETTLE_SENDS=0``: only there, as
+before; a switch for measuring it). Sends NCCL reports complete are also dropped, from the
+front of each queue, whenever the number held doubles (gloo's never report completion).
 
 A replicated stage's gradients are averaged by the all-reduce the planner and the
 simulator model (``harness.sim.costs.Topology.ring_levels``): hierarchical, one level per
@@ -34,9 +35,8 @@ when the first replicated stage's groups are made; ``PIPEBENCH_FAKE_HOSTS`` (a t
 one comma-separated name per global rank) overrides them, to fake several hosts on one
 machine.
 
-Receives posted ahead (``recv(prefetch=)``) are on unless ``PIPEBENCH_RECV_AHEAD=0``: a switch
-for measuring what they do (``scripts/env_ab.py``; what it measured here:
-``results/recv-ahead-ab-*.md``).
+Receives posted ahead (``recv(prefetch=)``) are on unless ``PIPEBENCH_RECV_AHEAD=0``, a switch
+for measuring them (``scripts/env_ab.py``; ``results/recv-ahead-ab-*.md``).
 
 ``allreduce_start`` starts one bucket's all-reduce and returns its wait, so a stage can
 reduce its gradients while its backward still runs (``grad_buckets``); ``allreduce_mean``
@@ -53,7 +53,7 @@ import queue
 import socket
 import threading
 import time
-from collections import defaultdict
+from collections import defaultdict, deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
@@ -65,8 +65,8 @@ from torch import Tensor
 from core.collectives import ring_allreduce_bytes
 from pipedream_impl.runtime import switch
 
-__all__ = ["FAKE_HOSTS_ENV", "HEADER", "RECV_AHEAD_ENV", "TAGS", "Comm", "CommTimeout",
-           "Hierarchy", "LinkStats", "host_name", "recv_ahead"]
+__all__ = ["FAKE_HOSTS_ENV", "HEADER", "RECV_AHEAD_ENV", "SETTLE_ENV", "TAGS", "Comm",
+           "CommTimeout", "Hierarchy", "LinkStats", "host_name", "recv_ahead", "settle_sends"]
 
 HEADER = 64  # int64 slots: enough for 8 tensors of up to 5 dimensions
 _DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64,
@@ -74,6 +74,7 @@ _DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.in
 TAGS = {"F": 1, "B": 2, "T": 3}  # T: tied gradients (ties.py)
 FAKE_HOSTS_ENV = "PIPEBENCH_FAKE_HOSTS"  # test hook: "a,a,b,b" = host of each global rank
 RECV_AHEAD_ENV = "PIPEBENCH_RECV_AHEAD"  # "0": post each receive only when it is due
+SETTLE_ENV = "PIPEBENCH_SETTLE_SENDS"  # "0": hold every send until the epoch's end
 HOST, AMONG_HOSTS = 0, 1  # the all-reduce's levels: inside a host, between hosts
 _PRUNE_MIN = 64  # pending sends before the first check for completed ones
 
@@ -118,6 +119,13 @@ def recv_ahead() -> bool:
     also when unset) or ``0``; anything else is an error, not a silent default."""
     return switch(RECV_AHEAD_ENV, "1", "post receives ahead, the default",
                   "post each receive when it is due")
+
+
+def settle_sends() -> bool:
+    """Whether sends known delivered are waited for and dropped as soon as the schedule shows
+    it (``PIPEBENCH_SETTLE_SENDS``, ``1`` by default) or only at the epoch's end (``0``)."""
+    return switch(SETTLE_ENV, "1", "drop each send once the schedule shows it arrived, the "
+                  "default", "hold every send until the epoch's end")
 
 
 def host_name(rank: int) -> str:
@@ -187,8 +195,12 @@ class Comm:
         self._recv_shapes: dict[tuple[int, int], list] = {}
         self.timeout = datetime.timedelta(seconds=timeout_s)
         self.stats = LinkStats()
-        self._pending: list[dist.Work] = []
-        self._prune_at = _PRUNE_MIN  # the next length at which completed sends are dropped
+        # (dst, tag) -> each held message's send handles, in order, and how many of the
+        # link's messages this epoch went before them
+        self._sent: dict[tuple[int, int], deque[list[dist.Work]]] = defaultdict(deque)
+        self._dropped: dict[tuple[int, int], int] = defaultdict(int)
+        self._held = 0  # messages in _sent
+        self._prune_at = _PRUNE_MIN  # the next count at which completed sends are dropped
         # (src, tag) -> receives posted ahead for the next message (``recv(prefetch=)``)
         self._posted: dict[tuple[int, int], list[tuple[dist.Work, Tensor]]] = {}
         self._groups: dict[tuple[int, ...], dist.ProcessGroup] = {}
@@ -214,20 +226,38 @@ class Comm:
         tag = TAGS[kind]
         shapes = [(t.dtype, tuple(t.shape)) for t in tensors]
         known = self._sent_shapes.get((dst, tag)) if self.static_shapes else None
+        works = []
         if known is None:
             h = _header(tensors)
-            self._pending.append(dist.isend(h.to(self._wire_device()), dst, tag=tag))
+            works.append(dist.isend(h.to(self._wire_device()), dst, tag=tag))
             self.stats.header[(self.rank, dst)] += h.numel() * h.element_size()
             self._sent_shapes[(dst, tag)] = shapes
         elif known != shapes:
             raise ValueError(f"rank {self.rank}: static_shapes, but a {kind} message to rank "
                              f"{dst} changed shapes from {known} to {shapes}")
         for t in tensors:
-            self._pending.append(dist.isend(t.detach().contiguous(), dst, tag=tag))
+            works.append(dist.isend(t.detach().contiguous(), dst, tag=tag))
             self.stats.payload[(self.rank, dst)] += t.numel() * t.element_size()
-        if len(self._pending) >= self._prune_at:
-            self._pending = [w for w in self._pending if not w.is_completed()]
-            self._prune_at = max(_PRUNE_MIN, 2 * len(self._pending))
+        self._sent[(dst, tag)].append(works)
+        self._held += 1
+        if self._held >= self._prune_at:
+            for link, q in self._sent.items():
+                while q and all(w.is_completed() for w in q[0]):
+                    q.popleft()
+                    self._dropped[link] += 1
+                    self._held -= 1
+            self._prune_at = max(_PRUNE_MIN, 2 * self._held)
+
+    def settle(self, dst: int, kind: str, count: int) -> None:
+        """The first ``count`` messages of ``kind`` sent to ``dst`` this epoch have been
+        received there: wait for their sends (at once) and drop them with their tensors."""
+        link = (dst, TAGS[kind])
+        q = self._sent[link]
+        while q and self._dropped[link] < count:
+            for w in q.popleft():
+                self._wait(w, f"a {kind} send to rank {dst}")
+            self._dropped[link] += 1
+            self._held -= 1
 
     def recv(self, src: int, kind: str, prefetch: bool = False) -> tuple[Tensor, ...]:
         """The next message of ``kind`` from ``src``. ``prefetch``: another such message
@@ -355,9 +385,14 @@ class Comm:
             self.stats.allreduce += b
 
     def flush(self) -> None:
-        for w in self._pending:
-            self._wait(w, "a send")
-        self._pending = []
+        """The epoch's end: wait for every send still held; messages count from 0 again."""
+        for q in self._sent.values():
+            for works in q:
+                for w in works:
+                    self._wait(w, "a send")
+        self._sent.clear()
+        self._dropped.clear()
+        self._held = 0
         self._prune_at = _PRUNE_MIN
 
     def _wire_device(self) -> torch.device:

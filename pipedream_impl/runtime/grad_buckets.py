@@ -30,8 +30,10 @@ import torch
 from torch import Tensor
 
 from pipedream_impl.runtime.comm import Comm
+from pipedream_impl.schedule.actions import GRADIENT_DONE, Action
 
-__all__ = ["BUCKET_MB", "BUCKET_MB_ENV", "GradBuckets", "bucket_mb", "plan_buckets"]
+__all__ = ["BUCKET_MB", "BUCKET_MB_ENV", "GradBuckets", "bucket_mb", "last_backwards",
+           "plan_buckets"]
 
 BUCKET_MB = 25.0  # DDP's default bucket_cap_mb
 BUCKET_MB_ENV = "PIPEBENCH_ALLREDUCE_BUCKET_MB"
@@ -141,3 +143,16 @@ class GradBuckets:
         nbytes = sum(self.numel) * torch.empty((), dtype=self.dtype).element_size()
         self.comm.count_allreduce(nbytes, self.ranks)
         self._reset()
+
+
+def last_backwards(acts: tuple[Action, ...]) -> set[int]:
+    """Positions of the last B or W before each all-reduce: the backwards that finish an
+    update round's gradients, during which the buckets' all-reduces start."""
+    out, last = set(), None
+    for pos, a in enumerate(acts):
+        if a.kind in GRADIENT_DONE:
+            last = pos
+        elif a.kind == "A" and last is not None:
+            out.add(last)
+            last = None
+    return out

@@ -57,6 +57,9 @@ class LocalComm:
         if len(ranks) > 1:
             raise UserInputError("in-process runs cover unreplicated pipelines only")
 
+    def settle(self, dst: int, kind: str, count: int) -> None:
+        pass  # a mailbox holds no send handles
+
     def flush(self) -> None:
         pass
 

@@ -43,13 +43,14 @@ import torch
 from torch import Tensor
 from torch.func import functional_call
 
-from pipedream_impl.runtime.comm import Comm
+from pipedream_impl.runtime.comm import Comm, settle_sends
 from pipedream_impl.runtime.contract import EpochReport, Executor, WorkerPieces, cpu_copy
-from pipedream_impl.runtime.grad_buckets import GradBuckets, bucket_mb
+from pipedream_impl.runtime.grad_buckets import GradBuckets, bucket_mb, last_backwards
 from pipedream_impl.runtime.stage_lr import set_lr, stage_lr_scale
 from pipedream_impl.runtime.ties import TieSync, check_ties
 from pipedream_impl.runtime.weight_stash import WeightStore, direct_forwards, future_versions
-from pipedream_impl.schedule import GRADIENT_DONE, Action, Schedule
+from pipedream_impl.schedule import Action, Schedule
+from pipedream_impl.schedule.delivery import delivered, receives_followed
 from pipedream_impl.schedule.registry import build
 from workloads.base import Batch
 from workloads.recipe import microbatch
@@ -66,6 +67,7 @@ class StageExecutor(Executor):
         super().__init__(pieces)
         layout, system = self.layout, self.system
         self.comm = Comm(self.rank, self.device, self.run.timeout_s, self.wl.static_shapes)
+        self.settle = settle_sends()  # PIPEBENCH_SETTLE_SENDS
         for s, r in enumerate(layout.replicas):  # every rank creates every group, same order
             if r > 1:
                 self.comm.allreduce_groups(tuple(layout.rank(s, i) for i in range(r)))
@@ -118,7 +120,8 @@ class StageExecutor(Executor):
         """Set up an epoch; returns this rank's actions (``step`` runs them in order).
         ``run_epoch`` is begin, every step, finish; ``pipedream_impl.runtime.local`` interleaves the
         steps of all ranks in one process with the same calls."""
-        acts = self.schedule().actions[self.rank]
+        sched = self.schedule()
+        acts = sched.actions[self.rank]
         self.report = self.start_epoch(epoch, self.stage, self.replica)
         self.losses: list[Tensor] = []  # the last stage's, one per unit, on the device
         self.base = self.store.version  # schedule versions count from the epoch's start
@@ -128,23 +131,23 @@ class StageExecutor(Executor):
         self.grads: list[Tensor] | None = None  # gathered at A/U, summed over microbatches
         self.pending: dict[int, dict] = {}  # snapshots holding not yet gathered gradients
         self.act_bytes_peak = 0
-        self.overlap_at = _last_backwards(acts) if self.buckets is not None else set()
-        # positions of receives followed later in the epoch by another of the same kind
-        # from the same peer: their next message's receive is posted early (Comm.recv)
-        self.more_to_come: set[int] = set()
-        seen: set[tuple[str, int]] = set()
-        for pos in range(len(acts) - 1, -1, -1):
-            if acts[pos].kind in ("RF", "RB"):
-                if (acts[pos].kind, acts[pos].peer) in seen:
-                    self.more_to_come.add(pos)
-                seen.add((acts[pos].kind, acts[pos].peer))
+        self.overlap_at = last_backwards(acts) if self.buckets is not None else set()
+        self.more_to_come = receives_followed(acts)  # their next receive is posted early
+        # after these positions' receives, sends known to have arrived are dropped
+        self.delivered = delivered(sched.actions, self.rank) if self.settle else {}
         return acts
 
     def step(self, act: Action, pos: int) -> None:
         self.begin_action(act.kind, act.mb, act.kind in _WAITS)
-        self.timed(act.kind, lambda: self.handlers[act.kind](act, pos),
+        self.timed(act.kind, lambda: self._act(act, pos),
                    partial(self.record, self.report), waited=bool)
         self.progress.leave(f"{act.kind}{act.mb}")
+
+    def _act(self, act: Action, pos: int) -> bool:
+        waited = self.handlers[act.kind](act, pos)
+        for peer, kind, count in self.delivered.get(pos, ()):
+            self.comm.settle(peer, kind, count)
+        return waited
 
     def checkpoint_state(self) -> dict:
         """At an epoch's end (the pipeline drained): the stage's weights, its optimizer
@@ -380,19 +383,6 @@ class StageExecutor(Executor):
 
 
 _WAITS = ("RF", "RB", "A", "RT")  # actions that wait on other ranks
-
-
-def _last_backwards(acts: tuple[Action, ...]) -> set[int]:
-    """Positions of the last B or W before each all-reduce: the backwards that finish an
-    update round's gradients, during which the buckets' all-reduces start."""
-    out, last = set(), None
-    for pos, a in enumerate(acts):
-        if a.kind in GRADIENT_DONE:
-            last = pos
-        elif a.kind == "A" and last is not None:
-            out.add(last)
-            last = None
-    return out
 
 
 def _held_bytes(inflight: dict) -> int:

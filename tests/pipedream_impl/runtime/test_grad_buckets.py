@@ -18,9 +18,13 @@ from harness.experiments.pipeline_trainer import PipelineTrainer
 from harness.reporting.progress import quiet
 from pipedream_impl.runtime.comm import FAKE_HOSTS_ENV, Comm
 from pipedream_impl.runtime.faults import Fault
-from pipedream_impl.runtime.grad_buckets import BUCKET_MB_ENV, GradBuckets, plan_buckets
+from pipedream_impl.runtime.grad_buckets import (
+    BUCKET_MB_ENV,
+    GradBuckets,
+    last_backwards,
+    plan_buckets,
+)
 from pipedream_impl.runtime.launcher import PipelineFailure
-from pipedream_impl.runtime.stage_executor import _last_backwards
 from pipedream_impl.schedule import Layout, one_f_one_b
 from tests.gloo_ranks import run_ranks
 from workloads.registry import get
@@ -39,13 +43,13 @@ def test_the_overlapped_backward_is_the_last_one_before_each_all_reduce() -> Non
     sched = one_f_one_b(Layout((2, 1)), 8, "stash")
     for rank in (0, 1):
         acts = sched.actions[rank]
-        picked = _last_backwards(acts)
+        picked = last_backwards(acts)
         assert picked and all(acts[p].kind == "B" for p in picked)
         # each picked B is followed by A with no other backward between
         assert all(next(a.kind for a in acts[p + 1:] if a.kind in ("A", "B")) == "A"
                    for p in picked)
         assert len(picked) == sum(a.kind == "A" for a in acts)
-    assert _last_backwards(sched.actions[2]) == set()
+    assert last_backwards(sched.actions[2]) == set()
 
 
 def _model() -> torch.nn.Module:
