@@ -29,7 +29,7 @@ there. (Reading costs a few milliseconds each time, on both sides alike.) From e
 run's result it also takes what the actions cost each worker's main thread (the cells'
 ``actions``, from the ``action_cpu_s_<kind>_worker_<r>`` metrics and kin): the CPU time,
 time off the core, preemptions and page faults of its compute actions and of its sends, per
-minibatch.
+minibatch; and each cell's peak memory.
 
 Usage: ``.venv/bin/python scripts/env_ab.py --set PIPEBENCH_RECV_AHEAD=0 --rounds 10
 -o results/recv-ahead-ab-vgg16-b4.md -- --workload vgg16 --systems pipedream-flush --batch-size 4
@@ -59,7 +59,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from core.markdown import write_report  # noqa: E402
-from harness.metrics import STEADY_PER_REFERENCE, STEADY_THROUGHPUT  # noqa: E402
+from harness.metrics import PEAK_MEMORY_MAX, STEADY_PER_REFERENCE, STEADY_THROUGHPUT  # noqa: E402
 from harness.reporting.action_costs import grouped  # noqa: E402
 from harness.reporting.tracking import git_sha  # noqa: E402
 
@@ -72,6 +72,7 @@ THREAD_FIGURES = ("gloo loop threads' CPU s", "all threads' CPU s",
                   "s runnable, waiting for a core")
 SAMPLE_S = 0.2  # how often the run's threads are read (a thread's last reading counts)
 USE_FIGURES = ("CPU ms", "off core ms", "preemptions", "faults")  # of action_costs.FIGURES
+MEMORY = " peak memory MB"  # the end of each cell's memory figure's name
 
 
 def _env(assignments: list[str], side: str) -> dict[str, str]:
@@ -146,7 +147,15 @@ def _run(bench_args: list[str], env: dict[str, str],
     cells = json.loads(json_path.read_text())["cells"]
     return ({c["key"]: {k: c["metrics"][k]["median"] for k in PAIRED
                         if k in c.get("metrics", {})} for c in cells
-             if METRIC in c.get("metrics", {})}, {**_threads(seen), **_thread_use(cells)})
+             if METRIC in c.get("metrics", {})},
+            {**_threads(seen), **_thread_use(cells), **_memory(cells)})
+
+
+def _memory(cells: list[dict]) -> dict[str, float]:
+    """Each cell's peak memory in MB (``metrics.PEAK_MEMORY_MAX``: its busiest worker's,
+    what the training added): ``"cell peak memory MB"`` -> value."""
+    return {f"{c['key']}{MEMORY}": c["metrics"][PEAK_MEMORY_MAX]["median"] / 1e6
+            for c in cells if PEAK_MEMORY_MAX in c.get("metrics", {})}
 
 
 def _thread_use(cells: list[dict]) -> dict[str, float]:
@@ -262,7 +271,14 @@ def report(m: Measured, assignments: list[str], command: str, git: str) -> str:
               "threads spent runnable but waiting for a core.", "",
               head.format("figure, per run"), "|---|---|---|---|---|---|---|"]
     lines += [_row(f, m.threads[f]["A"], m.threads[f]["B"], 2) for f in THREAD_FIGURES]
-    use = sorted(f for f in m.threads if f not in THREAD_FIGURES)
+    memory = sorted(f for f in m.threads if f.endswith(MEMORY))
+    if memory:
+        lines += ["", "Each cell's peak memory, MB: what the training added to its busiest "
+                  "worker (`peak_memory_bytes_max`; on the CPU the resident set's peak above "
+                  "what was resident before the model was built). p: as above.", "",
+                  head.format("cell, figure"), "|---|---|---|---|---|---|---|"]
+        lines += [_row(f, m.threads[f]["A"], m.threads[f]["B"], 1) for f in memory]
+    use = sorted(f for f in m.threads if f not in THREAD_FIGURES and f not in memory)
     if use:
         lines += ["", "What the actions cost each worker's main thread, per minibatch, in "
                   "each cell's run (its thread-use metrics: `pipedream_impl/runtime/"

@@ -160,3 +160,15 @@ def test_thread_use_is_summed_by_group_from_the_cells_actions() -> None:
     m.threads["c w1 sends (SF, SB, ST) preemptions"] = {"A": [0.0, 0.0], "B": [0.0, 0.1]}
     text = ab.report(m, ["X=0"], "cmd", "abc")  # no preemption is a measurement, not n/a
     assert "| c w1 sends (SF, SB, ST) preemptions | 0.000 | 0.050 | - |" in text
+
+
+def test_each_cell_s_peak_memory_gets_a_table_of_its_own() -> None:
+    cells = [{"key": "c", "metrics": {"peak_memory_bytes_max": {"median": 43e6}}},
+             {"key": "failed", "metrics": {}}]
+    got = ab._memory(cells)
+    assert got == {f"c{ab.MEMORY}": pytest.approx(43.0)}
+    m = ab.Measured()
+    m.threads[f"c{ab.MEMORY}"] = {"A": [43.0, 44.0, 42.0], "B": [55.0, 54.0, 56.0]}
+    text = ab.report(m, ["X=0"], "cmd", "abc")
+    assert f"| c{ab.MEMORY} | 43.0 | 55.0 | 1.28 |" in text
+    assert "minor page faults" not in text  # no thread use: memory is not in that table
