@@ -16,9 +16,12 @@ Rules (the cell key matches cells across results; see ``results`` for the statis
   prediction interval of a history of results, at a false-alarm rate ``alpha`` per metric
   (``verdicts.ALPHA`` unless given); each change carries the smallest move the cell could
   have flagged (``threshold``) and its minimum detectable change (``mdc``); of a figure
-  measured raw and cancelled for the machine's drift (``metrics.DRIFT_PAIRS``) only the
-  one whose baseline was stabler is judged (so the false-alarm rate stays ``alpha``),
-  the other is listed as not judged;
+  measured raw and cancelled for the machine's drift (``metrics.DRIFT_PAIRS``) only one
+  is judged (so the false-alarm rate stays ``alpha``), the other is listed as not judged:
+  the drift-cancelled one where the cell's drift reference moved between the baseline and
+  the current result (``verdicts.moved``: the repeats of one night cannot show a shift of
+  the whole machine between nights, the reference can), else the one whose baseline was
+  stabler;
 - a cell that ran before and now fails or is refused is a regression, and so is a
   time-to-target cell whose share of repeats reaching the target fell, or a metric that
   was measured before and no longer is; cells only in one result are listed (``missing``
@@ -41,7 +44,8 @@ from harness.reporting import verdicts
 from harness.reporting.results import COUNTERS, METRICS, summarise
 
 __all__ = ["COLUMNS", "Change", "compare_results", "detectability", "has_regression",
-           "judged_against", "not_judged", "over_nights", "rows", "switches_differ"]
+           "judged_against", "not_judged", "over_nights", "reference_moved", "rows",
+           "switches_differ"]
 
 # the counters that depend on the stages, their replicas and layer ranges
 LAYOUT_COUNTERS = ("bytes_per_sample", metrics.ACTIONS_PER_EPOCH)
@@ -184,10 +188,14 @@ def _reach_changes(key: str, base_cells: list[dict], cur: dict) -> list[Change]:
     return []
 
 
-def not_judged(base_cells: list[dict]) -> dict[str, str]:
+def not_judged(base_cells: list[dict], drifted: bool = False) -> dict[str, str]:
     """Of each figure measured raw and drift-cancelled (``metrics.DRIFT_PAIRS``), the one
-    not judged (its baseline was the noisier) -> the one judged instead."""
+    not judged -> the one judged instead: the raw one where the drift reference moved
+    (``drifted``: ``reference_moved``), else the one whose baseline was the noisier."""
     out = {}
+    if drifted:
+        return {raw: cancelled for raw, cancelled in metrics.DRIFT_PAIRS.items()
+                if all(cancelled in c.get("metrics", {}) for c in base_cells)}
     for raw, cancelled in metrics.DRIFT_PAIRS.items():
         sds = {n: verdicts.noise([c["metrics"][n]["values"] for c in base_cells
                                   if n in c.get("metrics", {})]) for n in (raw, cancelled)}
@@ -197,10 +205,21 @@ def not_judged(base_cells: list[dict]) -> dict[str, str]:
     return out
 
 
+def reference_moved(base_cells: list[dict], cur: dict) -> bool:
+    """Whether the cell's drift reference moved from the baseline's cells to ``cur``
+    (``verdicts.moved``); False where either lacks it."""
+    ref = metrics.REFERENCE_SPEED
+    groups = [c["metrics"][ref]["values"] for c in base_cells if ref in c.get("metrics", {})]
+    return bool(groups) and ref in cur.get("metrics", {}) and verdicts.moved(
+        groups, cur["metrics"][ref]["values"])
+
+
 def _metric_changes(key: str, base_cells: list[dict], cur: dict,
                     alpha: float, consecutive: bool = False) -> list[Change]:
     out = []
-    skip = not_judged(base_cells)
+    drifted = reference_moved(base_cells, cur)
+    skip = not_judged(base_cells, drifted)
+    why = "judged: the drift reference moved" if drifted else "stabler"
     for name, higher_better in METRICS.items():
         if name not in cur.get("metrics", {}):
             if all(name in c.get("metrics", {}) for c in base_cells) and \
@@ -219,8 +238,8 @@ def _metric_changes(key: str, base_cells: list[dict], cur: dict,
                           consecutive)
         verdict = r.verdict if r.broke else (
             "too-few-repeats" if r.verdict == "too-few-repeats" else "changed-within-noise")
-        if name in skip:  # the stabler twin is judged; this one is shown, not judged
-            verdict = f"not judged ({skip[name]} stabler)"
+        if name in skip:  # the other twin is judged; this one is shown, not judged
+            verdict = f"not judged ({skip[name]} {why})"
         out.append(Change(key, name, verdict, base.median, now.median, r.change,
                           r.flag_at, r.mdc, r.two_nights))
     return out

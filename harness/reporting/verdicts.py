@@ -63,10 +63,10 @@ from dataclasses import dataclass
 import numpy as np
 from scipy import integrate, optimize, stats
 
-__all__ = ["ALPHA", "BROKEN", "HISTORY_RESULTS", "INTERVAL", "MIN_CHANGE", "MIN_HISTORY",
-           "ONE_NIGHT", "POWER", "TARGET_MDC", "TTA_ALPHA", "Faster", "Test",
-           "consecutive_level", "consecutive_mdc", "faster", "interval", "mdc", "night_label",
-           "noise", "repeats_for", "rule_text", "test"]
+__all__ = ["ALPHA", "BROKEN", "DRIFT_LEVEL", "HISTORY_RESULTS", "INTERVAL", "MIN_CHANGE",
+           "MIN_HISTORY", "ONE_NIGHT", "POWER", "TARGET_MDC", "TTA_ALPHA", "Faster", "Test",
+           "consecutive_level", "consecutive_mdc", "faster", "interval", "mdc", "moved",
+           "night_label", "noise", "repeats_for", "rule_text", "test"]
 
 ALPHA = 0.001  # false alarms per metric per comparison, one-sided
 POWER = 0.9  # the probability at which the minimum detectable change is stated
@@ -79,6 +79,9 @@ HISTORY_RESULTS = 3  # from this many baseline results on, results (not repeats)
 TTA_ALPHA = 0.05  # one claim per pair of systems ("a reaches the target faster"), not
 # hundreds of metrics a night: the conventional one-sided level
 INTERVAL = 0.95  # the confidence of a cell's interval (its error bar in MLflow and reports)
+# a cell's drift reference "moved" between baseline and current where a two-sided test of
+# its logs breaks at this level; the drift-cancelled figure is then judged (regressions)
+DRIFT_LEVEL = 0.05
 
 
 
@@ -88,7 +91,10 @@ def rule_text(alpha: float = ALPHA) -> str:
             f"repeats against repeats for one or two baseline results, the result against "
             f"the prediction interval of {HISTORY_RESULTS} or more earlier results; MDC = "
             f"the smallest change detected with {POWER:.0%} probability, from each cell's "
-            f"own noise; no move under {MIN_CHANGE:.0%} is flagged")
+            f"own noise; no move under {MIN_CHANGE:.0%} is flagged; of throughput raw and "
+            f"drift-cancelled, the drift-cancelled one where the cell's drift reference "
+            f"moved (two-sided, at {DRIFT_LEVEL:g}), else the one whose baseline was "
+            f"stabler")
 
 
 @dataclass(frozen=True)
@@ -198,6 +204,15 @@ def test(baseline: list[list[float]], current: list[float], higher_is_better: bo
     seen = consecutive_mdc(sd, nights, alpha) if nights else _detectable(se, df, alpha, POWER)
     return Test(change, t, critical, sd, df, seen, verdict, _flag_at(se, df, level),
                 bool(nights))
+
+
+def moved(baseline: list[list[float]], current: list[float],
+          level: float = DRIFT_LEVEL) -> bool:
+    """Whether ``current`` moved from ``baseline`` either way: ``test``'s statistic beyond
+    its two-sided critical value at ``level`` (no floor: a figure that is not judged, the
+    drift reference, is only asked whether it moved)."""
+    r = test(baseline, current, True, level / 2)
+    return r.df >= 1 and abs(r.t) > r.critical
 
 
 def noise(baseline: list[list[float]]) -> float:

@@ -176,6 +176,28 @@ def test_a_slower_machine_is_not_a_regression_of_ours_but_a_slower_system_is() -
         ("pipedream", "throughput_per_reference"): "regression"}
 
 
+def test_where_the_reference_moved_the_drift_cancelled_figure_is_judged() -> None:
+    """The fifth nightly A/A run (``results/nightly-aa.md``): a day later the whole machine
+    ran at about half speed, steadily within the night. The raw figure was the stabler
+    within each night, so it was judged and flagged; the reference moved with the
+    machine, so now the drift-cancelled figure is judged, and it did not move. On a
+    steady machine (the reference still) the stabler raw figure stays the one judged, and
+    a slower system is flagged on it."""
+    key = "vgg16/tiny/w2/pipedream/throughput"
+    wobble = [1.0, 1.01, 0.99, 1.0]  # raw steady; the reference noisier within a night
+    ref = [1.0, 0.93, 1.07, 1.0]
+    base = _result([_drift_cell(key, [100 * w for w in wobble], [50 * r for r in ref])])
+    half = _result([_drift_cell(key, [55 * w for w in wobble], [27.5 * r for r in ref])])
+    changes = compare_results([base], half)
+    assert not has_regression(changes)
+    raw = next(c for c in changes if c.name == "throughput_samples_per_s")
+    assert raw.verdict == ("not judged (throughput_per_reference judged: the drift "
+                           "reference moved)")
+    slower = _result([_drift_cell(key, [90 * w for w in wobble], [50 * r for r in ref])])
+    assert _verdicts(compare_results([base], slower)) == {
+        ("pipedream", "throughput_samples_per_s"): "regression"}
+
+
 def _night(day: int, pipedream: list[float], bytes_per_sample: float = 1000.0) -> dict:
     return _result([_cell("vgg16/tiny/w2/pipedream/throughput", pipedream, bytes_per_sample),
                     _cell("vgg16/tiny/w2/ddp/throughput", [80.0, 81.0, 79.0])],

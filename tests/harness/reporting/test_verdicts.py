@@ -186,3 +186,21 @@ def test_a_faster_claim_over_seeds_holds_its_level_and_sees_a_real_gap() -> None
     assert gap > 0.99
     f = verdicts.faster([7.0, 7.0, 7.1], [10.0, 10.0, 10.1])
     assert f.low < f.ratio < f.high < 1 and f.shown
+
+
+def test_moved_agrees_with_scipy_s_two_sided_t_test_and_holds_its_level() -> None:
+    """``moved`` (is the drift reference's shift real?) against an independent reference:
+    scipy's two-sided pooled t-test on the logs; on unshifted samples it says "moved" at
+    its level, and it sees a shift either way."""
+    rng = random.Random(11)
+    hits = 0
+    for _ in range(TRIALS):
+        base, cur = _sample(rng, 4, 0, 0.05), _sample(rng, 3, 0, 0.05)
+        p = stats.ttest_ind([math.log(x) for x in base], [math.log(x) for x in cur]).pvalue
+        got = verdicts.moved([base], cur, 0.05)
+        assert got == (p < 0.05) or abs(p - 0.05) < 1e-9
+        hits += got
+    assert abs(hits / TRIALS - 0.05) < _binomial_tol(0.05)
+    assert verdicts.moved([[100.0, 101.0, 99.0]], [60.0, 61.0, 59.0])
+    assert verdicts.moved([[100.0, 101.0, 99.0]], [160.0, 161.0, 159.0])
+    assert not verdicts.moved([[100.0]], [60.0])  # no degree of freedom: no claim
