@@ -90,8 +90,9 @@ CELL_STAT = "cell_stat"
 SUITE_METRICS = (THROUGHPUT, THROUGHPUT_PER_REFERENCE, STEADY_THROUGHPUT, STEADY_PER_REFERENCE,
                  REFERENCE_SPEED, CPU_PER_SAMPLE, TIME_TO_TARGET, EPOCHS_TO_TARGET,
                  PEAK_MEMORY_MAX, BUBBLE_FRACTION)
-# the same figure raw and cancelled for the machine's drift: regressions judge whichever
-# was stabler in the baseline (``harness.reporting.regressions``)
+# the same figure raw and cancelled for the machine's drift: regressions judge one of the
+# two, the drift-cancelled one where the drift reference moved, else the one whose
+# baseline was stabler (``harness.reporting.regressions``)
 DRIFT_PAIRS = {THROUGHPUT: THROUGHPUT_PER_REFERENCE, STEADY_THROUGHPUT: STEADY_PER_REFERENCE}
 # a suite cell run logs each of them three times: (the key's stat field, the statistic)
 # (the interval: ``harness.reporting.verdicts.interval``, for MLflow's error bars)

@@ -62,7 +62,7 @@ def _flags(base: dict, cur: dict) -> list[regressions.Change]:
 
 
 # the throughput figures: epoch-based and steady-state, each raw and drift-cancelled; the
-# regression rule judges the stabler of each pair (``metrics.DRIFT_PAIRS``)
+# regression rule judges one of each pair (``metrics.DRIFT_PAIRS``, ``regressions``)
 THROUGHPUTS = tuple(n for pair in metrics.DRIFT_PAIRS.items() for n in pair)
 WINDOW = 5  # the history `make nightly` judges a night against (`regressions --history 5`)
 
@@ -176,8 +176,10 @@ def _aa_section(base: dict, runs: list[dict]) -> list[str]:
                                              for c in ch))
     return ["## A/A: the same code run again (every flag is a false alarm)", "",
             "Spreads: the deviation of the repeats' logs (the rule's noise) of each "
-            "throughput figure; `judged on`: the stabler of each raw / drift-cancelled pair "
-            "in the baseline (none where a cell has no noise estimate: one repeat); MDC: the "
+            "throughput figure; `judged on`: the figure of each raw / drift-cancelled pair "
+            "the rule judged in any pair (the drift-cancelled one where the cell's drift "
+            "reference moved, else the one stabler in the baseline; none where a cell has "
+            "no noise estimate: one repeat); MDC: the "
             f"smallest change each judged figure would flag with {verdicts.POWER:.0%} "
             "probability (median over the pairs); two nights' MDC: the smallest change "
             "lasting two nights that the nightly's `regression` label would see with "

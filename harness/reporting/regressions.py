@@ -17,11 +17,13 @@ Rules (the cell key matches cells across results; see ``results`` for the statis
   (``verdicts.ALPHA`` unless given); each change carries the smallest move the cell could
   have flagged (``threshold``) and its minimum detectable change (``mdc``); of a figure
   measured raw and cancelled for the machine's drift (``metrics.DRIFT_PAIRS``) only one
-  is judged (so the false-alarm rate stays ``alpha``), the other is listed as not judged:
-  the drift-cancelled one where the cell's drift reference moved between the baseline and
-  the current result (``verdicts.moved``: the repeats of one night cannot show a shift of
-  the whole machine between nights, the reference can), else the one whose baseline was
-  stabler;
+  is judged, the other is listed as not judged: the drift-cancelled one where the cell's
+  drift reference moved between the baseline and the current result (``verdicts.moved``:
+  the repeats of one night cannot show a shift of the whole machine between nights, the
+  reference can), flagged only where the raw figure broke the same way too (a choice made
+  on the reference's current values, the drift-cancelled figure's denominator, must not
+  flag the reference's own move), else the one whose baseline was stabler; either way a
+  pair is flagged at a rate of at most ``alpha`` (``tests/.../test_regressions.py``);
 - a cell that ran before and now fails or is refused is a regression, and so is a
   time-to-target cell whose share of repeats reaching the target fell, or a metric that
   was measured before and no longer is; cells only in one result are listed (``missing``
@@ -121,17 +123,21 @@ def over_nights(history: list[dict], current: dict, window: int,
     direct = compare_results(history[-window:], current, alpha)
     base = judged_against(history, window)
     now = {(c.cell, c.name): c for c in compare_results(base, current, alpha, True)}
-    before = {(c.cell, c.name): c.verdict
-              for c in compare_results(base, history[-1], alpha, True)}
+    # last night's verdict per figure, a drift pair's under either twin: the twin judged
+    # can differ between the nights (``reference_moved`` looks at each night's reference)
+    before = {(c.cell, _twins(c.name)): c.verdict
+              for c in compare_results(base, history[-1], alpha, True)
+              if not c.verdict.startswith("not judged")}
     strict = {(c.cell, c.name): c for c in compare_results(base, current, alpha)}
     out = []
     for c in direct:
         if c.name in METRICS:
             key = (c.cell, c.name)
-            if key in now:  # judged, and which drift twin is judged, on ``base`` alone
+            if key in now:
                 c = now[key]
                 if not c.verdict.startswith("not judged"):
-                    label = verdicts.night_label([before.get(key, "ok"), c.verdict],
+                    was = before.get((c.cell, _twins(c.name)), "ok")
+                    label = verdicts.night_label([was, c.verdict],
                                                  len(base), strict[key].verdict)
                     if label not in verdicts.BROKEN:  # judged on the one night's threshold
                         c = replace(c, threshold=strict[key].threshold)
@@ -141,6 +147,12 @@ def over_nights(history: list[dict], current: dict, window: int,
                 c = replace(c, verdict="insufficient data")
         out.append(c)
     return out
+
+
+def _twins(name: str) -> str:
+    """A drift pair's raw figure for either of its twins; any other figure itself."""
+    return next((raw for raw, cancelled in metrics.DRIFT_PAIRS.items() if name == cancelled),
+                name)
 
 
 def judged_against(history: list[dict], window: int) -> list[dict]:
@@ -220,6 +232,7 @@ def _metric_changes(key: str, base_cells: list[dict], cur: dict,
     drifted = reference_moved(base_cells, cur)
     skip = not_judged(base_cells, drifted)
     why = "judged: the drift reference moved" if drifted else "stabler"
+    tests: dict[str, tuple] = {}
     for name, higher_better in METRICS.items():
         if name not in cur.get("metrics", {}):
             if all(name in c.get("metrics", {}) for c in base_cells) and \
@@ -234,9 +247,17 @@ def _metric_changes(key: str, base_cells: list[dict], cur: dict,
             continue
         if higher_better is None:  # not a figure of merit (the reference itself)
             continue
-        r = verdicts.test(groups, cur["metrics"][name]["values"], higher_better, alpha,
-                          consecutive)
-        verdict = r.verdict if r.broke else (
+        tests[name] = (base, now, verdicts.test(groups, cur["metrics"][name]["values"],
+                                                higher_better, alpha, consecutive))
+    raw_of = {cancelled: raw for raw, cancelled in skip.items()} if drifted else {}
+    for name, (base, now, r) in tests.items():
+        broke = r.broke
+        if name in raw_of and raw_of[name] in tests:
+            # judged because the reference moved: a flag needs the raw figure to break the
+            # same way too, else the reference's own move would be flagged through its
+            # denominator (its choice looked at the reference's current values)
+            broke = broke and tests[raw_of[name]][2].verdict == r.verdict
+        verdict = r.verdict if broke else (
             "too-few-repeats" if r.verdict == "too-few-repeats" else "changed-within-noise")
         if name in skip:  # the other twin is judged; this one is shown, not judged
             verdict = f"not judged ({skip[name]} {why})"

@@ -16,6 +16,10 @@ and every gradient sent back once the previous stage's next forward that followe
 arrives. Only messages back from the same peer are used; causality through third ranks
 could settle a few sends sooner, but every pipeline schedule sends back along its links, and
 whatever is never settled this way is still waited for at the epoch's end.
+
+``receives_followed`` is the other thing the runtime reads about its messages from the
+list: which receives another of the same kind from the same peer follows, so that the
+next one's receive can be posted early (``Comm.recv(prefetch=)``).
 """
 
 from __future__ import annotations

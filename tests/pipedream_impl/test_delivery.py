@@ -12,6 +12,7 @@ import random
 import pytest
 
 from core.errors import ScheduleError
+from pipedream_impl.runtime.ties import with_ties
 from pipedream_impl.schedule import Action, Layout, Schedule, one_f_one_b
 from pipedream_impl.schedule import registry as schedules
 from pipedream_impl.schedule.delivery import RECEIVES, SENDS, delivered, receives_followed
@@ -61,16 +62,22 @@ def _random_execution(sched: Schedule, rng: random.Random):
         yield r, pos[r] - 1, received
 
 
-_CASES = [(k.name, layout) for k in schedules.ours() if not k.from_file
+_CASES = [(k.name, layout, False) for k in schedules.ours() if not k.from_file
           for layout in (Layout((1, 1)), Layout((1, 1, 1)))
-          ] + [("1f1b", Layout((2, 1))), ("1f1b", Layout((1, 3, 2)))]
+          ] + [("1f1b", Layout((2, 1)), False), ("1f1b", Layout((1, 3, 2)), False),
+               ("1f1b", Layout((1, 1, 1)), True), ("1f1b-flush", Layout((1, 1)), True)]
 
 
-@pytest.mark.parametrize(("name", "layout"), _CASES, ids=lambda c: str(c))
+@pytest.mark.parametrize(("name", "layout", "tied"), _CASES, ids=lambda c: str(c))
 def test_every_message_said_to_have_arrived_has_arrived_in_random_executions(
-        name: str, layout: Layout) -> None:
+        name: str, layout: Layout, tied: bool) -> None:
+    """Every schedule of ours, on 2 and 3 stages, two replicated layouts, and with the tie
+    messages (ST/RT) of weights shared by the first and last stage."""
     m = schedules.microbatches(name, len(layout.replicas))
     sched = schedules.build(name, layout, 6, m)
+    if tied:
+        sched, _ = with_ties(sched, (0, len(layout.replicas) - 1))
+        assert any(a.kind == "RT" for acts in sched.actions for a in acts)
     claims = [delivered(sched.actions, r) for r in range(layout.workers)]
     checked = 0
     for seed in range(20):

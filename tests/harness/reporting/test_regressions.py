@@ -198,6 +198,36 @@ def test_where_the_reference_moved_the_drift_cancelled_figure_is_judged() -> Non
         ("pipedream", "throughput_samples_per_s"): "regression"}
 
 
+@pytest.mark.parametrize(("sd_raw", "sd_ref", "drift"), [
+    (0.03, 0.10, 1.0),  # a noisy reference, a steady system: the reference moves alone
+    (0.10, 0.02, 1.0),  # a noisy system, a steady reference
+    (0.03, 0.03, 0.5),  # the whole machine at half speed on the current night
+])
+def test_a_drift_pair_is_flagged_at_alpha_at_most_whichever_twin_is_judged(
+        sd_raw: float, sd_ref: float, drift: float) -> None:
+    """Simulated pairs of results of unchanged code (4 repeats against 3, lognormal noise):
+    the machine's speed multiplies the system and the reference alike, so nothing of ours
+    moved. Whichever twin the rule judges, and however it chose, the pair is flagged a
+    regression at no more than its level (binomial tolerance). The choice looks at the
+    reference's current values, which are the drift-cancelled figure's denominator; the
+    raw figure must break too, else a reference moving alone is flagged."""
+    import random
+
+    alpha, trials, rng = 0.05, 4000, random.Random(int(sd_raw * 1000 + sd_ref * 100))
+    key = "vgg16/tiny/w2/pipedream/throughput"
+
+    def night(n: int, speed: float) -> dict:
+        raw = [100 * speed * math.exp(rng.gauss(0, sd_raw)) for _ in range(n)]
+        ref = [50 * speed * math.exp(rng.gauss(0, sd_ref)) for _ in range(n)]
+        return _result([_drift_cell(key, raw, ref)])
+
+    flagged = sum(has_regression(compare_results([night(4, 1.0)], night(3, drift), alpha))
+                  for _ in range(trials))
+    # (judging the drift-cancelled twin alone where the reference moved gave 0.07 in the
+    # first case: 2.5% more, the reference's own upward moves)
+    assert flagged / trials < alpha + 3 * math.sqrt(alpha * (1 - alpha) / trials)
+
+
 def _night(day: int, pipedream: list[float], bytes_per_sample: float = 1000.0) -> dict:
     return _result([_cell("vgg16/tiny/w2/pipedream/throughput", pipedream, bytes_per_sample),
                     _cell("vgg16/tiny/w2/ddp/throughput", [80.0, 81.0, 79.0])],
@@ -245,6 +275,26 @@ def test_over_nights_judges_exactly_one_of_each_drift_pair() -> None:
               if c.name in ("throughput_samples_per_s", "throughput_per_reference")
               and not c.verdict.startswith("not judged")]
     assert judged == ["throughput_per_reference"]  # the twin the earlier nights chose
+
+
+def test_over_nights_a_drop_on_two_nights_is_a_regression_whichever_twin_each_judged() -> None:
+    """Last night the system dropped 20% on a steady machine (the stabler raw figure is
+    judged); tonight the drop lasts and the whole machine is also 30% slower, so the
+    reference moved and the drift-cancelled twin is judged. Two nights beyond the rule
+    are a regression, though each night judged a different twin."""
+    key = "vgg16/tiny/w2/pipedream/throughput"
+    wobble, ref = [1.0, 1.01, 0.99, 1.0], [1.0, 0.95, 1.05, 1.0]
+
+    def night(day: int, system: float, machine: float) -> dict:
+        return _result([_drift_cell(key, [100 * system * machine * w for w in wobble],
+                                    [50 * machine * r for r in ref])],
+                       f"2026-01-{day:02d}T00:00:00+00:00")
+
+    history = [night(1, 1.0, 1.0), night(2, 1.0, 1.0), night(3, 0.8, 1.0)]
+    changes = over_nights(history, night(4, 0.8, 0.7), window=2)
+    judged = {c.name: c.verdict for c in changes if c.name.startswith("throughput")}
+    assert judged["throughput_per_reference"] == "regression"
+    assert judged["throughput_samples_per_s"].startswith("not judged")
 
 
 def test_results_run_with_other_runtime_switches_say_so() -> None:

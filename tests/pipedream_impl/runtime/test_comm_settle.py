@@ -66,3 +66,45 @@ def test_the_switch_refuses_other_values(monkeypatch) -> None:
     monkeypatch.setenv(SETTLE_ENV, "yes")
     with pytest.raises(ValueError, match="PIPEBENCH_SETTLE_SENDS"):
         settle_sends()
+
+
+class _Work:
+    """A send handle that reports itself complete or not (NCCL's do, gloo's never)."""
+
+    def __init__(self, done: bool) -> None:
+        self.done, self.waited = done, False
+
+    def is_completed(self) -> bool:
+        return self.done
+
+    def wait(self, timeout) -> bool:  # noqa: ANN001
+        self.waited = True
+        return True
+
+
+def test_sends_reported_complete_are_dropped_in_order_and_settle_counts_them(
+        monkeypatch) -> None:
+    """The prune drops completed messages from the front of each link only, so settle's
+    count still names the link's first messages: after the first 70 messages (64 of them
+    reported complete) are pruned, settling 66 waits for exactly messages 64 and 65."""
+    import pipedream_impl.runtime.comm as comm_mod
+
+    works: list[_Work] = []
+
+    def isend(t, dst, tag):  # noqa: ANN001, ANN202
+        works.append(_Work(done=len(works) < 64))
+        return works[-1]
+
+    monkeypatch.setattr(comm_mod.dist, "isend", isend)
+    comm = Comm(0, torch.device("cpu"), timeout_s=5, static_shapes=True)
+    comm._sent_shapes[(1, TAGS["F"])] = [(torch.float32, (2,))]  # no header message
+    for _ in range(64):
+        comm.send((torch.zeros(2),), 1, "F")
+    assert len(comm._sent[(1, TAGS["F"])]) == 0  # the 64th send pruned them all
+    for _ in range(6):
+        comm.send((torch.zeros(2),), 1, "F")
+    comm.settle(1, "F", 66)
+    assert [w.waited for w in works[62:70]] == [False] * 2 + [True] * 2 + [False] * 4
+    assert len(comm._sent[(1, TAGS["F"])]) == 4
+    comm.flush()
+    assert all(w.waited for w in works[66:])
