@@ -3,9 +3,9 @@
 Why: a pipeline worker sends asynchronously and must keep each sent tensor until its send
 completes. gloo reports a send complete only once it is waited for, and waiting for a send
 whose receive is not yet posted can deadlock a valid schedule, so the runtime used to hold
-every sent tensor until the epoch's end: each new activation or gradient then landed in
-fresh memory, which the process faulted in page by page (``results/efficiency-*.md``: about
-100 minor faults per minibatch on a VGG-16 stage, against 0.3 in one process).
+every sent tensor until the epoch's end: memory that grew with the epoch, each new
+activation or gradient landing in fresh pages that the process faulted in one by one (what
+holding them cost here, in memory, faults and throughput: ``results/settle-sends-ab-*.md``).
 
 The schedule says when such a wait cannot block. If rank ``d`` had received our first ``n``
 messages of a kind before it sent a message that we have now received, those ``n`` messages
