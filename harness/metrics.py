@@ -22,6 +22,7 @@ are not ours and not listed.
 
 from __future__ import annotations
 
+import math
 import re
 import statistics
 from collections.abc import Mapping
@@ -35,11 +36,11 @@ __all__ = [
     "FINAL_QUALITY", "IDLE", "LINK_BYTES", "PEAK_MEMORY", "PEAK_MEMORY_MAX", "QUALITY",
     "RUN_METRICS", "SCHEMA", "STASH_ACTIVATIONS", "STASH_WEIGHTS", "SUITE_METRICS",
     "STAGE_MEASURED", "STAGE_PREDICTED", "SYSTEM_THROUGHPUT", "TARGET_METRICS", "THROUGHPUT",
-    "THREAD_USE", "THROUGHPUT_PER_REFERENCE",
+    "THREAD_USE", "THROUGHPUT_PER_REFERENCE", "THROUGHPUT_PAIRS", "CPU_PER_REFERENCE",
     "REFERENCE_SPEED", "DRIFT_PAIRS", "TIME_TO_TARGET", "TOTAL_TIME", "STEADY_THROUGHPUT",
     "STEADY_SPREAD", "STEADY_WINDOWS", "STEADY_PER_REFERENCE", "CPU_PER_SAMPLE",
     "TRACE_EVENTS_DROPPED", "TRAIN_LOSS", "Metric", "aggregate", "get", "key", "mean_bubble",
-    "parse", "per_worker", "select",
+    "cancel_drift", "parse", "per_worker", "select",
 ]
 
 # --- the names (module constants, so that no other module spells a key) -----------------
@@ -55,6 +56,7 @@ STEADY_SPREAD = "steady_window_spread"
 STEADY_WINDOWS = "steady_windows"
 STEADY_PER_REFERENCE = "steady_per_reference"
 CPU_PER_SAMPLE = "cpu_s_per_sample"
+CPU_PER_REFERENCE = "cpu_reference_per_sample"
 REFERENCE_SPEED = "reference_iterations_per_s"
 FINAL_QUALITY = "final_quality"
 BEST_QUALITY = "best_quality"
@@ -88,12 +90,15 @@ CELL_STAT = "cell_stat"
 # the run metrics a suite summarises over its repeats (a cell's "metrics"; BUBBLE_FRACTION
 # there is a run's mean over workers, ``mean_bubble``)
 SUITE_METRICS = (THROUGHPUT, THROUGHPUT_PER_REFERENCE, STEADY_THROUGHPUT, STEADY_PER_REFERENCE,
-                 REFERENCE_SPEED, CPU_PER_SAMPLE, TIME_TO_TARGET, EPOCHS_TO_TARGET,
-                 PEAK_MEMORY_MAX, BUBBLE_FRACTION)
+                 REFERENCE_SPEED, CPU_PER_SAMPLE, CPU_PER_REFERENCE, TIME_TO_TARGET,
+                 EPOCHS_TO_TARGET, PEAK_MEMORY_MAX, BUBBLE_FRACTION)
 # the same figure raw and cancelled for the machine's drift: regressions judge one of the
 # two, the drift-cancelled one where the drift reference moved, else the one whose
 # baseline was stabler (``harness.reporting.regressions``)
-DRIFT_PAIRS = {THROUGHPUT: THROUGHPUT_PER_REFERENCE, STEADY_THROUGHPUT: STEADY_PER_REFERENCE}
+THROUGHPUT_PAIRS = {THROUGHPUT: THROUGHPUT_PER_REFERENCE,
+                    STEADY_THROUGHPUT: STEADY_PER_REFERENCE}
+DRIFT_PAIRS = {**THROUGHPUT_PAIRS, CPU_PER_SAMPLE: CPU_PER_REFERENCE}
+
 # a suite cell run logs each of them three times: (the key's stat field, the statistic)
 # (the interval: ``harness.reporting.verdicts.interval``, for MLflow's error bars)
 CELL_STATS = (("", "median"), ("_min", "min"), ("_max", "max"), ("_spread", "rel_spread"),
@@ -287,6 +292,9 @@ SCHEMA: tuple[Metric, ...] = (
     Metric(STEADY_PER_REFERENCE, "samples per reference iteration", "A suite cell "
            "repeat's `steady_samples_per_s` divided by `reference_iterations_per_s`.",
            runs=_CELL, higher_is_better=True),
+    Metric(CPU_PER_REFERENCE, "reference iterations per sample", "A suite cell repeat's "
+           "`cpu_s_per_sample` times `reference_iterations_per_s`: the CPU time per sample "
+           "with the machine's drift cancelled.", runs=_CELL, higher_is_better=False),
     Metric(REFERENCE_SPEED, "iterations/s", "The drift reference "
            "(`harness.experiments.reference`: a fixed torch loop that runs none of our "
            "code) timed on the cell's cores just before each repeat.", runs=_CELL),
@@ -371,3 +379,15 @@ def mean_bubble(metrics: Mapping[str, float]) -> float | None:
     """A run's bubble: the mean over workers of its ``bubble_fraction_worker_<worker>``."""
     return aggregate(metrics, BUBBLE_FRACTION)
 
+
+def cancel_drift(name: str, value: float | None, speed: float | None) -> float | None:
+    """The drift-cancelled twin (``DRIFT_PAIRS``) of raw figure ``name``'s ``value``, given
+    the drift reference's ``speed`` (iterations/s) measured beside it: the figure counted
+    in reference iterations, a rate divided by the speed, a time multiplied by it (a
+    machine running at half speed halves both a throughput and the speed, and doubles the
+    CPU seconds a sample takes); None where either is missing or not positive."""
+    ok = value is not None and speed is not None and math.isfinite(value) and value > 0 \
+        and math.isfinite(speed) and speed > 0
+    if not ok:
+        return None
+    return value / speed if get(name).higher_is_better else value * speed

@@ -62,8 +62,8 @@ def _flags(base: dict, cur: dict) -> list[regressions.Change]:
 
 
 # the throughput figures: epoch-based and steady-state, each raw and drift-cancelled; the
-# regression rule judges one of each pair (``metrics.DRIFT_PAIRS``, ``regressions``)
-THROUGHPUTS = tuple(n for pair in metrics.DRIFT_PAIRS.items() for n in pair)
+# regression rule judges one of each pair (``metrics.THROUGHPUT_PAIRS``, ``regressions``)
+THROUGHPUTS = tuple(n for pair in metrics.THROUGHPUT_PAIRS.items() for n in pair)
 WINDOW = 5  # the history `make nightly` judges a night against (`regressions --history 5`)
 
 

@@ -20,7 +20,6 @@ import contextlib
 import dataclasses
 import datetime
 import json
-import math
 import os
 import platform
 import tempfile
@@ -153,17 +152,16 @@ def _measure(summary, speed: float) -> tuple[dict, dict]:  # noqa: ANN001 - a Ru
     """A repeat's figures (``speed``: the drift reference measured just before it) and its
     exact counters."""
     m = summary.final_metrics
-    thr, steady = summary.throughput, summary.steady.samples_per_s
-    measured = {metrics.THROUGHPUT: thr,
-                metrics.STEADY_THROUGHPUT: steady,
+    measured = {metrics.THROUGHPUT: summary.throughput,
+                metrics.STEADY_THROUGHPUT: summary.steady.samples_per_s,
                 metrics.REFERENCE_SPEED: speed,
-                metrics.THROUGHPUT_PER_REFERENCE: _per(thr, speed),
-                metrics.STEADY_PER_REFERENCE: _per(steady, speed),
                 metrics.CPU_PER_SAMPLE: summary.cpu_per_sample,
                 metrics.TIME_TO_TARGET: summary.time_to_target_s,
                 metrics.EPOCHS_TO_TARGET: summary.epochs_to_target,
                 metrics.PEAK_MEMORY_MAX: m.get(metrics.PEAK_MEMORY_MAX),
                 metrics.BUBBLE_FRACTION: metrics.mean_bubble(m)}
+    measured.update({cancelled: metrics.cancel_drift(raw, measured[raw], speed)
+                     for raw, cancelled in metrics.DRIFT_PAIRS.items()})
     counters = {"bytes_per_sample": m.get(metrics.BYTES_PER_SAMPLE),
                 "num_parameters": summary.num_parameters,
                 "steps_per_epoch": summary.epochs[0].steps if summary.epochs else None,
@@ -174,11 +172,6 @@ def _measure(summary, speed: float) -> tuple[dict, dict]:  # noqa: ANN001 - a Ru
 def _split(stages: list | None) -> str | None:
     """A run's layer ranges as text ("0-16|16-40"): what its byte counter depends on."""
     return None if not stages else "|".join(f"{a}-{b}" for a, b in stages)
-
-
-def _per(throughput: float, speed: float) -> float | None:
-    ok = throughput and math.isfinite(throughput) and speed > 0
-    return throughput / speed if ok else None
 
 
 def _per_worker(final: dict) -> dict:

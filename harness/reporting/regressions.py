@@ -21,9 +21,9 @@ Rules (the cell key matches cells across results; see ``results`` for the statis
   drift reference moved between the baseline and the current result (``verdicts.moved``:
   the repeats of one night cannot show a shift of the whole machine between nights, the
   reference can), flagged only where the raw figure broke the same way too (a choice made
-  on the reference's current values, the drift-cancelled figure's denominator, must not
-  flag the reference's own move), else the one whose baseline was stabler; either way a
-  pair is flagged at a rate of at most ``alpha`` (``tests/.../test_regressions.py``);
+  on the reference's current values, from which the drift-cancelled figure is computed,
+  must not flag the reference's own move), else the one whose baseline was stabler; either
+  way a pair is flagged at a rate of at most ``alpha`` (``tests/.../test_regressions.py``);
 - a cell that ran before and now fails or is refused is a regression, and so is a
   time-to-target cell whose share of repeats reaching the target fell, or a metric that
   was measured before and no longer is; cells only in one result are listed (``missing``
@@ -255,7 +255,7 @@ def _metric_changes(key: str, base_cells: list[dict], cur: dict,
         if name in raw_of and raw_of[name] in tests:
             # judged because the reference moved: a flag needs the raw figure to break the
             # same way too, else the reference's own move would be flagged through its
-            # denominator (its choice looked at the reference's current values)
+            # divisor or factor (its choice looked at the reference's current values)
             broke = broke and tests[raw_of[name]][2].verdict == r.verdict
         verdict = r.verdict if broke else (
             "too-few-repeats" if r.verdict == "too-few-repeats" else "changed-within-noise")
@@ -272,7 +272,7 @@ def detectability(changes: list[Change]) -> str:
     throughput cells cannot."""
     judged = [c for c in changes if c.mdc is not None
               and not c.verdict.startswith("not judged")]
-    throughput = {n for pair in metrics.DRIFT_PAIRS.items() for n in pair}
+    throughput = {n for pair in metrics.THROUGHPUT_PAIRS.items() for n in pair}
     blind = sorted({c.cell for c in judged if c.name in throughput
                     and not c.mdc <= verdicts.TARGET_MDC})
     can = sum(1 for c in judged if c.mdc <= verdicts.TARGET_MDC)

@@ -62,7 +62,7 @@ from harness.reporting.units import fmt_bytes
 
 __all__ = ["COUNTERS", "DROP_EXTREMES_FROM", "METRICS", "RULE", "SCHEMA", "STABILITY",
            "Stat", "cell_row", "load_result", "overhead_rows", "overhead_table",
-           "summarise", "write_result"]
+           "summarise", "with_drift_cancelled", "write_result"]
 
 SCHEMA = "pipebench-suite/1"
 STABILITY = 0.10
@@ -210,4 +210,23 @@ def load_result(path: str | Path) -> dict:
     if not isinstance(data, dict) or data.get("schema") != SCHEMA:
         raise UserInputError(f"{p}: not a {SCHEMA} result (schema "
                              f"{data.get('schema') if isinstance(data, dict) else None!r})")
-    return data
+    return with_drift_cancelled(data)
+
+
+def with_drift_cancelled(result: dict) -> dict:
+    """``result`` (a suite result as read) with each drift-cancelled figure
+    (``metrics.DRIFT_PAIRS``) that a result from before it was measured lacks, derived from
+    the raw figure's and the drift reference's repeats as a suite run derives it
+    (``metrics.cancel_drift``), where every repeat has both."""
+    for cell in result.get("cells", []):
+        stats = cell.get("metrics", {})
+        speeds = stats.get(metrics.REFERENCE_SPEED, {}).get("values", [])
+        for raw, cancelled in metrics.DRIFT_PAIRS.items():
+            values = stats.get(raw, {}).get("values", [])
+            if cancelled in stats or not values or len(values) != len(speeds):
+                continue
+            stat = summarise(metrics.cancel_drift(raw, v, s)
+                             for v, s in zip(values, speeds, strict=True))
+            if stat is not None and stat.n == len(values):
+                stats[cancelled] = stat.to_json()
+    return result

@@ -17,7 +17,7 @@ from pathlib import Path
 from core.errors import UserInputError
 from harness import metrics
 from harness.reporting import tracking
-from harness.reporting.results import SCHEMA, load_result
+from harness.reporting.results import SCHEMA, load_result, with_drift_cancelled
 from harness.reporting.units import fmt_bytes
 
 __all__ = ["COMPARE_COLUMNS", "compare_records", "compare_rows", "load_result_or_run",
@@ -48,7 +48,7 @@ def _suite_json(run_id: str) -> dict:
     data = json.loads(Path(path).read_text())
     if data.get("schema") != SCHEMA:
         raise UserInputError(f"run {run_id}: suite.json is not a {SCHEMA} result")
-    return data
+    return with_drift_cancelled(data)
 
 
 def load_result_or_run(ref: str) -> dict:

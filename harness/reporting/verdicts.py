@@ -91,10 +91,10 @@ def rule_text(alpha: float = ALPHA) -> str:
             f"repeats against repeats for one or two baseline results, the result against "
             f"the prediction interval of {HISTORY_RESULTS} or more earlier results; MDC = "
             f"the smallest change detected with {POWER:.0%} probability, from each cell's "
-            f"own noise; no move under {MIN_CHANGE:.0%} is flagged; of throughput raw and "
-            f"drift-cancelled, the drift-cancelled one where the cell's drift reference "
-            f"moved (two-sided, at {DRIFT_LEVEL:g}), else the one whose baseline was "
-            f"stabler")
+            f"own noise; no move under {MIN_CHANGE:.0%} is flagged; of throughput and CPU "
+            f"time per sample, each raw and drift-cancelled, the drift-cancelled one where "
+            f"the cell's drift reference moved (two-sided, at {DRIFT_LEVEL:g}), else the "
+            f"one whose baseline was stabler")
 
 
 @dataclass(frozen=True)

@@ -112,7 +112,8 @@ def test_the_lists_derived_from_the_schema() -> None:
                                "throughput_per_reference": True,
                                "steady_samples_per_s": True, "steady_per_reference": True,
                                "reference_iterations_per_s": None,
-                               "cpu_s_per_sample": False, "time_to_target_s": False,
+                               "cpu_s_per_sample": False,
+                               "cpu_reference_per_sample": False, "time_to_target_s": False,
                                "epochs_to_target": False, "peak_memory_bytes_max": False,
                                "bubble_fraction": False}
     per_worker = {m.name: m.aggregate for m in metrics.SCHEMA if m.per_worker}
@@ -122,3 +123,19 @@ def test_the_lists_derived_from_the_schema() -> None:
                           "stash_activation_bytes": "max", "idle_s": "sum",
                           "bubble_fraction": "mean"}
     assert all(m.unit and m.meaning.endswith(".") for m in metrics.SCHEMA)
+
+
+def test_drift_cancelled_figures_count_in_reference_iterations() -> None:
+    # a machine at half speed: the loop runs half the iterations per second, a sample
+    # takes half the throughput and twice the CPU seconds; the cancelled figures hold
+    for raw, cancelled in metrics.DRIFT_PAIRS.items():
+        assert metrics.get(raw).higher_is_better == metrics.get(cancelled).higher_is_better
+    fast = {n: metrics.cancel_drift(n, v, 40.0) for n, v in
+            (("throughput_samples_per_s", 2000.0), ("cpu_s_per_sample", 0.001))}
+    slow = {n: metrics.cancel_drift(n, v, 20.0) for n, v in
+            (("throughput_samples_per_s", 1000.0), ("cpu_s_per_sample", 0.002))}
+    assert fast == slow == {"throughput_samples_per_s": 50.0, "cpu_s_per_sample": 0.04}
+    assert metrics.cancel_drift("cpu_s_per_sample", None, 20.0) is None
+    assert metrics.cancel_drift("steady_samples_per_s", 10.0, 0.0) is None
+    assert metrics.cancel_drift("steady_samples_per_s", float("nan"), 3.0) is None
+

@@ -25,7 +25,7 @@ def test_a_repeat_is_kept_as_the_suites_metrics_and_counters() -> None:
     assert measured == {"throughput_samples_per_s": 40.0, "time_to_target_s": None,
                         "reference_iterations_per_s": 8.0, "throughput_per_reference": 5.0,
                         "steady_samples_per_s": 48.0, "steady_per_reference": 6.0,
-                        "cpu_s_per_sample": 0.5,
+                        "cpu_s_per_sample": 0.5, "cpu_reference_per_sample": 4.0,
                         "epochs_to_target": None, "peak_memory_bytes_max": 300,
                         "bubble_fraction": 0.375}
     assert counters == {"bytes_per_sample": 96.0, "num_parameters": 7, "steps_per_epoch": 4,

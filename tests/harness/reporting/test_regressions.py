@@ -198,6 +198,33 @@ def test_where_the_reference_moved_the_drift_cancelled_figure_is_judged() -> Non
         ("pipedream", "throughput_samples_per_s"): "regression"}
 
 
+def test_cpu_per_sample_on_a_slower_machine_is_judged_in_reference_iterations() -> None:
+    """The same fifth A/A run: CPU seconds per sample rose about 1.8x in most cells, with
+    the reference slower by as much (a slower core takes longer for the same work). Its
+    drift-cancelled twin (seconds x the reference's iterations/s) is judged where the
+    reference moved and did not move; a system taking 25% more CPU on a steady machine
+    is flagged."""
+    key = "vgg16/tiny/w2/pipedream/throughput"
+    wobble, ref = [1.0, 1.01, 0.99, 1.0], [1.0, 0.93, 1.07, 1.0]
+
+    def cell(cpu: float, speed: float) -> dict:
+        cpus, speeds = [cpu * w for w in wobble], [speed * r for r in ref]
+        c = _drift_cell(key, [100.0] * 4, speeds)
+        c["metrics"]["cpu_s_per_sample"] = summarise(cpus).to_json()
+        c["metrics"]["cpu_reference_per_sample"] = summarise(
+            [x * v for x, v in zip(cpus, speeds, strict=True)]).to_json()
+        return c
+
+    base = _result([cell(0.01, 50.0)])
+    changes = compare_results([base], _result([cell(0.018, 50.0 / 1.8)]))
+    assert not has_regression(changes)
+    raw = next(c for c in changes if c.name == "cpu_s_per_sample")
+    assert raw.verdict == ("not judged (cpu_reference_per_sample judged: the drift "
+                           "reference moved)")
+    assert _verdicts(compare_results([base], _result([cell(0.0125, 50.0)]))) == {
+        ("pipedream", "cpu_s_per_sample"): "regression"}
+
+
 @pytest.mark.parametrize(("sd_raw", "sd_ref", "drift"), [
     (0.03, 0.10, 1.0),  # a noisy reference, a steady system: the reference moves alone
     (0.10, 0.02, 1.0),  # a noisy system, a steady reference

@@ -67,3 +67,25 @@ def test_permutations_do_not_change_the_numbers() -> None:
     for perm in itertools.permutations(values):
         s = summarise(perm)
         assert (s.median, s.low, s.high) == (first.median, first.low, first.high)
+
+
+def test_an_older_result_gets_the_drift_cancelled_twins_it_lacks(tmp_path) -> None:  # noqa: ANN001
+    # CPU per sample measured, its drift-cancelled twin not (a result from before it was):
+    # derived per repeat as CPU seconds x reference iterations/s; a twin measured is kept
+    cpu, speed = [0.002, 0.004, 0.003], [50.0, 25.0, 40.0]
+    kept = {"median": 7.0, "values": [7.0]}
+    cell = {"key": "k", "metrics": {
+        "cpu_s_per_sample": summarise(cpu).to_json(),
+        "reference_iterations_per_s": summarise(speed).to_json(),
+        "throughput_samples_per_s": summarise([100.0, 50.0, 80.0]).to_json(),
+        "throughput_per_reference": kept}}
+    uneven = {"key": "u", "metrics": {"cpu_s_per_sample": summarise(cpu).to_json(),
+                                      "reference_iterations_per_s": summarise([9.0]).to_json()}}
+    p = tmp_path / "old.json"
+    p.write_text(json.dumps({"schema": SCHEMA, "cells": [cell, uneven]}))
+    got = {c["key"]: c["metrics"] for c in load_result(p)["cells"]}
+    assert got["k"]["cpu_reference_per_sample"]["values"] == pytest.approx([0.1, 0.1, 0.12])
+    assert got["k"]["cpu_reference_per_sample"]["median"] == pytest.approx(0.1)
+    assert got["k"]["throughput_per_reference"] == kept
+    assert "steady_per_reference" not in got["k"]  # no raw figure to derive it from
+    assert "cpu_reference_per_sample" not in got["u"]  # repeats that do not pair up
