@@ -94,6 +94,10 @@ class ValidationRow:
     compute_in_run: tuple[float, ...] = ()
     resimulated: float | None = None
     kinds_in_run: tuple[dict[str, float], ...] = ()
+    # the simulation again with each transfer's one-way time measured on idle cores (the
+    # loaded microbenchmark's median falls on a scheduler slice or not from one
+    # measurement to the next); None where the transfers were measured unloaded anyway
+    unloaded: float | None = None
 
     @property
     def error(self) -> float:
@@ -212,6 +216,7 @@ def _one(setup: _Setup, prof: Profile, system: str, w: int, progress: Progress) 
     plan_path.write_text(straight.to_json())
     m = schedules.microbatches(sys_.schedule, w) if sys_.microbatched else 1
     spare = setup.cores > w  # a core left over for communication
+    idle: dict = {}  # one-way times on idle cores, where the model takes loaded ones
     if kind == "data-parallel":  # global minibatch b: each replica trains b / w of it
         groups, replicas, placement = [tuple(prof.graph().nodes)], (w,), None
         actions, _ = measured_actions(name, (1,), ((0, bounds[-1][1]),), b // w, k * w)
@@ -224,6 +229,7 @@ def _one(setup: _Setup, prof: Profile, system: str, w: int, progress: Progress) 
         # (the sender's own time in a send is taken unloaded: its CPU work, not the wait)
         transfers = measure_transfers(messages, wl.static_shapes)
         if kind != "in-flight-1":
+            idle = {key: t[0] for key, t in transfers.items()}
             loaded = measure_transfers(messages, wl.static_shapes, load=setup.cores)
             transfers = {key: (loaded[key][0], t[1]) for key, t in transfers.items()}
     model = MachineModel(action_s=actions,
@@ -249,10 +255,16 @@ def _one(setup: _Setup, prof: Profile, system: str, w: int, progress: Progress) 
                           options)
     # the runtime drains its pipeline at every epoch end: an epoch is k minibatches
     simulated = k * b / sim.total_s
+    unloaded = None
+    if idle:
+        again = simulate_system(prof, cluster, system, SimLayout(groups, replicas, placement),
+                                replace(options, machine=replace(model, transfer_s=idle)))
+        unloaded = k * b / again.total_s
     costs = " / ".join(" ".join([f"{kind} {1e3 * actions[st][kind]:.2f}"
                                  for kind in ("F", *BACKWARDS, "U") if kind in actions[st]]
                                 + [f"S{kind} {1e3 * transfers[(st, kind)][0]:.2f}"
-                                   f" ({1e3 * transfers[(st, kind)][1]:.2f})"
+                                   + (f" / {1e3 * idle[(st, kind)]:.2f}" if idle else "")
+                                   + f" ({1e3 * transfers[(st, kind)][1]:.2f})"
                                    for kind in ("F", "B") if (st, kind) in transfers])
                        for st in sorted(actions))
     bubble = metrics.mean_bubble(summary.final_metrics)
@@ -271,7 +283,7 @@ def _one(setup: _Setup, prof: Profile, system: str, w: int, progress: Progress) 
                          summary.throughput, simulated, costs,
                          bubble, None if bubble is None else sim_bubble,
                          tuple(ratios[st] for st in sorted(ratios)), resimulated,
-                         tuple(per_kind[st] for st in sorted(per_kind)))
+                         tuple(per_kind[st] for st in sorted(per_kind)), unloaded)
 
 
 def markdown(rows: list[ValidationRow], machine: dict[str, float], command: str) -> str:
@@ -291,9 +303,13 @@ def markdown(rows: list[ValidationRow], machine: dict[str, float], command: str)
              "cores (with no spare core DDP does not overlap; with more workers than cores, a "
              "run takes at least all ranks' busy time over the cores). Transfers (S F/B "
              "below): one-way time of each stage's typical message through the runtime's "
-             "Comm, measured with the cores busy except for model parallelism, and in "
-             "parentheses the sender's own time in the send call; a message moves once its "
-             "receive is posted (gloo)."]
+             "Comm (a median of round trips), measured with the cores busy except for model "
+             "parallelism, then after a slash on idle cores, and in parentheses the sender's "
+             "own time in the send call; a message moves once its receive is posted (gloo). "
+             "Simulated with idle-core transfers: the simulation again with the idle cores' "
+             "one-way times (on busy cores a median falls on a scheduler slice, about 2 ms "
+             "here, or not, from one measurement to the next; a receiver that waits leaves "
+             "its core idle)."]
     for k, v in machine.items():
         if k.startswith("allreduce_fixed_s."):
             w = k.split(".", 1)[1]
@@ -312,13 +328,16 @@ def markdown(rows: list[ValidationRow], machine: dict[str, float], command: str)
     lines += [""] + markdown_table(
         ("workload", "system", "workers", "config", "measured samples/s",
          "simulated samples/s", "error", "compute in the run / alone",
-         "simulated with the run's compute", "bubble measured / simulated",
+         "simulated with the run's compute", "simulated with idle-core transfers",
+         "bubble measured / simulated",
          "action costs per stage (ms per unit)"),
         [(r.workload, r.system, r.workers, r.config, f"{r.measured:.0f}",
           f"{r.simulated:.0f}", f"{100 * r.error:+.0f}%",
           ratios_cell(r.compute_in_run, r.kinds_in_run),
           "-" if r.resimulated is None else
           f"{r.resimulated:.0f} ({100 * (r.resimulated / r.measured - 1):+.0f}%)",
+          "-" if r.unloaded is None else
+          f"{r.unloaded:.0f} ({100 * (r.unloaded / r.measured - 1):+.0f}%)",
           "-" if r.measured_bubble is None else
           f"{r.measured_bubble:.0%} / {r.simulated_bubble:.0%}", r.actions) for r in rows])
     with_bubble = [r for r in rows if r.measured_bubble is not None]
@@ -330,13 +349,21 @@ def markdown(rows: list[ValidationRow], machine: dict[str, float], command: str)
         errs = [abs(r.error) for r in rows if r.workers == w]
         within = sum(e <= 0.10 for e in errs)
         goal = " (goal: all)" if w == 2 else ""
-        again = [abs(r.resimulated / r.measured - 1) for r in rows
-                 if r.workers == w and r.resimulated is not None]
         lines.append(f"{'' if w > min(r.workers for r in rows) else chr(10)}"
                      f"At {w} worker(s): {within} of {len(errs)} within 10%{goal}; median "
                      f"|error| {100 * statistics.median(errs):.0f}%, worst "
                      f"{100 * max(errs):.0f}%"
-                     + (f"; with the run's own compute {sum(e <= 0.10 for e in again)} of "
-                        f"{len(again)} within 10%, median |error| "
-                        f"{100 * statistics.median(again):.0f}%" if again else "") + ".")
+                     + _again(rows, w, "resimulated", "with the run's own compute")
+                     + _again(rows, w, "unloaded", "with idle-core transfers, of the rows "
+                              "that measured them") + ".")
     return "\n".join(lines) + "\n"
+
+
+def _again(rows: list[ValidationRow], w: int, field: str, what: str) -> str:
+    """The summary of one diagnostic simulation's errors at ``w`` workers ('' if none)."""
+    errs = [abs(getattr(r, field) / r.measured - 1) for r in rows
+            if r.workers == w and getattr(r, field) is not None]
+    if not errs:
+        return ""
+    return (f"; {what} {sum(e <= 0.10 for e in errs)} of {len(errs)} within 10%, median "
+            f"|error| {100 * statistics.median(errs):.0f}%")

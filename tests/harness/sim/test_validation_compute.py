@@ -64,15 +64,17 @@ def test_the_report_shows_the_ratio_and_the_error_left_once_it_is_known() -> Non
     row = ValidationRow("vgg16", "pipedream-flush", 2, "1-1", measured=400.0,
                         simulated=520.0, measured_bubble=0.3, simulated_bubble=0.2,
                         compute_in_run=(1.3, 1.25), resimulated=420.0,
-                        kinds_in_run=({"F": 1.5, "U": 0.9}, {"F": 1.25}))
+                        kinds_in_run=({"F": 1.5, "U": 0.9}, {"F": 1.25}), unloaded=460.0)
     dp = ValidationRow("vgg16", "ddp", 2, "2", measured=500.0, simulated=520.0)
     text = markdown([row, dp], {"latency_s": 5e-5, "bandwidth_Bps": 3e9, "cores": 2},
                     "pipebench reproduce validation")
     line = next(ln for ln in text.splitlines() if "pipedream-flush" in ln)
-    assert "| +30% | 1.30 (F 1.50 U 0.90) / 1.25 (F 1.25) | 420 (+5%) |" in line
-    assert "| +4% | - | - |" in next(ln for ln in text.splitlines() if "| ddp |" in ln)
+    assert "| +30% | 1.30 (F 1.50 U 0.90) / 1.25 (F 1.25) | 420 (+5%) | 460 (+15%) |" in line
+    assert "| +4% | - | - | - |" in next(ln for ln in text.splitlines() if "| ddp |" in ln)
     assert ("At 2 worker(s): 1 of 2 within 10% (goal: all); median |error| 17%, worst 30%; "
-            "with the run's own compute 1 of 1 within 10%, median |error| 5%.") in text
+            "with the run's own compute 1 of 1 within 10%, median |error| 5%; with idle-core "
+            "transfers, of the rows that measured them 0 of 1 within 10%, median |error| "
+            "15%.") in text
 
 
 def test_the_report_names_the_runtime_switches_its_runs_had(monkeypatch) -> None:  # noqa: ANN001
