@@ -75,6 +75,9 @@ class MachineModel:
     # latency and bandwidth for that link; bytes are still counted from the profile)
     transfer_s: dict[tuple[int, str], float] | None = None
     send_s: dict[tuple[int, str], float] | None = None  # the sender's own time per send
+    # (receiving stage, "F" or "B") -> the receiver's own time per receive, once the
+    # message is in (unpacking, posting the next receive, settling sends); default none
+    recv_s: dict[tuple[int, str], float] | None = None
     header_messages: int = 0  # extra messages per send (our shape header, unless static)
     # gloo's point-to-point: the payload moves only once the receiver has posted its
     # receive (measured here: a message sent a second earlier still takes its full
@@ -227,7 +230,7 @@ class ClusterCosts:
         self.model = model  # a calibrated all-reduce (time only), overlapped if it says so
         self.link_free: dict[tuple[int, int], float] = defaultdict(float)
         self.bytes_per_level: dict[int, float] = defaultdict(float)
-        self.send_busy_s = 0.0  # senders' own time in their send calls
+        self.comm_busy_s = 0.0  # senders' and receivers' own time in their calls
 
     def compute(self, rank: int, a: Action) -> float:
         s = self.layout.stage_of(rank)[0]
@@ -239,15 +242,17 @@ class ClusterCosts:
     def send(self, src: int, dst: int, a: Action, t: float) -> tuple[float, float]:
         own = (self.machine.send_s or {}).get((self.layout.stage_of(src)[0], a.kind[1]), 0.0)
         t += own / self.factor
-        self.send_busy_s += own / self.factor
+        self.comm_busy_s += own / self.factor
         if self.machine.rendezvous:  # moves when the receiver asks: see ``receive``
             return t, t
         return t, self._transfer(src, dst, a, t)
 
     def receive(self, src: int, dst: int, a: Action, token: float, posted: float) -> float:
+        own = (self.machine.recv_s or {}).get((self.layout.stage_of(dst)[0], a.kind[1]), 0.0)
+        self.comm_busy_s += own / self.factor
         if self.machine.rendezvous:
-            return self._transfer(src, dst, a, max(token, posted))
-        return token
+            return self._transfer(src, dst, a, max(token, posted)) + own / self.factor
+        return max(token, posted) + own / self.factor
 
     def _transfer(self, src: int, dst: int, a: Action, t: float) -> float:
         """When a message that may start at ``t`` is in (FIFO per directed link)."""

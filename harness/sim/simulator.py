@@ -174,7 +174,7 @@ def simulate_system(profile: Profile, cluster: Cluster, system: str, layout: Sim
     steady = (done[hi - 1] - done[lo - 1]) / (hi - lo) if hi > lo else total / n
     cores = costs.machine.cores
     if cores is not None and sched.layout.workers > cores:  # the CPU's capacity bound
-        busy = costs.send_busy_s + sum(e - s for row in timeline for s, e, a in row
+        busy = costs.comm_busy_s + sum(e - s for row in timeline for s, e, a in row
                                      if a.kind in (*COMPUTE, "U", "A"))
         total = max(total, busy / cores)
         steady = max(steady, busy / cores / n)

@@ -54,6 +54,8 @@ from harness.sim.simulator import (
     simulate_system,
 )
 from harness.sim.validation_compute import (
+    comm_counts,
+    comm_in_run,
     compute_in_run,
     kinds_in_run,
     ratios_cell,
@@ -98,6 +100,9 @@ class ValidationRow:
     # loaded microbenchmark's median falls on a scheduler slice or not from one
     # measurement to the next); None where the transfers were measured unloaded anyway
     unloaded: float | None = None
+    # the simulation with the run's compute (``resimulated``) and the run's own time per
+    # send and per receive (``comm_in_run``): what remains once both are known
+    with_comm: float | None = None
 
     @property
     def error(self) -> float:
@@ -273,17 +278,24 @@ def _one(setup: _Setup, prof: Profile, system: str, w: int, progress: Progress) 
         for row in sim.timeline)
     ratios = compute_in_run(actions, summary.final_metrics, m)
     per_kind = kinds_in_run(actions, summary.final_metrics, m, replicas)
-    resimulated = None
+    resimulated = with_comm = None
     if ratios:
         scaled = scale_compute(actions, ratios, per_kind)
         again = simulate_system(prof, cluster, system, SimLayout(groups, replicas, placement),
                                 replace(options, machine=replace(model, action_s=scaled)))
         resimulated = k * b / again.total_s
+        sends, recvs = comm_in_run(summary.final_metrics, comm_counts(sys_, replicas, k, m))
+        if sends and all(r == 1 for r in replicas):
+            both = replace(model, action_s=scaled, send_s=sends, recv_s=recvs)
+            again = simulate_system(prof, cluster, system,
+                                    SimLayout(groups, replicas, placement),
+                                    replace(options, machine=both))
+            with_comm = k * b / again.total_s
     return ValidationRow(name, cfg.system, w, "-".join(map(str, replicas)),
                          summary.throughput, simulated, costs,
                          bubble, None if bubble is None else sim_bubble,
                          tuple(ratios[st] for st in sorted(ratios)), resimulated,
-                         tuple(per_kind[st] for st in sorted(per_kind)), unloaded)
+                         tuple(per_kind[st] for st in sorted(per_kind)), unloaded, with_comm)
 
 
 def markdown(rows: list[ValidationRow], machine: dict[str, float], command: str) -> str:
@@ -323,12 +335,17 @@ def markdown(rows: list[ValidationRow], machine: dict[str, float], command: str)
               "simulation again with each compute action's cost scaled by its kind's ratio "
               "(by its stage's where the run timed no kinds), its error beside: what remains "
               "for the schedule and communication model once the run's own compute is "
-              "known. A diagnosis, not a prediction: the goal is judged on the first error. "
+              "known. ... and its sends and receives: the same, with each send's time and "
+              "each receive's CPU time in the run (per unit, from the run's action times "
+              "over the schedule's count; a receive's wall time holds its wait) charged to "
+              "the sender and the receiver. A diagnosis, not a prediction: the goal is "
+              "judged on the first error. "
               "'-' where the run times no compute per stage (data parallelism)."]
     lines += [""] + markdown_table(
         ("workload", "system", "workers", "config", "measured samples/s",
          "simulated samples/s", "error", "compute in the run / alone",
-         "simulated with the run's compute", "simulated with idle-core transfers",
+         "simulated with the run's compute", "... and its sends and receives",
+         "simulated with idle-core transfers",
          "bubble measured / simulated",
          "action costs per stage (ms per unit)"),
         [(r.workload, r.system, r.workers, r.config, f"{r.measured:.0f}",
@@ -336,6 +353,8 @@ def markdown(rows: list[ValidationRow], machine: dict[str, float], command: str)
           ratios_cell(r.compute_in_run, r.kinds_in_run),
           "-" if r.resimulated is None else
           f"{r.resimulated:.0f} ({100 * (r.resimulated / r.measured - 1):+.0f}%)",
+          "-" if r.with_comm is None else
+          f"{r.with_comm:.0f} ({100 * (r.with_comm / r.measured - 1):+.0f}%)",
           "-" if r.unloaded is None else
           f"{r.unloaded:.0f} ({100 * (r.unloaded / r.measured - 1):+.0f}%)",
           "-" if r.measured_bubble is None else
@@ -354,6 +373,7 @@ def markdown(rows: list[ValidationRow], machine: dict[str, float], command: str)
                      f"|error| {100 * statistics.median(errs):.0f}%, worst "
                      f"{100 * max(errs):.0f}%"
                      + _again(rows, w, "resimulated", "with the run's own compute")
+                     + _again(rows, w, "with_comm", "with its sends and receives too")
                      + _again(rows, w, "unloaded", "with idle-core transfers, of the rows "
                               "that measured them") + ".")
     return "\n".join(lines) + "\n"

@@ -1,6 +1,7 @@
-"""The validation's diagnosis of a run's compute: how much longer each stage's compute
-took inside the run than the same actions measured alone, per stage and per kind of
-action, and the action costs scaled by those ratios for the diagnostic simulation.
+"""The validation's diagnosis of a run's compute and communication: how much longer each
+stage's compute took inside the run than the same actions measured alone, per stage and
+per kind of action, and the action costs scaled by those ratios for the diagnostic
+simulation; and the run's own time per send and per receive, for a second one.
 
 Why apart from ``validation``: the ratios are arithmetic on a run's metrics and the
 measured costs, tested on figures worked out by hand without running anything, while
@@ -10,9 +11,11 @@ measured costs, tested on figures worked out by hand without running anything, w
 from __future__ import annotations
 
 from harness import metrics
+from harness.sim.simulator import build_schedule
 from pipedream_impl.runtime.faults import COMPUTE_KINDS  # F, B, I, W, U: what is computed
 
-__all__ = ["compute_in_run", "kinds_in_run", "ratios_cell", "scale_compute"]
+__all__ = ["comm_counts", "comm_in_run", "compute_in_run", "kinds_in_run", "ratios_cell",
+           "scale_compute"]
 
 
 def scale_compute(actions: dict[int, dict[str, float]], ratios: dict[int, float],
@@ -79,3 +82,36 @@ def ratios_cell(stage_ratios: tuple[float, ...],
     return " / ".join(f"{x:.2f}" + (" (" + " ".join(f"{kd} {v:.2f}" for kd, v in k.items())
                                     + ")" if k else "")
                       for x, k in zip(stage_ratios, kinds, strict=True))
+
+
+def comm_in_run(final: dict[str, float], counts: dict[int, dict[str, int]]) \
+        -> tuple[dict[tuple[int, str], float], dict[tuple[int, str], float]]:
+    """The run's own seconds per send and per receive of each stage, keyed as the machine
+    model's ``send_s`` and ``recv_s`` ((stage, "F" or "B")): a send's whole time in the run
+    (``metrics.ACTION_TIME`` of SF, SB), a receive's CPU time on the worker's main thread
+    (``metrics.ACTION_CPU`` of RF, RB: its wall time holds the wait for the message, which
+    the simulation makes itself; so without the time the thread was off its core, a lower
+    bound), each over how many the run did: ``counts`` of each kind per epoch on each rank
+    (rank = stage, as on the validation's straight splits) times the epochs run. Empty
+    where the run did not log them all."""
+    epochs = final.get(metrics.EPOCHS_RUN)
+    send, recv = {}, {}
+    for st, kinds in counts.items():
+        for kind, n in kinds.items():
+            name = metrics.ACTION_TIME if kind[0] == "S" else metrics.ACTION_CPU
+            secs = final.get(metrics.key(name, kind=kind, worker=st))
+            if secs is None or not n or not epochs:
+                return {}, {}
+            (send if kind[0] == "S" else recv)[(st, kind[1])] = secs / (n * epochs)
+    return send, recv
+
+
+def comm_counts(system, replicas: tuple[int, ...], k: int, m: int) \
+        -> dict[int, dict[str, int]]:  # noqa: ANN001 - a systems.System
+    """How many sends and receives of each kind each rank does per epoch of ``k``
+    minibatches of ``m`` microbatches, from the runtime's schedule."""
+    sched = build_schedule(system, replicas, k, m)
+    return {r: {kd: sum(a.kind == kd for a in row) for kd in ("SF", "SB", "RF", "RB")
+                if any(a.kind == kd for a in row)}
+            for r, row in enumerate(sched.actions)}
+
