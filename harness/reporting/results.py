@@ -217,13 +217,15 @@ def with_drift_cancelled(result: dict) -> dict:
     """``result`` (a suite result as read) with each drift-cancelled figure
     (``metrics.DRIFT_PAIRS``) that a result from before it was measured lacks, derived from
     the raw figure's and the drift reference's repeats as a suite run derives it
-    (``metrics.cancel_drift``), where every repeat has both."""
+    (``metrics.cancel_drift``), where every repeat has both (a summary leaves out missing
+    values, so only then do the two lists pair up repeat by repeat)."""
     for cell in result.get("cells", []):
         stats = cell.get("metrics", {})
         speeds = stats.get(metrics.REFERENCE_SPEED, {}).get("values", [])
+        repeats = len(cell.get("run_ids", speeds))
         for raw, cancelled in metrics.DRIFT_PAIRS.items():
             values = stats.get(raw, {}).get("values", [])
-            if cancelled in stats or not values or len(values) != len(speeds):
+            if cancelled in stats or not values or not len(values) == len(speeds) == repeats:
                 continue
             stat = summarise(metrics.cancel_drift(raw, v, s)
                              for v, s in zip(values, speeds, strict=True))

@@ -14,8 +14,8 @@ receive, plus all-reduce); ``ClusterCosts`` answers them from a profile and a cl
   ``(t + header) x latency_s + bytes / bandwidth`` of the innermost level the two ranks
   share; a receive waits for arrival. A ``MachineModel`` may give measured one-way times
   per stage and direction (``transfer_s``), the sender's own time in the send call
-  (``send_s``), and ``rendezvous``: the message moves only once the receiver posts its
-  receive (gloo);
+  (``send_s``), the receiver's own time once the message is in (``recv_s``), and
+  ``rendezvous``: the message moves only once the receiver posts its receive (gloo);
 - all-reduce of a replicated stage, as the planner models it (``sync_levels``): inside
   a machine (every level but the outermost) a ring among the k groups the replicas form
   at each level,
@@ -75,8 +75,9 @@ class MachineModel:
     # latency and bandwidth for that link; bytes are still counted from the profile)
     transfer_s: dict[tuple[int, str], float] | None = None
     send_s: dict[tuple[int, str], float] | None = None  # the sender's own time per send
-    # (receiving stage, "F" or "B") -> the receiver's own time per receive, once the
-    # message is in (unpacking, posting the next receive, settling sends); default none
+    # (the receiving rank's first stage, as for send_s, "F" or "B") -> the receiver's own
+    # time per receive once the message is in (unpacking, posting the next receive,
+    # settling sends); default none
     recv_s: dict[tuple[int, str], float] | None = None
     header_messages: int = 0  # extra messages per send (our shape header, unless static)
     # gloo's point-to-point: the payload moves only once the receiver has posted its

@@ -279,13 +279,15 @@ def _one(setup: _Setup, prof: Profile, system: str, w: int, progress: Progress) 
     ratios = compute_in_run(actions, summary.final_metrics, m)
     per_kind = kinds_in_run(actions, summary.final_metrics, m, replicas)
     resimulated = with_comm = None
-    if ratios:
+    if ratios:  # (with more workers than cores, the run's times hold the wait for a core)
         scaled = scale_compute(actions, ratios, per_kind)
         again = simulate_system(prof, cluster, system, SimLayout(groups, replicas, placement),
                                 replace(options, machine=replace(model, action_s=scaled)))
         resimulated = k * b / again.total_s
-        sends, recvs = comm_in_run(summary.final_metrics, comm_counts(sys_, replicas, k, m))
-        if sends and all(r == 1 for r in replicas):
+        done = sum(e.steps for e in summary.epochs) / k  # epochs' worth of minibatches
+        sends, recvs = comm_in_run(summary.final_metrics, comm_counts(sys_, replicas, k, m),
+                                   done)
+        if sends and all(r == 1 for r in replicas) and w <= setup.cores:
             both = replace(model, action_s=scaled, send_s=sends, recv_s=recvs)
             again = simulate_system(prof, cluster, system,
                                     SimLayout(groups, replicas, placement),

@@ -84,7 +84,7 @@ def ratios_cell(stage_ratios: tuple[float, ...],
                       for x, k in zip(stage_ratios, kinds, strict=True))
 
 
-def comm_in_run(final: dict[str, float], counts: dict[int, dict[str, int]]) \
+def comm_in_run(final: dict[str, float], counts: dict[int, dict[str, int]], epochs: float) \
         -> tuple[dict[tuple[int, str], float], dict[tuple[int, str], float]]:
     """The run's own seconds per send and per receive of each stage, keyed as the machine
     model's ``send_s`` and ``recv_s`` ((stage, "F" or "B")): a send's whole time in the run
@@ -92,9 +92,9 @@ def comm_in_run(final: dict[str, float], counts: dict[int, dict[str, int]]) \
     (``metrics.ACTION_CPU`` of RF, RB: its wall time holds the wait for the message, which
     the simulation makes itself; so without the time the thread was off its core, a lower
     bound), each over how many the run did: ``counts`` of each kind per epoch on each rank
-    (rank = stage, as on the validation's straight splits) times the epochs run. Empty
-    where the run did not log them all."""
-    epochs = final.get(metrics.EPOCHS_RUN)
+    (rank = stage, as on the validation's straight splits) times ``epochs``, the
+    minibatches the run did over an epoch's (warm-up included). Empty where the run did
+    not log them all."""
     send, recv = {}, {}
     for st, kinds in counts.items():
         for kind, n in kinds.items():
@@ -114,4 +114,3 @@ def comm_counts(system, replicas: tuple[int, ...], k: int, m: int) \
     return {r: {kd: sum(a.kind == kd for a in row) for kd in ("SF", "SB", "RF", "RB")
                 if any(a.kind == kd for a in row)}
             for r, row in enumerate(sched.actions)}
-

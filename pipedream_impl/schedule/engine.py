@@ -27,10 +27,10 @@ class TickCosts:
 
     A cost model answers three questions (``harness.sim.costs.ClusterCosts`` answers them
     from a profile and a cluster): how long a rank's compute action takes, when a message
-    sent at ``t`` leaves the sender free, when it is in once the receiver posts its receive
-    (``send`` returns a token ``receive`` reads: an eager transfer's arrival time, or a
-    rendezvous transfer's ready time), and how long an all-reduce among a stage's replicas
-    takes.
+    sent at ``t`` leaves the sender free, when the receiver is free again once it posts its
+    receive (``send`` returns a token ``receive`` reads: an eager transfer's arrival time,
+    or a rendezvous transfer's ready time; plus, for a measured machine, the receiver's
+    own time), and how long an all-reduce among a stage's replicas takes.
     """
 
     def __init__(self, ticks: dict[str, int] | None = None) -> None:
@@ -76,11 +76,12 @@ def simulate(sched: Schedule, ticks: dict[str, int] | None = None, costs=None) \
 
     The one event engine for schedules: the validator and grid use ``TickCosts``; the
     cluster simulator passes its own cost model. A send returns when the cost model says
-    the sender is free again; a receive blocks until the cost model says the message is
-    in (an eager transfer's arrival, or a rendezvous transfer that starts once the
-    receive is posted); an all-reduce starts when the last replica reaches it. Returns,
-    per rank, (start, end, action) of its F, B, I, W, A and U actions. Raises ScheduleError on a
-    deadlock or a receive that does not match the oldest pending send.
+    the sender is free again; a receive blocks until the cost model says the receiver is
+    free again (the message in: an eager transfer's arrival, or a rendezvous transfer that
+    starts once the receive is posted; then any time of its own); an all-reduce starts
+    when the last replica reaches it. Returns, per rank, (start, end, action) of its F, B,
+    I, W, A and U actions. Raises ScheduleError on a deadlock or a receive that does not
+    match the oldest pending send.
     """
     costs = costs or TickCosts(ticks)
     n = sched.layout.workers

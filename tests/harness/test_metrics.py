@@ -138,4 +138,3 @@ def test_drift_cancelled_figures_count_in_reference_iterations() -> None:
     assert metrics.cancel_drift("cpu_s_per_sample", None, 20.0) is None
     assert metrics.cancel_drift("steady_samples_per_s", 10.0, 0.0) is None
     assert metrics.cancel_drift("steady_samples_per_s", float("nan"), 3.0) is None
-

@@ -81,11 +81,16 @@ def test_an_older_result_gets_the_drift_cancelled_twins_it_lacks(tmp_path) -> No
         "throughput_per_reference": kept}}
     uneven = {"key": "u", "metrics": {"cpu_s_per_sample": summarise(cpu).to_json(),
                                       "reference_iterations_per_s": summarise([9.0]).to_json()}}
+    # a repeat missing from each list: as long, but no longer repeat by repeat
+    gaps = {"key": "g", "run_ids": ["a", "b", "c", "d"],
+            "metrics": {"cpu_s_per_sample": summarise(cpu).to_json(),
+                        "reference_iterations_per_s": summarise(speed).to_json()}}
     p = tmp_path / "old.json"
-    p.write_text(json.dumps({"schema": SCHEMA, "cells": [cell, uneven]}))
+    p.write_text(json.dumps({"schema": SCHEMA, "cells": [cell, uneven, gaps]}))
     got = {c["key"]: c["metrics"] for c in load_result(p)["cells"]}
     assert got["k"]["cpu_reference_per_sample"]["values"] == pytest.approx([0.1, 0.1, 0.12])
     assert got["k"]["cpu_reference_per_sample"]["median"] == pytest.approx(0.1)
     assert got["k"]["throughput_per_reference"] == kept
     assert "steady_per_reference" not in got["k"]  # no raw figure to derive it from
     assert "cpu_reference_per_sample" not in got["u"]  # repeats that do not pair up
+    assert "cpu_reference_per_sample" not in got["g"]

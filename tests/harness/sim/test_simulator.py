@@ -127,26 +127,6 @@ def test_measured_action_costs_and_rendezvous_transfers() -> None:
     assert own.time_per_minibatch_s == pytest.approx(0.041, rel=0.01)
 
 
-def test_a_receivers_own_time_is_charged_after_its_message_is_in() -> None:
-    """``recv_s``: each receive costs its receiver that long once the message is in. With
-    eager transfers hidden, 1F1B runs at its slowest stage's F + B + U plus its receives:
-    stage 1's 38 ms + 3 ms per activation received; then stage 0 (32 ms) with 12 ms per
-    gradient received is the slower, at 44 ms."""
-    costs = {0: {"F": 0.010, "B": 0.020, "U": 0.002}, 1: {"F": 0.012, "B": 0.022, "U": 0.004}}
-    fast = Cluster((Level(2, 1e15),))
-
-    def per_minibatch(recv_s: dict) -> float:
-        machine = MachineModel(action_s=costs, transfer_s={(0, "F"): 0.001, (1, "B"): 0.001},
-                               recv_s=recv_s)
-        return simulate_system(PROF, fast, "pipedream", SimLayout(GROUPS, (1, 1)),
-                               SimOptions(minibatches=200, machine=machine)
-                               ).time_per_minibatch_s
-
-    assert per_minibatch({}) == pytest.approx(0.038, rel=0.01)
-    assert per_minibatch({(1, "F"): 0.003}) == pytest.approx(0.041, rel=0.01)
-    assert per_minibatch({(1, "F"): 0.003, (0, "B"): 0.012}) == pytest.approx(0.044, rel=0.01)
-
-
 def test_more_workers_than_cores_are_bounded_by_the_cpu_capacity() -> None:
     """Four ranks on two cores: 1F1B keeps all four busy, so it takes their summed work
     over two cores; model parallelism keeps one busy at a time and is not slowed."""

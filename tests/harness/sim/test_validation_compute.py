@@ -103,17 +103,18 @@ def test_the_report_names_the_runtime_switches_its_runs_had(monkeypatch) -> None
 def test_the_runs_own_send_and_receive_times_are_per_unit_over_every_epoch() -> None:
     """A flush pipeline of 2 stages sends and receives one message per microbatch each
     way: 8 x 4 per epoch. Sends are charged their whole time in the run, receives their
-    CPU time (their wall time holds the wait); over the epochs run, warm-up included."""
+    CPU time (their wall time holds the wait); over the epochs' worth of minibatches the
+    run did, warm-up included."""
     from harness import systems
 
     counts = comm_counts(systems.simulated("pipedream-flush"), (1, 1), 4, 8)
     assert counts == {0: {"SF": 32, "RB": 32}, 1: {"SB": 32, "RF": 32}}
-    final = {"epochs_run": 2, "action_s_SF_worker_0": 0.064, "action_s_SB_worker_1": 0.128,
+    final = {"action_s_SF_worker_0": 0.064, "action_s_SB_worker_1": 0.128,
              "action_cpu_s_RB_worker_0": 0.032, "action_cpu_s_RF_worker_1": 0.016,
              "action_s_RB_worker_0": 9.0, "action_s_RF_worker_1": 9.0}
-    sends, recvs = comm_in_run(final, counts)
+    sends, recvs = comm_in_run(final, counts, 2.0)
     assert sends == {(0, "F"): pytest.approx(0.001), (1, "B"): pytest.approx(0.002)}
     assert recvs == {(0, "B"): pytest.approx(0.0005), (1, "F"): pytest.approx(0.00025)}
     no_cpu = {k: v for k, v in final.items() if not k.startswith("action_cpu_s_RF")}
-    assert comm_in_run(no_cpu, counts) == ({}, {})
-
+    assert comm_in_run(no_cpu, counts, 2.0) == ({}, {})
+    assert comm_in_run(final, counts, 1.0)[0][(0, "F")] == pytest.approx(0.002)
