@@ -29,7 +29,9 @@ there. (Reading costs a few milliseconds each time, on both sides alike.) From e
 run's result it also takes what the actions cost each worker's main thread (the cells'
 ``actions``, from the ``action_cpu_s_<kind>_worker_<r>`` metrics and kin): the CPU time,
 time off the core, preemptions and page faults of its compute actions and of its sends, per
-minibatch; and each cell's peak memory.
+minibatch, and the same less the time off the core of its receives (a receive's wall time
+holds its wait for the message; its CPU time is the receive's own work, settling delivered
+sends included); and each cell's peak memory.
 
 Usage: ``.venv/bin/python scripts/env_ab.py --set PIPEBENCH_RECV_AHEAD=0 --rounds 10
 -o results/recv-ahead-ab-vgg16-b4.md -- --workload vgg16 --systems pipedream-flush --batch-size 4
@@ -60,7 +62,7 @@ sys.path.insert(0, str(ROOT))
 
 from core.markdown import write_report  # noqa: E402
 from harness.metrics import PEAK_MEMORY_MAX, STEADY_PER_REFERENCE, STEADY_THROUGHPUT  # noqa: E402
-from harness.reporting.action_costs import grouped  # noqa: E402
+from harness.reporting.action_costs import GROUPS, grouped  # noqa: E402
 from harness.reporting.tracking import git_sha  # noqa: E402
 
 METRIC = STEADY_THROUGHPUT
@@ -72,6 +74,8 @@ THREAD_FIGURES = ("gloo loop threads' CPU s", "all threads' CPU s",
                   "s runnable, waiting for a core")
 SAMPLE_S = 0.2  # how often the run's threads are read (a thread's last reading counts)
 USE_FIGURES = ("CPU ms", "off core ms", "preemptions", "faults")  # of action_costs.FIGURES
+RECEIVES = "receives (RF, RB, RT)"  # a group of their own here: their CPU, not their wall
+USE_GROUPS = {**GROUPS, RECEIVES: ("RF", "RB", "RT")}
 MEMORY = " peak memory MB"  # the end of each cell's memory figure's name
 
 
@@ -165,10 +169,10 @@ def _thread_use(cells: list[dict]) -> dict[str, float]:
     out = {}
     for c in cells:
         costs = {int(w): kinds for w, kinds in (c.get("actions") or {}).items()}
-        for w, groups in grouped(costs).items():
+        for w, groups in grouped(costs, USE_GROUPS).items():
             for group, figures in groups.items():
                 out.update({f"{c['key']} w{w} {group} {f}": figures[f] for f in USE_FIGURES
-                            if f in figures})
+                            if f in figures and not (group == RECEIVES and f == "off core ms")})
     return out
 
 
@@ -284,7 +288,8 @@ def report(m: Measured, assignments: list[str], command: str, git: str) -> str:
                   "each cell's run (its thread-use metrics: `pipedream_impl/runtime/"
                   "thread_use.py`; actions timed on the host's clock), summed over the "
                   "kinds of each group: CPU time, time off the core (the group's wall time "
-                  "above its CPU time: preempted, or woken late), involuntary context "
+                  "above its CPU time: preempted, or woken late; not for receives, whose "
+                  "wall time holds the wait for the message), involuntary context "
                   "switches and minor page faults. p: as above; B / A '-' where A's median "
                   "is 0.", "",
                   head.format("cell, worker, actions, figure"), "|---|---|---|---|---|---|---|"]

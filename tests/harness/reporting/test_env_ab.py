@@ -147,10 +147,12 @@ def test_thread_use_is_summed_by_group_from_the_cells_actions() -> None:
                           "preemptions": 0.0}}}
     got = ab._thread_use([{"key": "c", "actions": costs}, {"key": "ddp", "actions": {}}])
     compute, sends = "c w0 compute (F, B, I, W, U)", "c w0 sends (SF, SB, ST)"
-    # by hand: F + B; SF alone; the receive (RB) belongs to no group
+    recvs = "c w0 receives (RF, RB, RT)"
+    # by hand: F + B; SF alone; the receive (RB) alone, less its time off the core (its wait)
     assert got == pytest.approx({f"{compute} CPU ms": 65.0, f"{compute} off core ms": 10.0,
                                  f"{compute} preemptions": 0.5, f"{sends} CPU ms": 1.0,
-                                 f"{sends} off core ms": 4.0, f"{sends} preemptions": 0.05})
+                                 f"{sends} off core ms": 4.0, f"{sends} preemptions": 0.05,
+                                 f"{recvs} CPU ms": 0.5, f"{recvs} preemptions": 0.0})
     m = ab.Measured()
     for side in ("A", "B"):
         for figure, value in got.items():
