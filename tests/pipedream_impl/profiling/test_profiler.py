@@ -27,10 +27,16 @@ def test_profile_times_and_exact_bytes(name: str) -> None:
             x = layer(x)
             assert node.activations == tuple(float(t.numel() * t.element_size()) for t in x)
             assert node.parameter_bytes == sum(p.numel() * 4 for p in layer.parameters())
-    # the per-layer sum is within a sensible margin of a whole-model step
-    total = sum(n.forward_ms + n.backward_ms for n in prof.layers)
-    # the fastest of three: one whole step timed in a slow stretch of a shared machine (the
-    # tests run two at once) fell below the margin once, with nothing wrong in the profile
-    whole = min(whole_step_ms(model, batch, w.loss, torch.device("cpu"), warmup=2, steps=4)
-                for _ in range(3))
+    # the per-layer sum is within a sensible margin of a whole-model step; each the fastest
+    # of three, interleaved: one whole step (and once the profile, 2.7x) timed in a slow
+    # stretch of a shared machine (the tests run two at once) left the margin, with
+    # nothing wrong in the profile
+    totals, wholes = [], []
+    for i in range(3):
+        again = prof if i == 0 else profile_workload(w, "tiny", 16, torch.device("cpu"),
+                                                     warmup=2, steps=4)
+        totals.append(sum(n.forward_ms + n.backward_ms for n in again.layers))
+        wholes.append(whole_step_ms(model, batch, w.loss, torch.device("cpu"), warmup=2,
+                                    steps=4))
+    total, whole = min(totals), min(wholes)
     assert 0.4 < total / whole < 2.5, (total, whole)
