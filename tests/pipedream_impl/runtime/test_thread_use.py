@@ -47,11 +47,16 @@ def test_add_sums_each_field_under_its_kind() -> None:
 
 
 def test_a_spinning_thread_is_on_its_core_and_a_sleeping_one_is_not() -> None:
-    spun = _used(lambda: _spin(0.2))
     # one thread: never more CPU time than wall time (the two clocks may be slewed apart
-    # by a hair); and a good part of it, even with other tests' processes on the 2 cores
-    assert spun["cpu_s"] <= spun["wall"] * 1.001
-    assert spun["cpu_s"] >= 0.25 * spun["wall"]
+    # by a hair); and a good part of it in the best of a few spins, even with other tests'
+    # processes on the 2 cores (one spin in a loaded stretch here got 13% of its wall)
+    spins = []
+    for _ in range(5):
+        spins.append(_used(lambda: _spin(0.2)))
+        assert spins[-1]["cpu_s"] <= spins[-1]["wall"] * 1.001
+        if spins[-1]["cpu_s"] >= 0.25 * spins[-1]["wall"]:
+            break
+    assert max(s["cpu_s"] / s["wall"] for s in spins) >= 0.25
     slept = _used(lambda: time.sleep(0.1))
     assert slept["wall"] >= 0.1 and slept["cpu_s"] < 0.02
     assert all(slept[f] >= 0 for f in FIELDS)
