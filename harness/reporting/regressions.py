@@ -149,10 +149,13 @@ def over_nights(history: list[dict], current: dict, window: int,
     return out
 
 
+# each drift-cancelled figure's raw twin (``metrics.DRIFT_PAIRS`` inverted)
+_RAW = {cancelled: raw for raw, cancelled in metrics.DRIFT_PAIRS.items()}
+
+
 def _twins(name: str) -> str:
     """A drift pair's raw figure for either of its twins; any other figure itself."""
-    return next((raw for raw, cancelled in metrics.DRIFT_PAIRS.items() if name == cancelled),
-                name)
+    return _RAW.get(name, name)
 
 
 def judged_against(history: list[dict], window: int) -> list[dict]:
@@ -249,14 +252,14 @@ def _metric_changes(key: str, base_cells: list[dict], cur: dict,
             continue
         tests[name] = (base, now, verdicts.test(groups, cur["metrics"][name]["values"],
                                                 higher_better, alpha, consecutive))
-    raw_of = {cancelled: raw for raw, cancelled in skip.items()} if drifted else {}
     for name, (base, now, r) in tests.items():
         broke = r.broke
-        if name in raw_of and raw_of[name] in tests:
+        raw = _RAW.get(name)
+        if drifted and raw in skip and raw in tests:
             # judged because the reference moved: a flag needs the raw figure to break the
             # same way too, else the reference's own move would be flagged through its
             # divisor or factor (its choice looked at the reference's current values)
-            broke = broke and tests[raw_of[name]][2].verdict == r.verdict
+            broke = broke and tests[raw][2].verdict == r.verdict
         verdict = r.verdict if broke else (
             "too-few-repeats" if r.verdict == "too-few-repeats" else "changed-within-noise")
         if name in skip:  # the other twin is judged; this one is shown, not judged

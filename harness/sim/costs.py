@@ -249,11 +249,12 @@ class ClusterCosts:
         return t, self._transfer(src, dst, a, t)
 
     def receive(self, src: int, dst: int, a: Action, token: float, posted: float) -> float:
-        own = (self.machine.recv_s or {}).get((self.layout.stage_of(dst)[0], a.kind[1]), 0.0)
-        self.comm_busy_s += own / self.factor
+        own = (self.machine.recv_s or {}).get((self.layout.stage_of(dst)[0], a.kind[1]),
+                                              0.0) / self.factor
+        self.comm_busy_s += own
         if self.machine.rendezvous:
-            return self._transfer(src, dst, a, max(token, posted)) + own / self.factor
-        return max(token, posted) + own / self.factor
+            return self._transfer(src, dst, a, max(token, posted)) + own
+        return max(token, posted) + own
 
     def _transfer(self, src: int, dst: int, a: Action, t: float) -> float:
         """When a message that may start at ``t`` is in (FIFO per directed link)."""

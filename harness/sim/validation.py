@@ -256,15 +256,18 @@ def _one(setup: _Setup, prof: Profile, system: str, w: int, progress: Progress) 
     options = SimOptions(minibatches=k * w if kind == "data-parallel" else k,
                          microbatches=m, latency_s=setup.latency, dp_overlap=spare,
                          pipeline_overlap=spare, machine=model)
-    sim = simulate_system(prof, cluster, system, SimLayout(groups, replicas, placement),
-                          options)
+    layout = SimLayout(groups, replicas, placement)
+    sim = simulate_system(prof, cluster, system, layout, options)
     # the runtime drains its pipeline at every epoch end: an epoch is k minibatches
     simulated = k * b / sim.total_s
-    unloaded = None
-    if idle:
-        again = simulate_system(prof, cluster, system, SimLayout(groups, replicas, placement),
-                                replace(options, machine=replace(model, transfer_s=idle)))
-        unloaded = k * b / again.total_s
+
+    def again(**fields) -> float:  # noqa: ANN003 - MachineModel fields to replace
+        """Samples/s of the simulation again with those fields of the machine model."""
+        machine = replace(model, **fields)
+        return k * b / simulate_system(prof, cluster, system, layout,
+                                       replace(options, machine=machine)).total_s
+
+    unloaded = again(transfer_s=idle) if idle else None
     costs = " / ".join(" ".join([f"{kind} {1e3 * actions[st][kind]:.2f}"
                                  for kind in ("F", *BACKWARDS, "U") if kind in actions[st]]
                                 + [f"S{kind} {1e3 * transfers[(st, kind)][0]:.2f}"
@@ -281,18 +284,12 @@ def _one(setup: _Setup, prof: Profile, system: str, w: int, progress: Progress) 
     resimulated = with_comm = None
     if ratios:  # (with more workers than cores, the run's times hold the wait for a core)
         scaled = scale_compute(actions, ratios, per_kind)
-        again = simulate_system(prof, cluster, system, SimLayout(groups, replicas, placement),
-                                replace(options, machine=replace(model, action_s=scaled)))
-        resimulated = k * b / again.total_s
+        resimulated = again(action_s=scaled)
         done = sum(e.steps for e in summary.epochs) / k  # epochs' worth of minibatches
         sends, recvs = comm_in_run(summary.final_metrics, comm_counts(sys_, replicas, k, m),
                                    done)
         if sends and all(r == 1 for r in replicas) and w <= setup.cores:
-            both = replace(model, action_s=scaled, send_s=sends, recv_s=recvs)
-            again = simulate_system(prof, cluster, system,
-                                    SimLayout(groups, replicas, placement),
-                                    replace(options, machine=both))
-            with_comm = k * b / again.total_s
+            with_comm = again(action_s=scaled, send_s=sends, recv_s=recvs)
     return ValidationRow(name, cfg.system, w, "-".join(map(str, replicas)),
                          summary.throughput, simulated, costs,
                          bubble, None if bubble is None else sim_bubble,
@@ -353,12 +350,7 @@ def markdown(rows: list[ValidationRow], machine: dict[str, float], command: str)
         [(r.workload, r.system, r.workers, r.config, f"{r.measured:.0f}",
           f"{r.simulated:.0f}", f"{100 * r.error:+.0f}%",
           ratios_cell(r.compute_in_run, r.kinds_in_run),
-          "-" if r.resimulated is None else
-          f"{r.resimulated:.0f} ({100 * (r.resimulated / r.measured - 1):+.0f}%)",
-          "-" if r.with_comm is None else
-          f"{r.with_comm:.0f} ({100 * (r.with_comm / r.measured - 1):+.0f}%)",
-          "-" if r.unloaded is None else
-          f"{r.unloaded:.0f} ({100 * (r.unloaded / r.measured - 1):+.0f}%)",
+          *(_with_error(getattr(r, f), r.measured) for f in _DIAGNOSES),
           "-" if r.measured_bubble is None else
           f"{r.measured_bubble:.0%} / {r.simulated_bubble:.0%}", r.actions) for r in rows])
     with_bubble = [r for r in rows if r.measured_bubble is not None]
@@ -374,11 +366,21 @@ def markdown(rows: list[ValidationRow], machine: dict[str, float], command: str)
                      f"At {w} worker(s): {within} of {len(errs)} within 10%{goal}; median "
                      f"|error| {100 * statistics.median(errs):.0f}%, worst "
                      f"{100 * max(errs):.0f}%"
-                     + _again(rows, w, "resimulated", "with the run's own compute")
-                     + _again(rows, w, "with_comm", "with its sends and receives too")
-                     + _again(rows, w, "unloaded", "with idle-core transfers, of the rows "
-                              "that measured them") + ".")
+                     + "".join(_again(rows, w, f, what) for f, what in _DIAGNOSES.items())
+                     + ".")
     return "\n".join(lines) + "\n"
+
+
+# the diagnostic simulations, in the table's order: the row's field -> its summary's words
+_DIAGNOSES = {"resimulated": "with the run's own compute",
+              "with_comm": "with its sends and receives too",
+              "unloaded": "with idle-core transfers, of the rows that measured them"}
+
+
+def _with_error(simulated: float | None, measured: float) -> str:
+    """A diagnostic simulation's samples/s and its error against the run ('-' if none)."""
+    return "-" if simulated is None else \
+        f"{simulated:.0f} ({100 * (simulated / measured - 1):+.0f}%)"
 
 
 def _again(rows: list[ValidationRow], w: int, field: str, what: str) -> str:
