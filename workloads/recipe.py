@@ -81,7 +81,11 @@ def reset_peak_memory(device: torch.device) -> None:
     writing 5 to /proc/self/clear_refs resets the resident-set high-water mark (Linux), and
     what is resident now is set aside: the interpreter and the libraries are no part of
     what a system's training holds, and their footprint moves between runs of one commit
-    by the same amount on every cell (``results/nightly-aa.md``)."""
+    by the same amount on every cell (``results/nightly-aa.md``). Nor are the pages of
+    files (the libraries' code) that the training maps in later: ``peak_memory_bytes``
+    leaves them out. A worker forked from a fork server (``pipedream_impl.runtime.
+    processes``) maps its libraries' code anew as it first runs it, 8 MiB on tiny VGG-16,
+    where a spawned one had much of it mapped by its own imports."""
     global _resident_at_reset
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
@@ -93,7 +97,7 @@ def reset_peak_memory(device: torch.device) -> None:
     except OSError:  # not Linux: the peak stays the process's, whole
         _resident_at_reset = 0
         return
-    _resident_at_reset = _status_bytes("VmRSS") or 0
+    _resident_at_reset = (_status_bytes("VmRSS") or 0) - (_status_bytes("RssFile") or 0)
 
 
 def _release_free_memory() -> None:
@@ -121,10 +125,13 @@ def _status_bytes(field: str) -> int | None:
 def peak_memory_bytes(device: torch.device) -> int:
     """Peak GPU memory allocated by torch, or on the CPU the peak resident set (``VmHWM``)
     above what was resident at the last ``reset_peak_memory`` (the whole peak without
-    one)."""
+    one), less the pages of files. The kernel keeps no peak of a process's own memory
+    alone, so the file pages resident now are taken from the peak: they only grow while
+    code runs, so at least those of the peak are taken, and the figure never exceeds the
+    training's own peak (file pages mapped in after it make it fall short by as much)."""
     if device.type == "cuda":
         return int(torch.cuda.max_memory_allocated(device))
     peak = _status_bytes("VmHWM")
     if peak is None:
         peak = int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024  # KiB, Linux
-    return max(0, peak - _resident_at_reset)
+    return max(0, peak - (_status_bytes("RssFile") or 0) - _resident_at_reset)

@@ -153,6 +153,7 @@ def runtime_env() -> str:
     from pipedream_impl.runtime.grad_buckets import BUCKET_MB_ENV
     from pipedream_impl.runtime.no_halt import NO_HALT_ENV
     from pipedream_impl.runtime.pinning import PIN_ENV
+    from pipedream_impl.runtime.processes import FORKSERVER_ENV
 
     def entry(name: str) -> str:
         value = os.environ[name]
@@ -160,8 +161,8 @@ def runtime_env() -> str:
             value += " (not applied)"  # asked for, but the run went without
         return f"{name}={value}"
 
-    set_ = [entry(k) for k in (RECV_AHEAD_ENV, SETTLE_ENV, BUCKET_MB_ENV, PIN_ENV, NO_HALT_ENV)
-            if k in os.environ]
+    set_ = [entry(k) for k in (RECV_AHEAD_ENV, SETTLE_ENV, BUCKET_MB_ENV, PIN_ENV, NO_HALT_ENV,
+                               FORKSERVER_ENV) if k in os.environ]
     return ",".join(set_) or "defaults"
 
 

@@ -37,20 +37,19 @@ def _bench_worker(rank: int, world: int, port: int, out, fn, args) -> None:  # n
 
 
 def _bench(fn, world: int, args: tuple, load: int = 0):  # noqa: ANN001, ANN202
-    """Run ``fn(rank, *args)`` in ``world`` spawned processes joined by gloo, with ``load``
-    other processes computing meanwhile; returns rank 0's result. A process that dies is
+    """Run ``fn(rank, *args)`` in ``world`` processes (``processes``) joined by gloo, with
+    ``load`` other processes computing meanwhile; returns rank 0's result. A process that dies is
     an error at once, not a timeout."""
     import queue
 
-    import torch.multiprocessing as mp
-
+    from pipedream_impl.runtime import processes
     from pipedream_impl.runtime.launcher import free_port
 
-    ctx = mp.get_context("spawn")
+    ctx = processes.context()
     out = ctx.Queue()
     port = free_port()
-    procs = [ctx.Process(target=_bench_worker, args=(r, world, port, out, fn, args),
-                         daemon=True) for r in range(world)]
+    procs = [processes.process(ctx, _bench_worker, (r, world, port, out, fn, args))
+             for r in range(world)]
     with _busy_cores(ctx, load):
         for p in procs:
             p.start()

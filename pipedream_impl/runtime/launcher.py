@@ -1,10 +1,10 @@
 """Start a system's workers, drive them epoch by epoch, and stop them all on any failure.
 
-``Launcher`` spawns one process per rank (``torch.multiprocessing``, spawn start method)
-running ``worker.worker_main``, sends each an ``("epoch", k)`` message and collects every
-rank's ``EpochReport``, while watching for errors and dead processes. A system that starts
-its workers another way subclasses it and overrides ``_start`` (``baselines.horovod``
-starts them under ``horovodrun``).
+``Launcher`` starts one process per rank (``processes``: forked from a fork server that
+has the workers' imports done) running ``worker.worker_main``, sends each an
+``("epoch", k)`` message and collects every rank's ``EpochReport``, while watching for
+errors and dead processes. A system that starts its workers another way subclasses it and
+overrides ``_start`` (``baselines.horovod`` starts them under ``horovodrun``).
 
 Failure: a worker that raises reports its traceback and exits non-zero; one that dies
 silently is noticed by its exit code (or, under horovodrun, by its lost connection); a
@@ -33,8 +33,7 @@ import tempfile
 import time
 from pathlib import Path
 
-import torch.multiprocessing as mp
-
+from pipedream_impl.runtime import processes
 from pipedream_impl.runtime.contract import EpochReport, WorkerSpec
 from pipedream_impl.runtime.faults import board_path, read_board
 from pipedream_impl.runtime.worker import worker_main
@@ -82,19 +81,19 @@ class Launcher:
             raise
 
     def _start(self, specs: list[WorkerSpec]) -> None:
-        """One spawned process per rank; ``controls[rank]``/``results`` are its queues.
+        """One process per rank (``processes``); ``controls[rank]``/``results`` are its
+        queues.
 
         A subclass may start workers another way: it sets ``procs`` (handles with
         exitcode/is_alive/kill/join, named by ``names``), ``controls`` (``put``) and
         ``results`` (``get(timeout)`` raising ``queue.Empty``).
         """
-        ctx = mp.get_context("spawn")
+        ctx = processes.context()
         self.results = ctx.Queue()
         self.controls = [ctx.Queue() for _ in specs]
         self.procs = []
         for ws in specs:
-            p = ctx.Process(target=worker_main, args=(ws, self.controls[ws.rank], self.results),
-                            daemon=True)
+            p = processes.process(ctx, worker_main, (ws, self.controls[ws.rank], self.results))
             p.start()
             self.procs.append(p)
 

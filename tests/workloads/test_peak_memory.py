@@ -54,3 +54,25 @@ def test_memory_an_earlier_run_freed_is_counted_again_by_the_next() -> None:
     again = [torch.ones(16 * 1024) for _ in range(1600)]
     assert peak_memory_bytes(cpu) >= 0.8 * 100 * 2**20
     del again
+
+
+@pytest.mark.skipif(not os.access("/proc/self/clear_refs", os.W_OK),
+                    reason="the kernel offers no resettable resident-set peak here")
+def test_file_pages_mapped_in_after_a_reset_are_not_the_trainings(tmp_path) -> None:  # noqa: ANN001
+    """A worker forked from a fork server maps its libraries' code in as it runs it: 64 MiB
+    of a file read through a mapping after the reset do not count, 100 MiB of the
+    process's own memory do."""
+    import mmap
+
+    path = tmp_path / "code.bin"
+    path.write_bytes(os.urandom(64 * 2**20))  # in the page cache: mapping it is free
+    cpu = torch.device("cpu")
+    reset_peak_memory(cpu)
+    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ) as m:
+        touched = sum(m[i] for i in range(0, len(m), mmap.PAGESIZE))  # every page mapped in
+        assert touched >= 0
+        assert peak_memory_bytes(cpu) < 16 * 2**20
+        big = torch.ones(25 * 2**20)  # 100 MiB, touched
+        got = peak_memory_bytes(cpu)
+        assert 100 * 2**20 <= got < 116 * 2**20
+        del big

@@ -24,13 +24,14 @@ SAYS = {"raise": "injected failure at F3 of epoch 0", "kill": "",
 
 
 def _children() -> set[str]:
-    """Live child processes of this test process (multiprocessing's resource tracker, one
-    per process for its life, is not a worker)."""
+    """Live child processes of this test process (multiprocessing's resource tracker and
+    fork server, one per process for its life, are not workers)."""
     out = set()
     for p in psutil.Process().children(recursive=True):
         try:
             cmd = " ".join(p.cmdline())
-            if p.status() != psutil.STATUS_ZOMBIE and "resource_tracker" not in cmd:
+            if p.status() != psutil.STATUS_ZOMBIE and "resource_tracker" not in cmd \
+                    and "forkserver" not in cmd:
                 out.add(f"{p.pid} {cmd}")
         except psutil.NoSuchProcess:
             pass
