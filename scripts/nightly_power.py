@@ -133,17 +133,18 @@ def _need_text(n: float | None) -> str:
 LABELS = ("regression", "suspicious", "improvement", "improvement (one night)")
 
 
-def _nightly_labels(runs: list[dict]) -> tuple[list[regressions.Change], int]:
+def _nightly_labels(runs: list[dict]) -> tuple[list[tuple[int, regressions.Change]], int]:
     """Each later A run as `pipebench regressions --history WINDOW` labels it against the
     runs before it (over nights: two breaks in a row a regression, one suspicious): the
-    labels, and how many runs had a noisy metric the rule could label at all."""
+    labels with the index of the run they label, and how many runs had a noisy metric the
+    rule could label at all."""
     labels, labelled = [], 0
     for k in range(1, len(runs)):
         got = [c for c in regressions.over_nights(runs[:k], runs[k], WINDOW)
                if c.name in METRICS]
         labelled += any(c.verdict in LABELS or c.verdict == "changed-within-noise"
                         for c in got)
-        labels += [c for c in got if c.verdict in LABELS]
+        labels += [(k, c) for c in got if c.verdict in LABELS]
     return labels, labelled
 
 
@@ -161,7 +162,7 @@ def _aa_section(base: dict, runs: list[dict]) -> list[str]:
         judged = _judged(key, pairs)
         false = sum(1 for _, ch in pairs for c in ch if c.cell == key
                     and c.verdict in verdicts.BROKEN)
-        nightly = [c.verdict for c in labels if c.cell == key]
+        nightly = [f"A{k + 1} {c.verdict}" for k, c in labels if c.cell == key]
         needs.append(_repeats_for(cell, sorted(judged)))
         rows.append((key, f"{_median(cell, metrics.STEADY_THROUGHPUT) or 0:.0f}",
                      *(_spread(cell, n) for n in THROUGHPUTS),
@@ -205,7 +206,7 @@ def _aa_section(base: dict, runs: list[dict]) -> list[str]:
             "", _budget(base["suite"]["repeats"], needs),
             "", f"Suites with at least one false alarm: {suites} of {len(pairs)} A/A pairs "
             f"({len(flagged)} flags in all).", "", *_by_metric(pairs),
-            "As the nightly labels them: " + _label_counts(labels, labelled, len(runs)), ""]
+            *_by_label(labels, labelled, len(runs))]
 
 
 def _budget(repeats: int, needs: list[float | None]) -> str:
@@ -230,9 +231,18 @@ def _budget(repeats: int, needs: list[float | None]) -> str:
                "repeats a side" if blind else "") + ".")
 
 
+def _moves(cs: list[regressions.Change]) -> tuple[str, str, str]:
+    """A group of flags: how many, how far they moved (median and range), which cells (a
+    shift of one metric on every cell is the machine between runs, not the cells' noise)."""
+    moves = sorted(100 * c.change for c in cs if c.change is not None)
+    return (str(len(cs)),
+            f"{statistics.median(moves):+.1f}% ({moves[0]:+.1f} to {moves[-1]:+.1f})"
+            if moves else "n/a",
+            ", ".join(c.cell for c in cs) if len(cs) <= 4 else f"{len(cs)} cells")
+
+
 def _by_metric(pairs: list[tuple[int, list[regressions.Change]]]) -> list[str]:
-    """The false alarms of each pair by metric: how many, and how far they moved (a shift
-    of one metric on every cell is the machine between runs, not the cells' noise)."""
+    """The false alarms of each pair by metric."""
     rows = []
     for i, ch in pairs:
         by: dict[str, list[regressions.Change]] = {}
@@ -240,28 +250,26 @@ def _by_metric(pairs: list[tuple[int, list[regressions.Change]]]) -> list[str]:
             if c.verdict in verdicts.BROKEN:
                 by.setdefault(c.name, []).append(c)
         for name, cs in sorted(by.items(), key=lambda kv: -len(kv[1])):
-            moves = sorted(100 * c.change for c in cs if c.change is not None)
-            rows.append((f"A{i} vs A{i + 1}", name, str(len(cs)),
-                         f"{statistics.median(moves):+.1f}% ({moves[0]:+.1f} to "
-                         f"{moves[-1]:+.1f})" if moves else "n/a",
-                         ", ".join(c.cell for c in cs) if len(cs) <= 4 else
-                         f"{len(cs)} cells"))
+            rows.append((f"A{i} vs A{i + 1}", name, *_moves(cs)))
     if not rows:
         return []
     return ["False alarms by metric:", "", *markdown_table(
         ("pair", "metric", "flags", "median change (range)", "cells"), rows), ""]
 
 
-def _label_counts(labels: list[regressions.Change], labelled: int, n_runs: int) -> str:
+def _by_label(labels: list[tuple[int, regressions.Change]], labelled: int,
+              n_runs: int) -> list[str]:
+    """The nightly's labels on the later A runs, by run, label and metric."""
+    had = f"{labelled} of the {n_runs - 1} later runs had the history a label needs"
     if not labels:
-        return (f"nothing flagged ({labelled} of the {n_runs - 1} later runs had the "
-                "history a label needs).")
-    counts: dict[str, int] = {}
-    for c in labels:
-        counts[c.verdict] = counts.get(c.verdict, 0) + 1
-    return (", ".join(f"{n} {v}" for v, n in sorted(counts.items())) + f" in {labelled} of "
-            f"the {n_runs - 1} later runs that had the history a label needs (" + ", ".join(
-                f"{c.cell} {c.name} {_pct(c.change)} {c.verdict}" for c in labels) + ").")
+        return [f"As the nightly labels them: nothing flagged ({had}).", ""]
+    by: dict[tuple[int, str, str], list[regressions.Change]] = {}
+    for k, c in labels:
+        by.setdefault((k, c.verdict, c.name), []).append(c)
+    rows = [(f"A{k + 1}", verdict, name, *_moves(cs))
+            for (k, verdict, name), cs in sorted(by.items())]
+    return [f"As the nightly labels them ({had}):", "", *markdown_table(
+        ("run", "label", "metric", "flags", "median change (range)", "cells"), rows), ""]
 
 
 def _planted_section(base: dict, res: dict, systems: list[str], factor: float) -> list[str]:

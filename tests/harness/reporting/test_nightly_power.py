@@ -178,7 +178,7 @@ def _run(values: dict[str, list[float]], day: int, bytes_per_sample: float = 100
 
 def _labels(runs: list[dict]) -> tuple[list[tuple[str, str, str]], int]:
     labels, labelled = np_._nightly_labels(runs)
-    return [(c.cell.split("/")[3], c.name, c.verdict) for c in labels], labelled
+    return [(c.cell.split("/")[3], c.name, c.verdict) for _, c in labels], labelled
 
 
 def test_nightly_labels_one_night_suspicious_two_a_regression() -> None:
@@ -199,11 +199,15 @@ def test_nightly_labels_one_night_suspicious_two_a_regression() -> None:
                               ("gpipe", THR, "improvement (one night)"),
                               ("pipedream", THR, "regression")], 3)
     # tonight's result against the geometric mean of the 3 before last night
-    assert labels[0].change == pytest.approx(80 / (100 * 100.1 * 99.9) ** (1 / 3) - 1)
-    assert np_._label_counts(labels, labelled, len(runs)).startswith(
-        "1 improvement (one night), 1 regression, 1 suspicious in 3 of the 6 later runs "
-        "that had the history a label needs (vgg16/tiny/w2/pipedream/throughput "
-        f"{THR} -20.0% suspicious, ")
+    assert [k for k, _ in labels] == [4, 5, 5]  # the 5th run, then the 6th
+    assert labels[0][1].change == pytest.approx(80 / (100 * 100.1 * 99.9) ** (1 / 3) - 1)
+    lines = np_._by_label(labels, labelled, len(runs))
+    assert lines[0] == ("As the nightly labels them (3 of the 6 later runs had the history a "
+                        "label needs):")
+    assert lines[4].startswith(f"| A5 | suspicious | {THR} | 1 | -20.0% (-20.0 to -20.0) | "
+                               "vgg16/tiny/w2/pipedream/throughput |")
+    assert [row.split(" | ")[:2] for row in lines[4:7]] == [
+        ["| A5", "suspicious"], ["| A6", "improvement (one night)"], ["| A6", "regression"]]
 
 
 def test_nightly_labels_judge_on_the_window_of_make_nightly() -> None:
@@ -231,8 +235,9 @@ def test_nightly_labels_count_the_runs_with_enough_history(repeats: int) -> None
         labels, labelled = np_._nightly_labels(runs)
         assert labels == []  # the same values every night: nothing moved
         assert labelled == sum(1 for k in range(1, n) if min(k - 1, 5) >= need)
-    assert np_._label_counts([], 2, 5) == (
-        "nothing flagged (2 of the 4 later runs had the history a label needs).")
+    assert np_._by_label([], 2, 5) == [
+        "As the nightly labels them: nothing flagged (2 of the 4 later runs had the history "
+        "a label needs).", ""]
 
 
 def test_runs_with_other_repeats_are_refused() -> None:
