@@ -62,7 +62,7 @@ from harness.reporting.units import fmt_bytes
 
 __all__ = ["COUNTERS", "DROP_EXTREMES_FROM", "METRICS", "RULE", "SCHEMA", "STABILITY",
            "Stat", "cell_row", "load_result", "overhead_rows", "overhead_table",
-           "summarise", "with_drift_cancelled", "write_result"]
+           "parse_result", "summarise", "with_drift_cancelled", "write_result"]
 
 SCHEMA = "pipebench-suite/1"
 STABILITY = 0.10
@@ -203,12 +203,18 @@ def load_result(path: str | Path) -> dict:
     p = Path(path)
     if not p.is_file():
         raise UserInputError(f"no suite result at {p}")
+    return parse_result(p.read_bytes(), str(p))
+
+
+def parse_result(text: str | bytes, where: str) -> dict:
+    """A suite result's JSON text (from a file or an MLflow run's ``suite.json``: ``where``,
+    for the error), checked for its schema, with the drift-cancelled figures it lacks."""
     try:
-        data = json.loads(p.read_text())
+        data = json.loads(text)
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise UserInputError(f"{p}: not a JSON suite result ({e})") from None
+        raise UserInputError(f"{where}: not a JSON suite result ({e})") from None
     if not isinstance(data, dict) or data.get("schema") != SCHEMA:
-        raise UserInputError(f"{p}: not a {SCHEMA} result (schema "
+        raise UserInputError(f"{where}: not a {SCHEMA} result (schema "
                              f"{data.get('schema') if isinstance(data, dict) else None!r})")
     return with_drift_cancelled(data)
 

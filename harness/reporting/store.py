@@ -9,7 +9,6 @@ logged instead of running anything; the tags they search by are written by
 
 from __future__ import annotations
 
-import json
 import math
 import re
 from pathlib import Path
@@ -17,7 +16,7 @@ from pathlib import Path
 from core.errors import UserInputError
 from harness import metrics
 from harness.reporting import tracking
-from harness.reporting.results import SCHEMA, load_result, with_drift_cancelled
+from harness.reporting.results import load_result, parse_result
 from harness.reporting.units import fmt_bytes
 
 __all__ = ["COMPARE_COLUMNS", "compare_records", "compare_rows", "load_result_or_run",
@@ -45,10 +44,7 @@ def _suite_json(run_id: str) -> dict:
     except Exception as e:  # noqa: BLE001 - mlflow raises several kinds for a missing run
         raise UserInputError(f"run {run_id}: no suite.json in "
                              f"{tracking.default_tracking_uri()} ({type(e).__name__})") from None
-    data = json.loads(Path(path).read_text())
-    if data.get("schema") != SCHEMA:
-        raise UserInputError(f"run {run_id}: suite.json is not a {SCHEMA} result")
-    return with_drift_cancelled(data)
+    return parse_result(Path(path).read_bytes(), f"run {run_id}: suite.json")
 
 
 def load_result_or_run(ref: str) -> dict:
