@@ -217,9 +217,9 @@ SCHEMA: tuple[Metric, ...] = (
            higher_is_better=False),
     Metric(PEAK_MEMORY, "bytes", "Peak memory of the worker: torch's peak allocation on a "
            "GPU; on the CPU the peak resident set (`VmHWM`) above what was resident before "
-           "its model was built, less the pages of files (the interpreter, libraries, data "
-           "and process group are not counted, nor the libraries' code mapped in later; "
-           "Horovod starts its own group after the model, and it is).",
+           "its model was built, less the libraries' code mapped in since (the interpreter, "
+           "libraries, data and process group are not counted, nor the code the training "
+           "first runs; Horovod starts its own group after the model, and it is).",
            pattern=PEAK_MEMORY + _W,
            aggregate="max"),
     Metric(TIME_TO_TARGET, "s", "From the first training step to the end of the first "

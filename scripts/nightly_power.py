@@ -148,10 +148,6 @@ def _nightly_labels(runs: list[dict]) -> tuple[list[tuple[int, regressions.Chang
     return labels, labelled
 
 
-def _pct(change: float | None) -> str:
-    return "n/a" if change is None else f"{change:+.1%}"
-
-
 def _aa_section(base: dict, runs: list[dict]) -> list[str]:
     pairs = [(i, regressions.compare_results([runs[i - 1]], r))
              for i, r in enumerate(runs[1:], 1)]
@@ -266,8 +262,9 @@ def _by_label(labels: list[tuple[int, regressions.Change]], labelled: int,
     by: dict[tuple[int, str, str], list[regressions.Change]] = {}
     for k, c in labels:
         by.setdefault((k, c.verdict, c.name), []).append(c)
-    rows = [(f"A{k + 1}", verdict, name, *_moves(cs))
-            for (k, verdict, name), cs in sorted(by.items())]
+    rows = [(f"A{k + 1}", verdict, name, *_moves(cs))  # each run's worst first
+            for (k, verdict, name), cs in sorted(by.items(), key=lambda kv: (
+                kv[0][0], LABELS.index(kv[0][1]), kv[0][2]))]
     return [f"As the nightly labels them ({had}):", "", *markdown_table(
         ("run", "label", "metric", "flags", "median change (range)", "cells"), rows), ""]
 

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import ctypes
 import gc
+import os
 import resource
+import sys
 from collections.abc import Iterator
 
 import torch
@@ -73,6 +75,7 @@ def load_splits(workload: Workload, scale: str, data: str | None, seed: int) -> 
 
 
 _resident_at_reset = 0  # bytes resident at the last reset on the CPU: not the training's
+_libraries_at_reset = 0  # of them, the libraries' code and constants (``_library_bytes``)
 
 
 def reset_peak_memory(device: torch.device) -> None:
@@ -81,12 +84,12 @@ def reset_peak_memory(device: torch.device) -> None:
     writing 5 to /proc/self/clear_refs resets the resident-set high-water mark (Linux), and
     what is resident now is set aside: the interpreter and the libraries are no part of
     what a system's training holds, and their footprint moves between runs of one commit
-    by the same amount on every cell (``results/nightly-aa.md``). Nor are the pages of
-    files (the libraries' code) that the training maps in later: ``peak_memory_bytes``
-    leaves them out. A worker forked from a fork server (``pipedream_impl.runtime.
-    processes``) maps its libraries' code anew as it first runs it, 8 MiB on tiny VGG-16,
-    where a spawned one had much of it mapped by its own imports."""
-    global _resident_at_reset
+    by the same amount on every cell (``results/nightly-aa.md``). Nor is the libraries'
+    code that the training maps in later, as it first runs it: ``peak_memory_bytes``
+    leaves it out (19 MiB of a 41 MiB peak on tiny VGG-16's PipeDream stages, which a
+    worker forked from a fork server, ``pipedream_impl.runtime.processes``, maps in anew
+    where a spawned one had part of it mapped by its own imports)."""
+    global _resident_at_reset, _libraries_at_reset
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
         return
@@ -95,9 +98,34 @@ def reset_peak_memory(device: torch.device) -> None:
         with open("/proc/self/clear_refs", "w") as f:
             f.write("5")
     except OSError:  # not Linux: the peak stays the process's, whole
-        _resident_at_reset = 0
+        _resident_at_reset = _libraries_at_reset = 0
         return
-    _resident_at_reset = (_status_bytes("VmRSS") or 0) - (_status_bytes("RssFile") or 0)
+    _libraries_at_reset = _library_bytes()
+    _resident_at_reset = _status_bytes("VmRSS") or 0
+
+
+def _library_bytes() -> int:
+    """Bytes resident in this process's mappings of shared objects (``*.so*``) and of the
+    interpreter: the code and constants of what it runs (0 where /proc/self/smaps is not).
+    They only grow while code runs; a data file read through a mapping is not one."""
+    try:
+        with open("/proc/self/smaps") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return 0
+    exe = os.path.realpath(sys.executable)
+    total, library = 0, False
+    for line in lines:
+        if line[:1] in _HEX:  # a mapping's header: range, perms, offset, dev, inode, path
+            path = line.split(None, 5)[5:]
+            name = path[0].removesuffix(" (deleted)") if path else ""
+            library = ".so" in os.path.basename(name) or name == exe
+        elif library and line.startswith("Rss:"):
+            total += int(line.split()[1]) * 1024  # kB
+    return total
+
+
+_HEX = frozenset("0123456789abcdef")  # a smaps field's name starts with a capital
 
 
 def _release_free_memory() -> None:
@@ -125,13 +153,14 @@ def _status_bytes(field: str) -> int | None:
 def peak_memory_bytes(device: torch.device) -> int:
     """Peak GPU memory allocated by torch, or on the CPU the peak resident set (``VmHWM``)
     above what was resident at the last ``reset_peak_memory`` (the whole peak without
-    one), less the pages of files. The kernel keeps no peak of a process's own memory
-    alone, so the file pages resident now are taken from the peak: they only grow while
-    code runs, so at least those of the peak are taken, and the figure never exceeds the
-    training's own peak (file pages mapped in after it make it fall short by as much)."""
+    one), less the libraries' code mapped in since. The kernel keeps no peak of the
+    libraries' pages apart, so those mapped in by now are taken from the peak: at least
+    those of the peak (they only grow), and the figure never exceeds the training's own
+    peak (code first run after the peak makes it fall short by as much)."""
     if device.type == "cuda":
         return int(torch.cuda.max_memory_allocated(device))
     peak = _status_bytes("VmHWM")
     if peak is None:
         peak = int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024  # KiB, Linux
-    return max(0, peak - (_status_bytes("RssFile") or 0) - _resident_at_reset)
+    mapped_in = max(0, _library_bytes() - _libraries_at_reset) if _resident_at_reset else 0
+    return max(0, peak - _resident_at_reset - mapped_in)

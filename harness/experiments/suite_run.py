@@ -211,7 +211,7 @@ def run_suite(suite: Suite, progress: Progress, experiment: str = "pipebench-sui
     workers run (``srun``: across the Slurm allocation the suite runs in)."""
     plant = plant or {}
     from harness.experiments.runner import run
-    from pipedream_impl.runtime import no_halt
+    from pipedream_impl.runtime import no_halt, processes
     from pipedream_impl.runtime.launcher import PipelineFailure
 
     no_halt.hold()  # PIPEBENCH_NO_HALT: before the first drift reference, as the cells run
@@ -229,6 +229,8 @@ def run_suite(suite: Suite, progress: Progress, experiment: str = "pipebench-sui
         group_setups: dict[tuple, _Group] = {}
         total, done = repeats * len(cells), 0
         for rep in range(repeats):
+            processes.new_server()  # each round's workers from a new fork server: a
+            # cell's repeats each draw their own address-space layout (processes.py)
             for cell in _order(cells, rep):
                 rec = record[cell.key]
                 done += 1

@@ -8,6 +8,8 @@ stall is caught by the launcher's watchdog (a 5 s stall timeout here)."""
 
 from __future__ import annotations
 
+import os
+
 import psutil
 import pytest
 
@@ -25,13 +27,16 @@ SAYS = {"raise": "injected failure at F3 of epoch 0", "kill": "",
 
 def _children() -> set[str]:
     """Live child processes of this test process (multiprocessing's resource tracker and
-    fork server, one per process for its life, are not workers)."""
+    fork server, one per process for its life, are not workers; the workers forked from
+    the server, its children, carry its command line and are)."""
     out = set()
+    me = os.getpid()
     for p in psutil.Process().children(recursive=True):
         try:
             cmd = " ".join(p.cmdline())
+            server = p.ppid() == me and "forkserver" in cmd
             if p.status() != psutil.STATUS_ZOMBIE and "resource_tracker" not in cmd \
-                    and "forkserver" not in cmd:
+                    and not server:
                 out.add(f"{p.pid} {cmd}")
         except psutil.NoSuchProcess:
             pass

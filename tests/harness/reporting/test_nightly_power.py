@@ -207,7 +207,7 @@ def test_nightly_labels_one_night_suspicious_two_a_regression() -> None:
     assert lines[4].startswith(f"| A5 | suspicious | {THR} | 1 | -20.0% (-20.0 to -20.0) | "
                                "vgg16/tiny/w2/pipedream/throughput |")
     assert [row.split(" | ")[:2] for row in lines[4:7]] == [
-        ["| A5", "suspicious"], ["| A6", "improvement (one night)"], ["| A6", "regression"]]
+        ["| A5", "suspicious"], ["| A6", "regression"], ["| A6", "improvement (one night)"]]
 
 
 def test_nightly_labels_judge_on_the_window_of_make_nightly() -> None:
