@@ -201,7 +201,7 @@ def _aa_section(base: dict, runs: list[dict]) -> list[str]:
                              "as the nightly labels it"), rows),
             "", _budget(base["suite"]["repeats"], needs),
             "", f"Suites with at least one false alarm: {suites} of {len(pairs)} A/A pairs "
-            f"({len(flagged)} flags in all).", "", *_by_metric(pairs),
+            f"({len(flagged)} flags in all).", "", *_by_metric(pairs), *_between(runs, pairs),
             *_by_label(labels, labelled, len(runs))]
 
 

@@ -282,3 +282,24 @@ def test_reuse_in_an_empty_workdir_runs_everything(
     with pytest.raises(SystemExit, match="stop here"):
         np_.main()
     assert ran == [("aa-0.json", 12)]
+
+
+# --- _between: the between-results noise beside the pair test's flags ---------------------
+
+def test_between_section_ratio_by_hand_and_expected_flags_in_the_aa_section() -> None:
+    """Two cells, two runs of 2 repeats each. Cell a: logs (0, 0.2) and (0.1, 0.3): the
+    repeats' variance 0.02 each, so a mean varies by 0.02 / 2 = 0.01 by their count; the
+    means 0.1 and 0.2 vary by 0.005. Cell b: logs (0, 0.2) and (0.5, 0.7): means 0.1 and
+    0.6 vary by 0.125. Pooled: (0.005 + 0.125) / (0.01 + 0.01) = 6.5."""
+    e = math.exp
+    runs = [_run({"a": [1.0, e(0.2)], "b": [1.0, e(0.2)]}, 1),
+            _run({"a": [e(0.1), e(0.3)], "b": [e(0.5), e(0.7)]}, 2)]
+    for r in runs:
+        r["suite"]["repeats"] = 2
+    lines = np_._aa_section(runs[0], runs)
+    start = next(i for i, s in enumerate(lines) if s.startswith("Between results"))
+    assert lines[start + 4] == f"| {THR} | 6.50 | 6.50 |"
+    # the pair's expected flags: 2 judged metrics at the rate a ratio of 6.5 gives a pair
+    # test of 2 + 2 repeats (2 degrees of freedom), P(T_2 > t_crit / sqrt(6.5))
+    rate = stats.t.sf(stats.t.ppf(1 - 0.001, 2) / math.sqrt(6.5), 2)
+    assert lines[start + 10] == f"| A1 vs A2 | 2 | 0 | 0.00 | {2 * rate:.2f} |"
