@@ -18,25 +18,43 @@ from collections.abc import Iterator
 import torch
 from torch import nn
 
+from core.switches import switch
 from workloads.base import Batch, Dataset, DataSplits, ScaleSpec, Workload
 
-__all__ = ["dropout_seed", "epoch_order", "load_splits", "make_optimizer", "microbatch",
+__all__ = ["FUSED_OPTIMIZER_ENV", "dropout_seed", "epoch_order", "fused_optimizer",
+           "load_splits", "make_optimizer", "microbatch",
            "minibatch", "peak_memory_bytes", "reset_peak_memory"]
+
+
+FUSED_OPTIMIZER_ENV = "PIPEBENCH_FUSED_OPTIMIZER"  # "0": foreach kernels instead of fused
+
+
+def fused_optimizer() -> bool:
+    """Whether the optimizer steps with fused kernels: ``PIPEBENCH_FUSED_OPTIMIZER`` is ``1``
+    (the default, also when unset) or ``0`` (the multi-tensor foreach kernels)."""
+    return switch(FUSED_OPTIMIZER_ENV, "1", "fused kernels, the default",
+                  "multi-tensor foreach kernels")
 
 
 def make_optimizer(spec: ScaleSpec, params: Iterator[nn.Parameter] | list,
                    lr: float | None = None) -> torch.optim.Optimizer:
+    """The workload's optimizer over ``params``, stepping with fused kernels (one pass over
+    each tensor's weights, gradients and state) unless ``PIPEBENCH_FUSED_OPTIMIZER=0``.
+    torch picks the per-tensor loop on the CPU by default, which costs the systems that
+    step often (PipeDream steps per minibatch, a flush pipeline once per flush) far more;
+    on tiny VGG-16 one step of the whole model took 1.8 ms looped, 1.5 ms with foreach
+    kernels and 0.5 ms fused (1 thread, results/fused-optimizer-ab-vgg16.md). Fused and
+    foreach steps differ in the last bits of the weights; every system of a run uses the
+    same one."""
     lr = spec.lr if lr is None else lr
-    # foreach (multi-tensor) kernels on every device: torch picks them only on CUDA by
-    # default, and the per-tensor loop costs systems that step often (PipeDream steps per
-    # minibatch) far more on the CPU than those that step per flush
+    kernels = {"fused": True} if fused_optimizer() else {"foreach": True}
     if spec.optimizer == "adam":
-        return torch.optim.Adam(params, lr=lr, weight_decay=spec.weight_decay, foreach=True)
+        return torch.optim.Adam(params, lr=lr, weight_decay=spec.weight_decay, **kernels)
     if spec.optimizer == "sgd":
         return torch.optim.SGD(params, lr=lr, momentum=0.9, weight_decay=spec.weight_decay,
-                               foreach=True)
+                               **kernels)
     if spec.optimizer == "sgd-plain":
-        return torch.optim.SGD(params, lr=lr, weight_decay=spec.weight_decay, foreach=True)
+        return torch.optim.SGD(params, lr=lr, weight_decay=spec.weight_decay, **kernels)
     raise ValueError(f"unknown optimizer {spec.optimizer!r}")
 
 

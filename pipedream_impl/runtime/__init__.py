@@ -6,14 +6,14 @@ torchrun entry point.
 
 ``thread_use`` reads what each action costs the thread running it. ``switch`` reads the
 runtime's on/off environment switches (``PIPEBENCH_RECV_AHEAD``,
-``PIPEBENCH_PIN``, ``PIPEBENCH_NO_HALT``) by one rule.
+``PIPEBENCH_PIN``, ``PIPEBENCH_NO_HALT``) by one rule (``core.switches``).
 
 The two names below are how a registry or a spec refers to our executor and launcher
 without importing them (and torch): ``module:Class`` strings, loaded with
 ``core.imports.load`` when a run starts.
 """
 
-import os
+from core.switches import switch
 
 __all__ = ["JOBS_DIR", "LAUNCHERS", "SPAWN_LAUNCHER", "SRUN_LAUNCHER", "STAGE_EXECUTOR",
            "TIMEOUT_S", "WARMUP_STEPS", "switch"]
@@ -31,11 +31,3 @@ TIMEOUT_S = 120.0  # every receive / all-reduce waits at most this long
 WARMUP_STEPS = 2  # first minibatches of a run, excluded from throughput
 
 
-def switch(name: str, default: str, on: str, off: str) -> bool:
-    """Whether the environment switch ``name`` is on: ``1`` or ``0``, ``default`` when
-    unset; anything else is an error naming what each value does (``on``, ``off``), not a
-    silent default."""
-    value = os.environ.get(name, default)
-    if value not in ("0", "1"):
-        raise ValueError(f"{name}={value!r}: use 1 ({on}) or 0 ({off})")
-    return value == "1"

@@ -1,0 +1,80 @@
+"""The recipe's optimizer (``workloads.recipe.make_optimizer``): fused kernels by default,
+foreach with ``PIPEBENCH_FUSED_OPTIMIZER=0``, and either way the update its formula gives.
+
+Why: every system of a run steps with it, and PipeDream steps once per minibatch, so its
+kernels are part of what a comparison measures; the switch exists to measure them
+(``scripts/env_ab.py``). The references below are the textbook updates written out
+(SGD with momentum and weight decay, Adam's bias-corrected moments), not torch's code.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from workloads.base import ScaleSpec
+from workloads.recipe import FUSED_OPTIMIZER_ENV, make_optimizer
+
+
+def _spec(optimizer: str) -> ScaleSpec:
+    return ScaleSpec({}, 4, 0.1, 0.9, optimizer=optimizer, weight_decay=0.01)
+
+
+def _steps(optimizer: str, n: int = 3) -> tuple[torch.optim.Optimizer, torch.Tensor, list]:
+    torch.manual_seed(0)
+    w = torch.nn.Parameter(torch.randn(50, dtype=torch.float64))
+    opt = make_optimizer(_spec(optimizer), [w])
+    start = w.detach().clone()
+    grads = [torch.randn(50, dtype=torch.float64) for _ in range(n)]
+    for g in grads:
+        w.grad = g.clone()
+        opt.step()
+    return opt, start, [w.detach().clone(), grads]
+
+
+@pytest.mark.parametrize(("value", "kind"), [(None, "fused"), ("1", "fused"),
+                                             ("0", "foreach")])
+def test_kernels_follow_the_switch(monkeypatch: pytest.MonkeyPatch, value: str | None,
+                                   kind: str) -> None:
+    if value is None:
+        monkeypatch.delenv(FUSED_OPTIMIZER_ENV, raising=False)
+    else:
+        monkeypatch.setenv(FUSED_OPTIMIZER_ENV, value)
+    for name in ("sgd", "sgd-plain", "adam"):
+        group = make_optimizer(_spec(name), [torch.nn.Parameter(torch.zeros(3))]).defaults
+        assert group[kind] is True
+        assert group["foreach" if kind == "fused" else "fused"] in (None, False)
+
+
+def test_a_typo_in_the_switch_is_an_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(FUSED_OPTIMIZER_ENV, "yes")
+    with pytest.raises(ValueError, match="PIPEBENCH_FUSED_OPTIMIZER='yes'"):
+        make_optimizer(_spec("sgd"), [torch.nn.Parameter(torch.zeros(3))])
+
+
+@pytest.mark.parametrize("value", ["1", "0"])
+def test_sgd_momentum_matches_the_written_out_update(monkeypatch: pytest.MonkeyPatch,
+                                                    value: str) -> None:
+    monkeypatch.setenv(FUSED_OPTIMIZER_ENV, value)
+    _, w, (got, grads) = _steps("sgd")
+    buf = None
+    for g in grads:
+        d = g + 0.01 * w
+        buf = d if buf is None else 0.9 * buf + d
+        w = w - 0.1 * buf
+    assert torch.allclose(got, w, rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("value", ["1", "0"])
+def test_adam_matches_the_written_out_update(monkeypatch: pytest.MonkeyPatch,
+                                            value: str) -> None:
+    monkeypatch.setenv(FUSED_OPTIMIZER_ENV, value)
+    _, w, (got, grads) = _steps("adam")
+    m = torch.zeros_like(w)
+    v = torch.zeros_like(w)
+    for t, g in enumerate(grads, 1):
+        d = g + 0.01 * w
+        m = 0.9 * m + 0.1 * d
+        v = 0.999 * v + 0.001 * d * d
+        w = w - 0.1 * (m / (1 - 0.9 ** t)) / ((v / (1 - 0.999 ** t)).sqrt() + 1e-8)
+    assert torch.allclose(got, w, rtol=0, atol=1e-10)
