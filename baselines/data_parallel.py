@@ -13,7 +13,7 @@ import torch
 
 from core.collectives import ring_allreduce_bytes
 from pipedream_impl.runtime.contract import EpochReport, Executor, WorkerPieces, cpu_copy
-from workloads.recipe import microbatch
+from workloads.recipe import load_optimizer_state, microbatch
 
 __all__ = ["DataParallelExecutor"]
 
@@ -76,7 +76,7 @@ class DataParallelExecutor(Executor):
 
     def load_checkpoint(self, state: dict) -> None:
         self.model.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
+        load_optimizer_state(self.optimizer, state["optimizer"])
 
     def run_epoch(self, epoch: int) -> EpochReport:
         report = self.start_epoch(epoch, 0, self.rank)

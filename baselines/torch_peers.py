@@ -39,6 +39,7 @@ from baselines.peers import EngineStage, PeerExecutor
 from core.errors import UserInputError
 from pipedream_impl.runtime.contract import EpochReport, SystemSettings, WorkerPieces, cpu_copy
 from pipedream_impl.schedule import registry as schedules
+from workloads.recipe import load_optimizer_state
 
 __all__ = ["TORCH_EXECUTOR", "TorchPipeExecutor", "compute_order", "engine_class",
            "boundary_examples", "check_engine_microbatches", "loss_rank", "stage_ranks"]
@@ -243,7 +244,7 @@ class TorchPipeExecutor(PeerExecutor):
     def load_checkpoint(self, state: dict) -> None:
         for mod, st in zip(self.modules, state["modules"], strict=True):
             mod.inner.load_state_dict(st)
-        self.optimizer.load_state_dict(state["optimizer"])
+        load_optimizer_state(self.optimizer, state["optimizer"])
 
     def _step(self, k: int) -> list[float]:
         self.optimizer.zero_grad(set_to_none=True)

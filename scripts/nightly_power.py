@@ -201,7 +201,7 @@ def _aa_section(base: dict, runs: list[dict]) -> list[str]:
                              "as the nightly labels it"), rows),
             "", _budget(base["suite"]["repeats"], needs),
             "", f"Suites with at least one false alarm: {suites} of {len(pairs)} A/A pairs "
-            f"({len(flagged)} flags in all).", "", *_by_metric(pairs), *_between(runs, pairs),
+            f"({len(flagged)} flags in all).", "", *_by_metric(pairs), *between.report(runs, pairs),
             *_by_label(labels, labelled, len(runs))]
 
 
@@ -251,42 +251,6 @@ def _by_metric(pairs: list[tuple[int, list[regressions.Change]]]) -> list[str]:
         return []
     return ["False alarms by metric:", "", *markdown_table(
         ("pair", "metric", "flags", "median change (range)", "cells"), rows), ""]
-
-
-def _between(runs: list[dict], pairs: list[tuple[int, list[regressions.Change]]]
-             ) -> list[str]:
-    """How much more the A runs' means differ than their repeats say (``between``), each
-    noisy metric's ratio over all the runs and in each pair, and the flags each pair would
-    make at its measured ratios against the flags it made."""
-    names = sorted({c.name for _, ch in pairs for c in ch if c.name in METRICS
-                    and c.mdc is not None and not c.verdict.startswith("not judged")})
-    if not names:
-        return []
-    ratio = {(i, n): between.inflation(runs[i - 1:i + 1], n) for i, _ in pairs for n in names}
-    rows = [(n, f"{between.inflation(runs, n).ratio:.2f}",
-             *(f"{ratio[i, n].ratio:.2f}" for i, _ in pairs)) for n in names]
-    tally = []
-    for i, ch in pairs:
-        judged = [c for c in ch if c.name in names and c.mdc is not None
-                  and not c.verdict.startswith("not judged")]
-        expect = sum(between.pair_rate(max(1.0, ratio[i, c.name].ratio),
-                                       ratio[i, c.name].repeats) for c in judged)
-        tally.append((f"A{i} vs A{i + 1}", str(len(judged)),
-                      str(sum(c.verdict in verdicts.BROKEN for c in judged)),
-                      f"{verdicts.ALPHA * len(judged):.2f}", f"{expect:.2f}"))
-    return ["Between results: how much more the runs' means vary than their repeats predict "
-            "(variance of the means over the repeats' variance / n, pooled over the cells "
-            "that ran in every run compared; 1: the repeats tell the whole noise; "
-            "`harness/reporting/between.py`), over all the A runs and in each pair:", "",
-            *markdown_table(("metric", "all runs", *(f"A{i} vs A{i + 1}" for i, _ in pairs)),
-                            rows), "",
-            "The pair test takes the repeats as the whole noise, so at a ratio r its "
-            f"false-alarm rate per metric is P(T > t_crit / sqrt(r)) instead of "
-            f"{verdicts.ALPHA:g}. The flags each pair made against those its own measured "
-            "ratios predict (a ratio under 1 counted as 1; on one commit every flag is a "
-            "false alarm, across commits a real change also raises the ratio):", "",
-            *markdown_table(("pair", "judged metrics", "flags", f"expected at {verdicts.ALPHA:g}",
-                             "expected at the measured ratios"), tally), ""]
 
 
 def _by_label(labels: list[tuple[int, regressions.Change]], labelled: int,

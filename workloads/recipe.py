@@ -22,7 +22,7 @@ from core.switches import switch
 from workloads.base import Batch, Dataset, DataSplits, ScaleSpec, Workload
 
 __all__ = ["FUSED_OPTIMIZER_ENV", "dropout_seed", "epoch_order", "fused_optimizer",
-           "load_splits", "make_optimizer", "microbatch",
+           "load_optimizer_state", "load_splits", "make_optimizer", "microbatch",
            "minibatch", "peak_memory_bytes", "reset_peak_memory"]
 
 
@@ -36,18 +36,33 @@ def fused_optimizer() -> bool:
                   "multi-tensor foreach kernels")
 
 
+def _kernels() -> dict[str, bool | None]:
+    """The optimizer's kernel flags, as a parameter group holds them."""
+    return {"fused": True, "foreach": None} if fused_optimizer() else \
+        {"fused": None, "foreach": True}
+
+
+def load_optimizer_state(optimizer: torch.optim.Optimizer, state: dict) -> None:
+    """Load a checkpoint's optimizer ``state`` with this run's kernels: a saved parameter
+    group's flags would otherwise replace them (``load_state_dict`` keeps the saved
+    groups), and the run would step with the kernels of the run that saved it while its
+    ``runtime_env`` says otherwise. Set before loading, so that torch places the state
+    (Adam's step count) as these kernels want it."""
+    groups = [{**g, **_kernels()} for g in state["param_groups"]]
+    optimizer.load_state_dict({**state, "param_groups": groups})
+
+
 def make_optimizer(spec: ScaleSpec, params: Iterator[nn.Parameter] | list,
                    lr: float | None = None) -> torch.optim.Optimizer:
     """The workload's optimizer over ``params``, stepping with fused kernels (one pass over
     each tensor's weights, gradients and state) unless ``PIPEBENCH_FUSED_OPTIMIZER=0``.
     torch picks the per-tensor loop on the CPU by default, which costs the systems that
     step often (PipeDream steps per minibatch, a flush pipeline once per flush) far more;
-    on tiny VGG-16 one step of the whole model took 1.8 ms looped, 1.5 ms with foreach
-    kernels and 0.5 ms fused (1 thread, results/fused-optimizer-ab-vgg16.md). Fused and
-    foreach steps differ in the last bits of the weights; every system of a run uses the
-    same one."""
+    the step's cost by kernels is in results/optimizer-step.md, what it does to each
+    system's throughput in results/fused-optimizer-ab-vgg16.md. Fused and foreach steps
+    differ in the last bits of the weights; every system of a run uses the same one."""
     lr = spec.lr if lr is None else lr
-    kernels = {"fused": True} if fused_optimizer() else {"foreach": True}
+    kernels = {k: v for k, v in _kernels().items() if v}
     if spec.optimizer == "adam":
         return torch.optim.Adam(params, lr=lr, weight_decay=spec.weight_decay, **kernels)
     if spec.optimizer == "sgd":

@@ -29,6 +29,7 @@ from workloads.base import Batch, Dataset, DataSplits, LayerModel, ScaleSpec, Wo
 from workloads.recipe import (
     dropout_seed,
     epoch_order,
+    load_optimizer_state,
     make_optimizer,
     minibatch,
     reset_peak_memory,
@@ -230,7 +231,7 @@ class SingleTrainer:
     def restore(self, worker_states: list[dict], trainer_state: dict) -> None:  # noqa: ARG002
         (state,) = worker_states
         self.model.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
+        load_optimizer_state(self.optimizer, state["optimizer"])
         self.global_step = state["global_step"]
 
     def evaluate(self) -> float:

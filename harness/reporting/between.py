@@ -23,6 +23,9 @@ t on the repeats' degrees of freedom (the difference of two means varies by
 where both have ``n`` repeats), so its one-sided false-alarm rate is
 ``P(T > critical / sqrt(ratio))`` (``pair_rate``; the rule's 2% floor only lowers it).
 
+``report`` writes both into ``scripts/nightly_power.py``'s reports: each metric's ratio over
+an A/A series and in each pair, and each pair's flags beside the flags its ratios predict.
+
 The same quotient could be estimated from one pair across its cells (genomic control's
 inflation factor) and divided out; measured on the power suite, that hid a planted 1.2x
 slowdown of every cell entirely (the slowdown is the inflation), so the rule does not do
@@ -33,12 +36,18 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from scipy import stats
 
+from core.markdown import markdown_table
 from harness.reporting import verdicts
+from harness.reporting.results import METRICS
 
-__all__ = ["Inflation", "inflation", "pair_rate"]
+if TYPE_CHECKING:
+    from harness.reporting.regressions import Change
+
+__all__ = ["Inflation", "inflation", "pair_rate", "report"]
 
 
 @dataclass(frozen=True)
@@ -92,3 +101,52 @@ def pair_rate(ratio: float, repeats: int, alpha: float = verdicts.ALPHA) -> floa
         return math.nan
     critical = stats.t.ppf(1 - alpha, df)
     return float(stats.t.sf(critical / math.sqrt(ratio), df))
+
+
+def _judged(changes: list[Change]) -> list[Change]:
+    """The noisy metrics a pair judged with a noise estimate (a finite MDC: not the twin
+    left unjudged, not too few repeats)."""
+    return [c for c in changes if c.name in METRICS and c.mdc is not None
+            and math.isfinite(c.mdc) and not c.verdict.startswith("not judged")]
+
+
+def report(runs: list[dict], pairs: list[tuple[int, list[Change]]]) -> list[str]:
+    """Report lines: each noisy metric's ``ratio`` over all ``runs`` and in each pair
+    (``pairs``: the index of each later run and its changes against the run before, as
+    ``regressions.compare_results`` gives them), and each pair's flags, either direction,
+    beside those expected at ``verdicts.ALPHA`` and at the pair's own ratios (twice
+    ``pair_rate`` a metric: the rule tests each direction at its rate); none where no pair
+    judged a metric with a noise estimate."""
+    names = sorted({c.name for _, ch in pairs for c in _judged(ch)})
+    if not names:
+        return []
+    ratio = {(i, n): inflation(runs[i - 1:i + 1], n) for i, _ in pairs for n in names}
+    rows = [(n, f"{inflation(runs, n).ratio:.2f}",
+             *(f"{ratio[i, n].ratio:.2f}" for i, _ in pairs)) for n in names]
+    tally = []
+    for i, ch in pairs:
+        judged = _judged(ch)
+        expect = sum(2 * pair_rate(max(1.0, ratio[i, c.name].ratio), ratio[i, c.name].repeats)
+                     for c in judged)
+        tally.append((f"A{i} vs A{i + 1}", str(len(judged)),
+                      str(sum(c.verdict in verdicts.BROKEN for c in judged)),
+                      f"{2 * verdicts.ALPHA * len(judged):.2f}", f"{expect:.2f}"))
+    return ["Between results: how much more the runs' means vary than their repeats predict "
+            "(variance of the means over the repeats' variance / n, pooled over the cells "
+            "that ran in every run compared; 1: the repeats tell the whole noise; "
+            "`harness/reporting/between.py`), over all the A runs and in each pair:", "",
+            *markdown_table(("metric", "all runs", *(f"A{i} vs A{i + 1}" for i, _ in pairs)),
+                            rows), "",
+            "The pair test takes the repeats as the whole noise, so at a ratio r its "
+            "false-alarm rate per metric and direction is P(T > t_crit / sqrt(r)) instead of "
+            f"{verdicts.ALPHA:g}. Each pair's flags (either direction) against those "
+            "expected at that rate and at the pair's own measured ratios (a ratio under 1 "
+            "counted as 1). Two caveats: a pair's ratio is measured on the same two runs "
+            "whose flags it is set beside, so it is a consistency check, not a forecast; "
+            "and one pooled ratio per metric stands for all its cells, where a machine-wide "
+            "shift would raise the quiet cells' own ratio above it and the noisy cells' "
+            "below, so the expected count is, if anything, low. On one commit every flag "
+            "is a false alarm; across commits a real change also raises the ratio.", "",
+            *markdown_table(("pair", "judged metrics", "flags",
+                             f"expected at {verdicts.ALPHA:g}",
+                             "expected at the measured ratios"), tally), ""]

@@ -18,7 +18,8 @@ The rule (one metric of one cell; the values are its repeats, higher or lower be
   N - 1 degrees of freedom (exact for normal noise: this is where drift counts).
 - Pair mode's rate is ``ALPHA`` where a result's repeats carry all of its noise; results
   run hours apart vary more than that (``between`` measures by how much from an A/A
-  series, and ``between.pair_rate`` gives the pair test's rate at the measured ratio).
+  series, and ``between.pair_rate`` gives the rate of a pair test against one baseline
+  at the measured ratio).
 - Either way the false-alarm rate per metric and comparison is ``ALPHA`` (one-sided; for
   the two nights of the over-nights label, the pair's rate: below); beyond the critical
   value in the bad direction is ``regression``, in the good one ``improvement``, else

@@ -53,7 +53,7 @@ from pipedream_impl.schedule import Action, Schedule
 from pipedream_impl.schedule.delivery import delivered, receives_followed
 from pipedream_impl.schedule.registry import build
 from workloads.base import Batch
-from workloads.recipe import microbatch
+from workloads.recipe import load_optimizer_state, microbatch
 
 __all__ = ["StageExecutor"]
 
@@ -159,7 +159,7 @@ class StageExecutor(Executor):
 
     def load_checkpoint(self, state: dict) -> None:
         self.module.load_state_dict(state["module"])
-        self.optimizer.load_state_dict(state["optimizer"])
+        load_optimizer_state(self.optimizer, state["optimizer"])
         set_lr(self.optimizer, self.lrs)  # the run's rule decides, not the saved groups
         self.store.version = state["version"]
         self.store.snapshots = {

@@ -9,11 +9,13 @@ kernels are part of what a comparison measures; the switch exists to measure the
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 
 from workloads.base import ScaleSpec
-from workloads.recipe import FUSED_OPTIMIZER_ENV, make_optimizer
+from workloads.recipe import FUSED_OPTIMIZER_ENV, load_optimizer_state, make_optimizer
 
 
 def _spec(optimizer: str) -> ScaleSpec:
@@ -78,3 +80,29 @@ def test_adam_matches_the_written_out_update(monkeypatch: pytest.MonkeyPatch,
         v = 0.999 * v + 0.001 * d * d
         w = w - 0.1 * (m / (1 - 0.9 ** t)) / ((v / (1 - 0.999 ** t)).sqrt() + 1e-8)
     assert torch.allclose(got, w, rtol=0, atol=1e-10)
+
+
+@pytest.mark.parametrize(("saved", "now"), [("0", "1"), ("1", "0")])
+def test_a_checkpoint_resumes_with_this_runs_kernels(monkeypatch: pytest.MonkeyPatch,
+                                                    saved: str, now: str) -> None:
+    """A checkpoint saved under one setting and loaded under the other steps with the
+    loading run's kernels, and its state carries on: the loaded optimizer's next step
+    equals the saving optimizer's next step (written-out Adam would agree to rounding)."""
+    monkeypatch.setenv(FUSED_OPTIMIZER_ENV, saved)
+    opt, _, (w, _) = _steps("adam")
+    state = copy.deepcopy(opt.state_dict())  # the state's tensors step on in place
+    g = torch.randn(50, dtype=torch.float64)
+    p0 = opt.param_groups[0]["params"][0]
+    p0.grad = g.clone()
+    opt.step()
+    expected = p0.detach().clone()
+    monkeypatch.setenv(FUSED_OPTIMIZER_ENV, now)
+    q = torch.nn.Parameter(w.clone())
+    fresh = make_optimizer(_spec("adam"), [q])
+    load_optimizer_state(fresh, state)
+    kind = "fused" if now == "1" else "foreach"
+    assert fresh.param_groups[0][kind] is True
+    assert fresh.param_groups[0]["foreach" if kind == "fused" else "fused"] in (None, False)
+    q.grad = g.clone()
+    fresh.step()
+    assert torch.allclose(q.detach(), expected, rtol=0, atol=1e-12)

@@ -299,7 +299,16 @@ def test_between_section_ratio_by_hand_and_expected_flags_in_the_aa_section() ->
     lines = np_._aa_section(runs[0], runs)
     start = next(i for i, s in enumerate(lines) if s.startswith("Between results"))
     assert lines[start + 4] == f"| {THR} | 6.50 | 6.50 |"
-    # the pair's expected flags: 2 judged metrics at the rate a ratio of 6.5 gives a pair
-    # test of 2 + 2 repeats (2 degrees of freedom), P(T_2 > t_crit / sqrt(6.5))
+    # the pair's expected flags: 2 judged metrics, each direction at the rate a ratio of
+    # 6.5 gives a pair test of 2 + 2 repeats (2 degrees of freedom), P(T_2 > t / sqrt(6.5))
     rate = stats.t.sf(stats.t.ppf(1 - 0.001, 2) / math.sqrt(6.5), 2)
-    assert lines[start + 10] == f"| A1 vs A2 | 2 | 0 | 0.00 | {2 * rate:.2f} |"
+    assert lines[start + 10] == f"| A1 vs A2 | 2 | 0 | 0.00 | {4 * rate:.2f} |"
+
+
+def test_between_section_is_left_out_without_a_noise_estimate() -> None:
+    """One repeat a run: no metric has a noise estimate (its MDC is infinite), so there
+    is no ratio to give and no flag to expect."""
+    runs = [_run({"a": [1.0], "b": [2.0]}, 1), _run({"a": [1.1], "b": [2.1]}, 2)]
+    for r in runs:
+        r["suite"]["repeats"] = 1
+    assert not any(s.startswith("Between results") for s in np_._aa_section(runs[0], runs))
