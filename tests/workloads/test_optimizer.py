@@ -106,3 +106,17 @@ def test_a_checkpoint_resumes_with_this_runs_kernels(monkeypatch: pytest.MonkeyP
     q.grad = g.clone()
     fresh.step()
     assert torch.allclose(q.detach(), expected, rtol=0, atol=1e-12)
+
+
+def test_the_step_script_builds_one_optimizer_per_setting_and_leaves_the_switch_unset(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from tests.scripts import load_script
+
+    monkeypatch.delenv(FUSED_OPTIMIZER_ENV, raising=False)
+    opts, count, tensors, kind = load_script("optimizer_step")._optimizers("resnet50")
+    assert opts["fused"].defaults["fused"] is True
+    assert opts["foreach"].defaults["foreach"] is True
+    params = opts["fused"].param_groups[0]["params"]
+    assert params == opts["foreach"].param_groups[0]["params"]  # the same model's
+    assert count == sum(p.numel() for p in params) and tensors == len(params)
+    assert kind == "sgd" and FUSED_OPTIMIZER_ENV not in __import__("os").environ
