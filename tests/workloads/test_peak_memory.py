@@ -12,6 +12,12 @@ import torch
 
 from workloads.recipe import peak_memory_bytes, reset_peak_memory
 
+# The kernel counts a process's resident pages in per-CPU batches, so VmRSS and VmHWM are
+# read some hundred pages off (seen here: up to about 1 MiB short), and code the reading
+# itself first runs after the peak is taken off too (``peak_memory_bytes``): a lower bound
+# gets this much room, far below the 64-100 MiB each test touches.
+SLACK = 2 * 2**20
+
 
 @pytest.mark.skipif(not os.access("/proc/self/clear_refs", os.W_OK),
                     reason="the kernel offers no resettable resident-set peak here")
@@ -41,7 +47,7 @@ def test_after_a_reset_the_peak_is_what_the_training_added_not_the_libraries() -
     assert peak_memory_bytes(cpu) < 16 * 2**20
     big = torch.ones(25 * 2**20)  # 100 MiB, touched
     got = peak_memory_bytes(cpu)
-    assert 100 * 2**20 <= got < 116 * 2**20
+    assert 100 * 2**20 - SLACK <= got < 116 * 2**20
     del big
 
 
@@ -85,4 +91,4 @@ def test_library_code_mapped_in_after_a_reset_is_not_the_trainings(tmp_path) -> 
     with _mapped(library):
         assert peak_memory_bytes(cpu) < 16 * 2**20
         with _mapped(data):
-            assert 64 * 2**20 <= peak_memory_bytes(cpu) < 80 * 2**20
+            assert 64 * 2**20 - SLACK <= peak_memory_bytes(cpu) < 80 * 2**20
