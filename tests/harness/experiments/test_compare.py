@@ -49,3 +49,36 @@ def test_one_rule_gives_every_compared_system_its_config(tmp_path) -> None:  # n
         assert cfg.pipeline.plan == (None if system == "horovod" else plan)
     with pytest.raises(UserInputError, match="unknown system 'mystery'"):
         system_config(base, "mystery", None)
+
+
+def _welch(a: list[float], b: list[float], level: float = 0.95) -> tuple[float, float, float]:
+    """The ratio of geometric means and its Welch interval, written out on the logs."""
+    import math
+
+    from scipy import stats
+
+    la, lb = [math.log(x) for x in a], [math.log(x) for x in b]
+    ma, mb = sum(la) / len(la), sum(lb) / len(lb)
+    va = sum((x - ma) ** 2 for x in la) / (len(la) - 1) / len(la)
+    vb = sum((x - mb) ** 2 for x in lb) / (len(lb) - 1) / len(lb)
+    df = (va + vb) ** 2 / (va ** 2 / (len(la) - 1) + vb ** 2 / (len(lb) - 1))
+    half = stats.t.ppf(0.5 + level / 2, df) * math.sqrt(va + vb)
+    d = ma - mb
+    return math.exp(d), math.exp(d - half), math.exp(d + half)
+
+
+@pytest.mark.parametrize(("ours", "verdict"), [
+    ([101.0, 100.0, 99.0, 100.5], True),  # about 1.00x, the interval well above 0.95
+    ([90.0, 91.0, 89.0, 90.5], False),  # about 0.90x, the interval below 0.95
+    ([80.0, 120.0, 95.0, 105.0], None),  # about 1.0x, the interval holds 0.95
+])
+def test_bench_targets_judge_the_ratio_of_the_repeats_on_its_interval(
+        ours: list[float], verdict: bool | None) -> None:
+    peer = [100.0, 101.0, 99.0, 100.0]
+    values = {"gpipe": ours, "torch-gpipe": peer}
+    rates = {k: sorted(v)[len(v) // 2] for k, v in values.items()}
+    ((what, ok, how),) = checks(rates, values)
+    ratio, low, high = _welch(ours, peer)
+    assert what == "gpipe >= 0.95x torch-gpipe" and ok is verdict
+    assert how == f"{ratio:.2f}x [{low:.2f}, {high:.2f}]"
+    assert (low >= 0.95) is (verdict is True) and (high < 0.95) is (verdict is False)
