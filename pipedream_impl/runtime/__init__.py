@@ -29,5 +29,3 @@ JOBS_DIR = ".pipebench-jobs"  # under a job's submit directory: its script, outp
 # and ``harness.config`` (whose classes the CLI's flags read) take them from here.
 TIMEOUT_S = 120.0  # every receive / all-reduce waits at most this long
 WARMUP_STEPS = 2  # first minibatches of a run, excluded from throughput
-
-
