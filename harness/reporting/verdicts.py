@@ -40,6 +40,8 @@ The rule (one metric of one cell; the values are its repeats, higher or lower be
 - Time to target over seeds (``faster``): a one-sided Welch t-test on the logs that one
   system reaches the target in less time than another, at ``TTA_ALPHA`` (one claim, not a
   night's hundreds of metrics).
+  Its interval of the ratio of geometric means also judges ``bench``'s throughput goals
+  (``harness.experiments.bench.checks``).
 - Over nights (PyTorch's benchmark HUD): a ``regression`` needs two consecutive nights
   beyond the two nights' threshold in the same direction; tonight alone beyond the one
   night's threshold is ``suspicious``; fewer than ``MIN_HISTORY`` earlier results is

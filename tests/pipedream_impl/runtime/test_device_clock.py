@@ -135,12 +135,16 @@ def test_event_timed_actions_are_booked_at_the_close_without_a_wait_per_action(
         gpu: Device) -> None:
     executors = local_executors(_spec())
     # a pause outside the actions of this short epoch (4 minibatches, about 0.1 s) once
-    # took as long as they did in make test (spent 0.11 of 0.22 s); earlier tests' garbage
-    # collected inside it is the likely one: collect it before the clock starts
+    # took as long as they did in make test (spent 0.11 of 0.22 s); a garbage collection
+    # inside it is the likely one: none runs while it is timed
     gc.collect()
-    t0 = time.perf_counter()
-    reports = run_local(executors, 0)
-    wall = time.perf_counter() - t0
+    gc.disable()
+    try:
+        t0 = time.perf_counter()
+        reports = run_local(executors, 0)
+        wall = time.perf_counter() - t0
+    finally:
+        gc.enable()
     sched = one_f_one_b(Layout((1, 1)), 4, "stash")
     spent = 0.0
     for rank, rep in enumerate(reports):
