@@ -62,7 +62,7 @@ def make_optimizer(spec: ScaleSpec, params: Iterator[nn.Parameter] | list,
     system's throughput in results/fused-optimizer-ab-vgg16.md. Fused and foreach steps
     differ in the last bits of the weights; every system of a run uses the same one."""
     lr = spec.lr if lr is None else lr
-    kernels = {k: v for k, v in _kernels().items() if v}
+    kernels = _kernels()
     if spec.optimizer == "adam":
         return torch.optim.Adam(params, lr=lr, weight_decay=spec.weight_decay, **kernels)
     if spec.optimizer == "sgd":

@@ -58,32 +58,23 @@ class Inflation:
     repeats: int  # the typical (median) repeats of a result of a cell
 
 
-def _logs(values) -> list[float]:  # noqa: ANN001 - numbers
-    return [math.log(v) for v in values if v is not None and v > 0 and math.isfinite(v)]
-
-
 def inflation(results: list[dict], name: str) -> Inflation:
     """``ratio`` of metric ``name`` over ``results`` (suite results of one suite, two or
     more), pooled over the cells with two or more repeats of it in every result: the sum
     over cells of the results' means' variance over the sum of what their repeats predict
     (the pooled repeat variance times the mean of ``1/n``)."""
-    keys = set.intersection(*({c["key"] for c in r["cells"] if c["status"] == "ok"}
-                              for r in results)) if results else set()
+    by_key = [{c["key"]: c for c in r["cells"] if c["status"] == "ok"} for r in results]
+    keys = set.intersection(*(set(k) for k in by_key)) if by_key else set()
     between = predicted = 0.0
     used, sizes = 0, []
     for key in sorted(keys):
-        groups = []
-        for r in results:
-            cell = next(c for c in r["cells"] if c["key"] == key)
-            logs = _logs(cell.get("metrics", {}).get(name, {}).get("values", []))
-            groups.append(logs)
+        groups = [verdicts.log_values(cells[key].get("metrics", {}).get(name, {})
+                                      .get("values", [])) for cells in by_key]
         if len(groups) < 2 or any(len(g) < 2 for g in groups):
             continue
         means = [sum(g) / len(g) for g in groups]
-        centre = sum(means) / len(means)
-        ss = sum((x - m) ** 2 for g, m in zip(groups, means, strict=True) for x in g)
-        df = sum(len(g) - 1 for g in groups)
-        between += sum((m - centre) ** 2 for m in means) / (len(means) - 1)
+        ss, df = verdicts.centred(groups)
+        between += verdicts.centred([means])[0] / (len(means) - 1)
         predicted += ss / df * sum(1 / len(g) for g in groups) / len(groups)
         used += 1
         sizes += [len(g) for g in groups]

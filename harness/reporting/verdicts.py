@@ -71,7 +71,8 @@ from scipy import integrate, optimize, stats
 
 __all__ = ["ALPHA", "BROKEN", "DRIFT_LEVEL", "HISTORY_RESULTS", "INTERVAL", "MIN_CHANGE",
            "MIN_HISTORY", "ONE_NIGHT", "POWER", "TARGET_MDC", "TTA_ALPHA", "Faster", "Test",
-           "consecutive_level", "consecutive_mdc", "faster", "interval", "mdc", "moved",
+           "centred", "consecutive_level", "consecutive_mdc", "faster", "interval",
+           "log_values", "mdc", "moved",
            "night_label", "noise", "repeats_for", "rule_text", "test"]
 
 ALPHA = 0.001  # false alarms per metric per comparison, one-sided
@@ -120,11 +121,12 @@ class Test:
         return self.verdict in BROKEN
 
 
-def _logs(values) -> list[float]:  # noqa: ANN001 - numbers
+def log_values(values) -> list[float]:  # noqa: ANN001 - numbers
+    """The logs of ``values`` that have one (positive and finite): the rule's scale."""
     return [math.log(v) for v in values if v is not None and v > 0 and math.isfinite(v)]
 
 
-def _centred(groups: list[list[float]]) -> tuple[float, int]:
+def centred(groups: list[list[float]]) -> tuple[float, int]:
     """Sum of squares about each group's mean, and its degrees of freedom."""
     ss, df = 0.0, 0
     for g in groups:
@@ -175,8 +177,8 @@ def test(baseline: list[list[float]], current: list[float], higher_is_better: bo
     this is one of two nights judged together against the same results (the over-nights
     label): from ``HISTORY_RESULTS`` results on, tested at ``consecutive_level`` and with
     the two nights' MDC; with fewer, as a single comparison."""
-    base = [g for g in (_logs(g) for g in baseline) if g]
-    cur = _logs(current)
+    base = [g for g in (log_values(g) for g in baseline) if g]
+    cur = log_values(current)
     if not base or not cur:
         return _too_few(math.nan)
     mean_c = sum(cur) / len(cur)
@@ -187,13 +189,13 @@ def test(baseline: list[list[float]], current: list[float], higher_is_better: bo
         means = [sum(g) / len(g) for g in base]
         n = len(means)
         centre = sum(means) / n
-        ss, df = _centred([means])
+        ss, df = centred([means])
         factor = math.sqrt(1 + 1 / n)  # a prediction interval for one more result
         n_b, n_c = n, 1
     else:  # repeats against repeats, each result's repeats about their own mean
         n_b, n_c = sum(len(g) for g in base), len(cur)
         centre = sum(x for g in base for x in g) / n_b
-        ss, df = _centred([*base, cur])
+        ss, df = centred([*base, cur])
         factor = math.sqrt(1 / n_b + 1 / n_c)
     change = math.exp(mean_c - centre) - 1
     if df < 1:
@@ -227,21 +229,21 @@ def noise(baseline: list[list[float]]) -> float:
     mean); NaN where it has no degree of freedom. Which of two figures to judge is decided
     on this, from the baseline alone, so that the choice does not look at the current
     result."""
-    base = [g for g in (_logs(g) for g in baseline) if g]
+    base = [g for g in (log_values(g) for g in baseline) if g]
     if len(base) >= HISTORY_RESULTS:
-        ss, df = _centred([[sum(g) / len(g) for g in base]])
+        ss, df = centred([[sum(g) / len(g) for g in base]])
     else:
-        ss, df = _centred(base)
+        ss, df = centred(base)
     return math.sqrt(ss / df) if df else math.nan
 
 
 def interval(values, level: float = INTERVAL) -> tuple[float, float]:  # noqa: ANN001
     """A ``level`` confidence interval of the geometric mean of ``values`` (a t interval on
     the logs, the noise model of ``test``); NaNs under two values."""
-    logs = _logs(values)
+    logs = log_values(values)
     if len(logs) < 2:
         return math.nan, math.nan
-    ss, df = _centred([logs])
+    ss, df = centred([logs])
     m = sum(logs) / len(logs)
     half = stats.t.ppf(0.5 + level / 2, df) * math.sqrt(ss / df / len(logs))
     return math.exp(m - half), math.exp(m + half)
@@ -260,7 +262,7 @@ def faster(a, b, alpha: float = TTA_ALPHA) -> Faster:  # noqa: ANN001 - numbers
     """Is ``a`` (e.g. one system's times to target over seeds) lower than ``b``? A
     one-sided Welch t-test on the logs (MLPerf judges convergence over seeds, one-sided);
     NaNs with fewer than two values on a side."""
-    la, lb = _logs(a), _logs(b)
+    la, lb = log_values(a), log_values(b)
     if len(la) < 2 or len(lb) < 2:
         return Faster(math.nan, math.nan, math.nan, math.nan, False)
     r = stats.ttest_ind(la, lb, equal_var=False, alternative="less")

@@ -10,6 +10,7 @@ kernels are part of what a comparison measures; the switch exists to measure the
 from __future__ import annotations
 
 import copy
+import os
 
 import pytest
 import torch
@@ -119,4 +120,4 @@ def test_the_step_script_builds_one_optimizer_per_setting_and_leaves_the_switch_
     params = opts["fused"].param_groups[0]["params"]
     assert params == opts["foreach"].param_groups[0]["params"]  # the same model's
     assert count == sum(p.numel() for p in params) and tensors == len(params)
-    assert kind == "sgd" and FUSED_OPTIMIZER_ENV not in __import__("os").environ
+    assert kind == "sgd" and FUSED_OPTIMIZER_ENV not in os.environ
