@@ -3,6 +3,7 @@ group), ``regressions``, ``compare`` (from the MLflow store) and ``dashboard``."
 
 from __future__ import annotations
 
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Annotated
 
@@ -182,9 +183,12 @@ def regressions(
                                                  "run id)")] = None,
     history: Annotated[int | None, typer.Option(help="compare with the last N results of "
                                                 "the same suite on the same machine, found "
-                                                "in the MLflow store")] = None,
+                                                "in the MLflow store (or --history-dir)")]
+    = None,
     experiment: Annotated[str | None, typer.Option(help="MLflow experiment of the history "
                                                    "(default: the current result's)")] = None,
+    history_dir: Annotated[str | None, typer.Option(help="with --history: read it from the "
+                                                    "suite results (*.json) here")] = None,
     alpha: Annotated[float | None, typer.Option(
         help="false-alarm rate per metric of the test that judges noisy metrics "
              "(default: harness.reporting.verdicts.ALPHA)")] = None,
@@ -198,13 +202,10 @@ def regressions(
     Exit code 1 on a regression."""
     from core.markdown import markdown_table
     from harness.reporting import regressions as reg
-    from harness.reporting.store import load_result_or_run, suite_history
+    from harness.reporting.store import load_result_or_run
 
-    if (baseline is None) == (history is None):
-        raise UserInputError("give --baseline FILE|RUN or --history N (one of them)")
+    _check_against(baseline, history, experiment, history_dir)
     require_output(output)
-    if history is not None and history < 1:
-        raise UserInputError(f"--history must be at least 1 (got {history})")
     from harness.reporting import verdicts
 
     alpha = verdicts.ALPHA if alpha is None else alpha
@@ -215,13 +216,13 @@ def regressions(
         bases, against = [load_result_or_run(baseline)], baseline
         changes = reg.compare_results(bases, cur, alpha)
     else:  # one result more: the night before is judged against its own history
-        bases = suite_history(cur, history + 1, experiment)
-        against = (f"the last {len(bases[-history:])} {cur['suite']['name']} result(s) on "
-                   "this machine, labelled over nights")
+        bases, where = _history(cur, history + 1, experiment, history_dir)
+        against = (f"the last {len(bases[-history:])} {cur['suite']['name']} result(s) "
+                   f"of this machine {where}, labelled over nights")
         if not bases:
             emit(f"# Regressions: {current}\n\nNo earlier {cur['suite']['name']} result "
-                 f"on machine {cur['environment']['machine']!r}: nothing to compare.\n",
-                 output)
+                 f"of machine {cur['environment']['machine']!r} {where}: nothing to "
+                 "compare.\n", output)
             return
         changes = reg.over_nights(bases, cur, history, alpha)
     lines = [f"# Regressions: {current} against {against}", "",
@@ -235,6 +236,46 @@ def regressions(
     emit("\n".join(lines) + "\n", output)
     if reg.has_regression(changes):
         raise typer.Exit(1)
+
+
+def _check_against(baseline: str | None, history: int | None, experiment: str | None,
+                   history_dir: str | None) -> None:
+    """What ``regressions`` compares with: a baseline, or a history in the store or in a
+    directory (not both; ``--experiment`` names a store's experiment)."""
+    if (baseline is None) == (history is None):
+        raise UserInputError("give --baseline FILE|RUN or --history N (one of them)")
+    if history is not None and history < 1:
+        raise UserInputError(f"--history must be at least 1 (got {history})")
+    if history_dir is not None:
+        if history is None:
+            raise UserInputError("--history-dir needs --history N")
+        if experiment is not None:
+            raise UserInputError("--experiment names the store's history; --history-dir "
+                                 "reads files instead: give one of them")
+        _check_dir(history_dir)
+
+
+def _check_dir(directory: str) -> None:
+    if not Path(directory).is_dir():
+        raise UserInputError(f"--history-dir {directory}: no such directory")
+
+
+def _history(cur: dict, n: int, experiment: str | None,
+             directory: str | None) -> tuple[list[dict], str]:
+    """The last ``n`` results before ``cur`` (store or directory) and where they were found."""
+    from harness.reporting.store import file_history, suite_history
+
+    if directory is not None:
+        return file_history(cur, n, directory), f"in {directory}"
+    return suite_history(cur, n, experiment), "in the MLflow store"
+
+
+def _dir_history(directory: str, suite: str | None, n: int) -> list[dict]:
+    """The newest result in ``directory`` (of ``suite``) and up to ``n - 1`` before it."""
+    from harness.reporting.store import file_history, newest_file
+
+    newest = newest_file(directory, suite)
+    return [] if newest is None else [*file_history(newest, n - 1, directory), newest]
 
 
 @app.command()
@@ -321,6 +362,9 @@ def dashboard(
                                                       "suite result files instead of the "
                                                       "store (oldest first; repeatable)")]
     = None,
+    history_dir: Annotated[str | None, typer.Option(
+        help="build from the suite result files in this directory instead of the store: "
+             "the newest (of --suite) and its history there")] = None,
 ) -> None:
     """One self-contained, interactive HTML page of a suite, from the store or result files.
 
@@ -329,8 +373,6 @@ def dashboard(
     per sample, memory and bubble per worker, per-worker timelines; hover for values and
     run ids, filter by workload or system (plotly.js embedded: works offline). Each suite
     run also logs its page to MLflow as dashboard.html."""
-    from pathlib import Path
-
     from harness.reporting.dashboard import build_dashboard
     from harness.reporting.results import load_result
     from harness.reporting.store import load_result_or_run, suite_runs
@@ -338,8 +380,13 @@ def dashboard(
     if history < 1:
         raise UserInputError(f"--history must be at least 1 (got {history})")
     require_output(output)
+    if json_in and history_dir:
+        raise UserInputError("give --json FILE ... or --history-dir DIR, not both")
     if json_in:
         results = [load_result(p) for p in json_in]
+    elif history_dir:
+        _check_dir(history_dir)
+        results = _dir_history(history_dir, suite, history)
     else:
         runs = suite_runs(experiment, suite, limit=1)  # the newest: its suite and machine
         results = []

@@ -5,6 +5,8 @@ Why: ``regressions --history``, ``compare`` and ``dashboard`` look at what earli
 logged instead of running anything; the tags they search by are written by
 ``harness.experiments.suite_run`` (``pipebench.kind``, ``pipebench.suite``,
 ``pipebench.machine``) and the columns they read are the run metrics of ``harness.metrics``.
+A suite's history can also be a directory of result files (``file_history``): what a CI
+runner without a lasting store keeps of its nights. Both follow one rule (``_before``).
 """
 
 from __future__ import annotations
@@ -19,9 +21,8 @@ from harness.reporting import tracking
 from harness.reporting.results import load_result, parse_result
 from harness.reporting.units import fmt_bytes
 
-__all__ = ["COMPARE_COLUMNS", "compare_records", "compare_rows", "load_result_or_run",
-           "search_runs",
-           "suite_history", "suite_runs"]
+__all__ = ["COMPARE_COLUMNS", "compare_records", "compare_rows", "file_history",
+           "load_result_or_run", "newest_file", "search_runs", "suite_history", "suite_runs"]
 
 _RUN_ID = re.compile(r"^[0-9a-f]{32}$")
 COMPARE_COLUMNS = ("run", "system", "workload", "scale", "workers", "config", "samples/s",
@@ -77,6 +78,14 @@ def suite_runs(experiment: str, suite: str | None = None, machine: str | None = 
                               output_format="list")
 
 
+def _before(current: dict, result: dict) -> bool:
+    """Whether ``result`` belongs to ``current``'s history: the same suite on the same
+    machine, started no later (``current`` itself is left out by the caller)."""
+    return (result["suite"]["name"] == current["suite"]["name"]
+            and result["environment"]["machine"] == current["environment"]["machine"]
+            and result["created"] <= current["created"])
+
+
 def suite_history(current: dict, n: int, experiment: str | None = None) -> list[dict]:
     """The last ``n`` results of ``current``'s suite on its machine, oldest first, leaving
     out ``current`` itself and anything that started after it."""
@@ -87,11 +96,42 @@ def suite_history(current: dict, n: int, experiment: str | None = None) -> list[
         if run.info.run_id == own:
             continue
         result = _suite_json(run.info.run_id)
-        if result["created"] <= current["created"]:
+        if _before(current, result):
             found.append(result)
         if len(found) == n:
             break
     return found[::-1]
+
+
+def _results_in(directory: str) -> list[dict]:
+    """Every suite result file (``*.json``) in ``directory``, oldest first; a file that is
+    not one (or lacks its suite or machine) is an error, not passed over in silence."""
+    found = []
+    for p in sorted(Path(directory).glob("*.json")):
+        r = load_result(p)
+        if not isinstance(r.get("suite"), dict) or "name" not in r["suite"] or \
+                "machine" not in (r.get("environment") or {}) or "created" not in r:
+            raise UserInputError(f"{p}: a suite result without its suite name, machine "
+                                 "or start time")
+        found.append(r)
+    return sorted(found, key=lambda r: r["created"])
+
+
+def file_history(current: dict, n: int, directory: str) -> list[dict]:
+    """``suite_history`` from the suite result files in ``directory`` instead of the store:
+    the last ``n`` by start time, oldest first. A file equal to ``current`` (the same start
+    and commit: tonight's result kept beside its history) is left out; files of other
+    suites or machines are passed over."""
+    same = (current["created"], current["environment"].get("git_sha"))
+    found = [r for r in _results_in(directory)
+             if _before(current, r) and (r["created"], r["environment"].get("git_sha")) != same]
+    return found[-n:] if n else []
+
+
+def newest_file(directory: str, suite: str | None = None) -> dict | None:
+    """The newest suite result in ``directory`` (of ``suite`` if given), None if none."""
+    found = [r for r in _results_in(directory) if suite in (None, r["suite"]["name"])]
+    return found[-1] if found else None
 
 
 def search_runs(experiment: str, filter_string: str = ""):  # noqa: ANN201 - a DataFrame

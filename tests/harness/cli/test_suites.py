@@ -2,8 +2,9 @@
 suite's runs arrive (parent, cells, repeats with per-epoch metrics, system metrics, traces);
 each trace is valid Chrome trace JSON whose busy time per worker is the run's
 ``busy_s_worker_<r>``; ``compare`` rebuilds the table from the store; ``regressions
---history`` finds a planted earlier result there and flags it; the dashboard opens in
-headless Chromium with no console error and every plot visible."""
+--history`` finds planted earlier results there (or in a directory of result files) and
+flags them; the dashboard opens in headless Chromium with no console error and every plot
+visible."""
 
 from __future__ import annotations
 
@@ -201,18 +202,10 @@ def test_compare_rebuilds_the_table_from_the_store(server: str, suite_result: di
     assert bad.returncode == 2 and "error:" in bad.stderr
 
 
-def test_regressions_against_the_history_in_the_store(server: str, suite_result: dict,
-                                                      tmp_path: Path) -> None:
-    """Results of the same suite on the same machine, planted in the store: two nights with
-    pipedream 10x faster, then two nights (the last one judged as tonight) at the measured
-    speed. Tonight and last night both break the rule against the two nights before them:
-    a regression over nights (one broken night alone would be suspicious).
-
-    Every night's pipedream figures are planted, tonight's too, so the verdict does not hang
-    on how noisy this machine was while the suite ran: a CI run here once measured its two
-    pipedream repeats 3.6x apart, which no 10x drop over two repeats can clear."""
-    client = _client(server)
-    exp = client.get_experiment_by_name(EXPERIMENT)
+def _planted_nights(suite_result: dict) -> list[tuple[str, dict]]:
+    """Four nights of ``suite_result``: two with pipedream 10x faster, then two (the last
+    one judged as tonight) at the measured speed."""
+    nights = []
     for day, factor in (("01", 10), ("02", 10), ("03", 1), ("04", 1)):
         night = copy.deepcopy(suite_result)
         night["created"] = f"2000-01-{day}T00:00:00+00:00"
@@ -228,6 +221,23 @@ def test_regressions_against_the_history_in_the_store(server: str, suite_result:
                 stat = c["metrics"][name]
                 stat["values"] = [factor * max(stat["values"]) * (1 + step * k / 100)
                                   for k in range(len(stat["values"]))]
+        nights.append((day, night))
+    return nights
+
+
+def test_regressions_against_the_history_in_the_store(server: str, suite_result: dict,
+                                                      tmp_path: Path) -> None:
+    """The planted nights (``_planted_nights``) as results of the same suite on the same
+    machine in the store. Tonight and last night both break the rule against the two
+    nights before them: a regression over nights (one broken night alone would be
+    suspicious).
+
+    Every night's pipedream figures are planted, tonight's too, so the verdict does not hang
+    on how noisy this machine was while the suite ran: a CI run here once measured its two
+    pipedream repeats 3.6x apart, which no 10x drop over two repeats can clear."""
+    client = _client(server)
+    exp = client.get_experiment_by_name(EXPERIMENT)
+    for day, night in _planted_nights(suite_result):
         run = client.create_run(exp.experiment_id, run_name="suite-test-tiny", tags={
             "pipebench.kind": "suite", "pipebench.suite": "test-tiny",
             "pipebench.machine": suite_result["environment"]["machine"]})
@@ -244,6 +254,42 @@ def test_regressions_against_the_history_in_the_store(server: str, suite_result:
     same.write_text(json.dumps(suite_result))
     r = _run(["regressions", "--current", str(same), "--baseline", str(same)], server)
     assert r.returncode == 0 and "no regression" in r.stdout
+
+
+def test_regressions_against_a_directory_of_results(suite_result: dict,
+                                                    tmp_path: Path) -> None:
+    """The same nights as files in a directory (tonight's among them), with no store: the
+    same verdict. Results of another suite or machine there, however slow or fast, are
+    passed over; so is a night after tonight."""
+    history = tmp_path / "nights"
+    history.mkdir()
+    nights = _planted_nights(suite_result)
+    for day, night in nights:
+        (history / f"night-{day}.json").write_text(json.dumps(night))
+    decoys = {"other-suite": ("suite", "name", "another"),
+              "other-machine": ("environment", "machine", "elsewhere"),
+              "later": (None, "created", "2000-01-05T00:00:00+00:00")}
+    for name, (part, key, value) in decoys.items():
+        decoy = copy.deepcopy(nights[-1][1])  # at tonight's speed: no regression on its own
+        (decoy[part] if part else decoy)[key] = value
+        if name != "later":
+            decoy["created"] = "2000-01-03T12:00:00+00:00"  # newer than the slow nights
+        (history / f"{name}.json").write_text(json.dumps(decoy))
+    uri = f"sqlite:///{tmp_path / 'empty.db'}"
+    tonight = history / "night-04.json"
+    args = ["regressions", "--current", str(tonight), "--history", "2", "--all"]
+    r = _run([*args, "--history-dir", str(history)], uri)
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "| regression | vgg16/tiny/w2/pipedream/throughput" in r.stdout, r.stdout
+    assert f"the last 2 test-tiny result(s) in {history}" in r.stdout, r.stdout
+    r = _run(args, uri)  # the empty store: nothing to compare
+    assert r.returncode == 0 and "nothing to compare" in r.stdout, r.stdout + r.stderr
+    # the dashboard from the directory: the newest result of the suite (the later night)
+    # and the four nights before it; the other suite's and machine's are left out
+    page = tmp_path / "page.html"
+    r = _run(["dashboard", "--suite", "test-tiny", "--history-dir", str(history), "-o",
+              str(page)], uri)
+    assert r.returncode == 0 and "(5 suite result(s))" in r.stdout, r.stdout + r.stderr
 
 
 def _hover_and_filter(page) -> dict:  # noqa: ANN001 - a Playwright page
@@ -297,6 +343,14 @@ def test_the_dashboard_opens_in_a_real_browser(server: str, suite_result: dict,
     (["regressions", "--current", "x.json", "--baseline", "x.json", "--alpha", "0.7"],
      "--alpha must be in (0, 0.5)"),
     (["regressions", "--current", "x.json"], "give --baseline FILE|RUN or --history N"),
+    (["regressions", "--current", "x.json", "--baseline", "x.json", "--history-dir", "d"],
+     "--history-dir needs --history N"),
+    (["regressions", "--current", "README.md", "--history", "2", "--history-dir",
+      "/no/such/dir"], "--history-dir /no/such/dir: no such directory"),
+    (["regressions", "--current", "x.json", "--history", "2", "--history-dir", ".",
+      "--experiment", "e"], "--experiment names the store's history"),
+    (["dashboard", "--json", "x.json", "--history-dir", "."], "not both"),
+    (["dashboard", "--history-dir", "/no/such/dir"], "--history-dir /no/such/dir: no such"),
     (["regressions", "--current", "/no/such.json", "--baseline", "/no/such.json"],
      "no suite result at /no/such.json"),
     (["compare", "--format", "xml"], "--format must be md, csv or json"),
