@@ -182,9 +182,8 @@ def regressions(
     baseline: Annotated[str | None, typer.Option(help="compare with this result (file or "
                                                  "run id)")] = None,
     history: Annotated[int | None, typer.Option(help="compare with the last N results of "
-                                                "the same suite on the same machine, found "
-                                                "in the MLflow store (or --history-dir)")]
-    = None,
+                                                "the same suite on the same machine (the "
+                                                "MLflow store, or --history-dir)")] = None,
     experiment: Annotated[str | None, typer.Option(help="MLflow experiment of the history "
                                                    "(default: the current result's)")] = None,
     history_dir: Annotated[str | None, typer.Option(help="with --history: read it from the "
@@ -225,8 +224,8 @@ def regressions(
                  "compare.\n", output)
             return
         changes = reg.over_nights(bases, cur, history, alpha)
-    lines = [f"# Regressions: {current} against {against}", "",
-             f"Rule: {verdicts.rule_text(alpha)}.", "", *reg.switches_differ(bases, cur)]
+    lines = [f"# Regressions: {current} against {against}", "", reg.compared(bases, cur),
+             "", f"Rule: {verdicts.rule_text(alpha)}.", "", *reg.switches_differ(bases, cur)]
     table = reg.rows(changes, show_all)
     lines += markdown_table(reg.COLUMNS, table) if table else ["Nothing moved beyond "
                                                                "the noise."]

@@ -45,7 +45,8 @@ from harness import metrics
 from harness.reporting import verdicts
 from harness.reporting.results import COUNTERS, METRICS, summarise
 
-__all__ = ["COLUMNS", "Change", "compare_results", "detectability", "has_regression",
+__all__ = ["COLUMNS", "Change", "compare_results", "compared", "detectability",
+           "has_regression",
            "judged_against", "not_judged", "over_nights", "reference_moved", "rows",
            "switches_differ"]
 
@@ -288,6 +289,14 @@ def detectability(changes: list[Change]) -> str:
     if blind:
         line += (f"; throughput cells that cannot ({len(blind)}): " + ", ".join(blind))
     return line + "."
+
+
+def compared(baselines: list[dict], current: dict) -> str:
+    """A report's line naming what it compared: each result's commit and start time."""
+    def one(r: dict) -> str:
+        return f"{r.get('environment', {}).get('git_sha', 'unknown')} ({r['created']})"
+
+    return f"Current: {one(current)}. Against: {', '.join(one(b) for b in baselines)}."
 
 
 def switches_differ(baselines: list[dict], current: dict) -> list[str]:

@@ -281,7 +281,10 @@ def test_regressions_against_a_directory_of_results(suite_result: dict,
     r = _run([*args, "--history-dir", str(history)], uri)
     assert r.returncode == 1, r.stdout + r.stderr
     assert "| regression | vgg16/tiny/w2/pipedream/throughput" in r.stdout, r.stdout
-    assert f"the last 2 test-tiny result(s) in {history}" in r.stdout, r.stdout
+    assert f"the last 2 test-tiny result(s) of this machine in {history}" in r.stdout, r.stdout
+    sha = suite_result["environment"]["git_sha"]  # the commits and starts compared
+    assert (f"Current: {sha} (2000-01-04T00:00:00+00:00). Against: {sha} "
+            "(2000-01-01T00:00:00+00:00), ") in r.stdout, r.stdout
     r = _run(args, uri)  # the empty store: nothing to compare
     assert r.returncode == 0 and "nothing to compare" in r.stdout, r.stdout + r.stderr
     # the dashboard from the directory: the newest result of the suite (the later night)
