@@ -48,7 +48,7 @@ test-fast: install
 # the store (default results/mlflow.db); PIPEBENCH_MACHINE names the machine on CI.
 # NIGHTLY_HISTORY=DIR keeps the nights as result files instead (a runner without a lasting
 # store): tonight's is copied there, and the dashboard and the regression check read the
-# directory (its suite results: the newest and those before it, by their start times).
+# directory (its suite results: the newest and those before it, by when each finished).
 NIGHTLY := results/nightly
 NIGHTLY_HISTORY ?=
 nightly: install

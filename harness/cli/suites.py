@@ -269,14 +269,6 @@ def _history(cur: dict, n: int, experiment: str | None,
     return suite_history(cur, n, experiment), "in the MLflow store"
 
 
-def _dir_history(directory: str, suite: str | None, n: int) -> list[dict]:
-    """The newest result in ``directory`` (of ``suite``) and up to ``n - 1`` before it."""
-    from harness.reporting.store import file_history, newest_file
-
-    newest = newest_file(directory, suite)
-    return [] if newest is None else [*file_history(newest, n - 1, directory), newest]
-
-
 @app.command()
 def compare(
     experiment: Annotated[str | None, typer.Option(
@@ -374,18 +366,18 @@ def dashboard(
     run also logs its page to MLflow as dashboard.html."""
     from harness.reporting.dashboard import build_dashboard
     from harness.reporting.results import load_result
-    from harness.reporting.store import load_result_or_run, suite_runs
+    from harness.reporting.store import dir_history, load_result_or_run, suite_runs
 
     if history < 1:
         raise UserInputError(f"--history must be at least 1 (got {history})")
     require_output(output)
-    if json_in and history_dir:
+    if json_in and history_dir is not None:
         raise UserInputError("give --json FILE ... or --history-dir DIR, not both")
     if json_in:
         results = [load_result(p) for p in json_in]
-    elif history_dir:
+    elif history_dir is not None:
         _check_dir(history_dir)
-        results = _dir_history(history_dir, suite, history)
+        results = dir_history(history_dir, suite, history)
     else:
         runs = suite_runs(experiment, suite, limit=1)  # the newest: its suite and machine
         results = []

@@ -292,7 +292,8 @@ def detectability(changes: list[Change]) -> str:
 
 
 def compared(baselines: list[dict], current: dict) -> str:
-    """A report's line naming what it compared: each result's commit and start time."""
+    """A report's line naming what it compared: each result's commit and the time its
+    suite run finished (``created``)."""
     def one(r: dict) -> str:
         return f"{r.get('environment', {}).get('git_sha', 'unknown')} ({r['created']})"
 

@@ -21,8 +21,8 @@ from harness.reporting import tracking
 from harness.reporting.results import load_result, parse_result
 from harness.reporting.units import fmt_bytes
 
-__all__ = ["COMPARE_COLUMNS", "compare_records", "compare_rows", "file_history",
-           "load_result_or_run", "newest_file", "search_runs", "suite_history", "suite_runs"]
+__all__ = ["COMPARE_COLUMNS", "compare_records", "compare_rows", "dir_history", "file_history",
+           "load_result_or_run", "search_runs", "suite_history", "suite_runs"]
 
 _RUN_ID = re.compile(r"^[0-9a-f]{32}$")
 COMPARE_COLUMNS = ("run", "system", "workload", "scale", "workers", "config", "samples/s",
@@ -80,10 +80,13 @@ def suite_runs(experiment: str, suite: str | None = None, machine: str | None = 
 
 def _before(current: dict, result: dict) -> bool:
     """Whether ``result`` belongs to ``current``'s history: the same suite on the same
-    machine, started no later (``current`` itself is left out by the caller)."""
+    machine, made (``created``: when its suite run finished) no later, and no planted
+    slowdown in it (``suite.plant``: a detector's test run, not a night). ``current``
+    itself is left out by the caller."""
     return (result["suite"]["name"] == current["suite"]["name"]
             and result["environment"]["machine"] == current["environment"]["machine"]
-            and result["created"] <= current["created"])
+            and result["created"] <= current["created"]
+            and not result["suite"].get("plant"))
 
 
 def suite_history(current: dict, n: int, experiment: str | None = None) -> list[dict]:
@@ -104,34 +107,43 @@ def suite_history(current: dict, n: int, experiment: str | None = None) -> list[
 
 
 def _results_in(directory: str) -> list[dict]:
-    """Every suite result file (``*.json``) in ``directory``, oldest first; a file that is
-    not one (or lacks its suite or machine) is an error, not passed over in silence."""
-    found = []
+    """Every suite result file (``*.json``) in ``directory``, oldest first (by ``created``),
+    each (``created``, commit) once; a file that is not one, or lacks its suite name,
+    machine or time, is an error, not passed over in silence."""
+    found: dict[tuple, dict] = {}
     for p in sorted(Path(directory).glob("*.json")):
         r = load_result(p)
         if not isinstance(r.get("suite"), dict) or "name" not in r["suite"] or \
-                "machine" not in (r.get("environment") or {}) or "created" not in r:
+                "machine" not in (r.get("environment") or {}) or \
+                not isinstance(r.get("created"), str):
             raise UserInputError(f"{p}: a suite result without its suite name, machine "
-                                 "or start time")
-        found.append(r)
-    return sorted(found, key=lambda r: r["created"])
+                                 "or time")
+        found.setdefault((r["created"], r["environment"].get("git_sha")), r)
+    return sorted(found.values(), key=lambda r: r["created"])
 
 
-def file_history(current: dict, n: int, directory: str) -> list[dict]:
-    """``suite_history`` from the suite result files in ``directory`` instead of the store:
-    the last ``n`` by start time, oldest first. A file equal to ``current`` (the same start
-    and commit: tonight's result kept beside its history) is left out; files of other
-    suites or machines are passed over."""
+def file_history(current: dict, n: int, directory: str,
+                 results: list[dict] | None = None) -> list[dict]:
+    """``suite_history`` from the suite result files in ``directory`` (or ``results``,
+    already read from it) instead of the store: the last ``n`` by ``created``, oldest
+    first. A file equal to ``current`` (the same time and commit: tonight's result kept
+    beside its history) is left out; results of other suites or machines, and planted
+    ones, are passed over."""
     same = (current["created"], current["environment"].get("git_sha"))
-    found = [r for r in _results_in(directory)
+    found = [r for r in (_results_in(directory) if results is None else results)
              if _before(current, r) and (r["created"], r["environment"].get("git_sha")) != same]
     return found[-n:] if n else []
 
 
-def newest_file(directory: str, suite: str | None = None) -> dict | None:
-    """The newest suite result in ``directory`` (of ``suite`` if given), None if none."""
-    found = [r for r in _results_in(directory) if suite in (None, r["suite"]["name"])]
-    return found[-1] if found else None
+def dir_history(directory: str, suite: str | None, n: int) -> list[dict]:
+    """The newest result in ``directory`` (of ``suite`` if given) and up to ``n - 1`` of
+    its history there, oldest first (the dashboard's nights); empty if none."""
+    results = _results_in(directory)
+    mine = [r for r in results if suite in (None, r["suite"]["name"])
+            and not r["suite"].get("plant")]
+    if not mine:
+        return []
+    return [*file_history(mine[-1], n - 1, directory, results), mine[-1]]
 
 
 def search_runs(experiment: str, filter_string: str = ""):  # noqa: ANN201 - a DataFrame

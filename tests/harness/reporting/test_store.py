@@ -17,8 +17,8 @@ from harness.reporting.store import (
     COMPARE_COLUMNS,
     compare_records,
     compare_rows,
+    dir_history,
     file_history,
-    newest_file,
 )
 
 
@@ -47,37 +47,46 @@ def test_runs_become_records_and_rows() -> None:
     assert rows[1][6:13] == ("60", "12.3", "2", "", "", "", "-")
 
 
-def _result(day: int, suite: str = "nightly", machine: str = "m", sha: str = "a") -> dict:
-    return {"schema": SCHEMA, "suite": {"name": suite}, "cells": [],
+def _result(day: int, suite: str = "nightly", machine: str = "m", sha: str = "a",
+            plant: dict | None = None) -> dict:
+    return {"schema": SCHEMA, "suite": {"name": suite, "plant": plant or {}}, "cells": [],
             "created": f"2000-01-{day:02d}T00:00:00+00:00",
             "environment": {"machine": machine, "git_sha": sha}}
 
 
 def test_a_history_from_files_is_the_last_n_before_the_result(tmp_path: Path) -> None:
-    """Nights 1-5 written in a scrambled name order, tonight's copy among them, and results
-    of another suite, another machine and a later night: the history of night 5 is the
-    nights before it, oldest first, cut to the last n."""
+    """Nights 1-5 written in a scrambled name order, tonight's copy and a duplicate among
+    them, and results of another suite, another machine, a planted slowdown and a later
+    night: the history of night 5 is the nights before it, each once, oldest first, cut to
+    the last n."""
     files = {"z.json": _result(1), "b.json": _result(3), "a.json": _result(2),
-             "y.json": _result(4), "tonight-copy.json": _result(5),
+             "a-copy.json": _result(2), "y.json": _result(4), "tonight-copy.json": _result(5),
              "suite.json": _result(4, suite="smoke"), "machine.json": _result(4, machine="n"),
+             "planted.json": _result(4, sha="p", plant={"pipedream": "slow:*:*:1.2"}),
              "later.json": _result(6)}
     for name, r in files.items():
         (tmp_path / name).write_text(json.dumps(r))
     tonight = _result(5)
     days = [r["created"][8:10] for r in file_history(tonight, 3, str(tmp_path))]
     assert days == ["02", "03", "04"]
-    assert len(file_history(tonight, 10, str(tmp_path))) == 4
+    assert [r["created"][8:10] for r in file_history(tonight, 10, str(tmp_path))] == \
+        ["01", "02", "03", "04"]
     assert file_history(tonight, 0, str(tmp_path)) == []
-    # the same start at another commit is another result, not tonight's copy
+    # the same time at another commit is another result, not tonight's copy
     assert len(file_history(_result(5, sha="b"), 10, str(tmp_path))) == 5
-    assert newest_file(str(tmp_path))["created"].startswith("2000-01-06")
-    assert newest_file(str(tmp_path), "smoke")["suite"]["name"] == "smoke"
-    assert newest_file(str(tmp_path), "gpu") is None
+    # the dashboard's nights: the newest of the suite and its history
+    assert [r["created"][8:10] for r in dir_history(str(tmp_path), None, 3)] == \
+        ["04", "05", "06"]
+    assert [r["suite"]["name"] for r in dir_history(str(tmp_path), "smoke", 30)] == ["smoke"]
+    assert dir_history(str(tmp_path), "gpu", 30) == []
 
 
 def test_a_file_that_is_no_suite_result_is_an_error(tmp_path: Path) -> None:
     (tmp_path / "a.json").write_text(json.dumps(_result(1)))
     (tmp_path / "notes.json").write_text(json.dumps({"schema": SCHEMA}))
+    with pytest.raises(UserInputError, match="notes.json: a suite result without"):
+        file_history(_result(2), 1, str(tmp_path))
+    (tmp_path / "notes.json").write_text(json.dumps({**_result(1), "created": 5}))
     with pytest.raises(UserInputError, match="notes.json: a suite result without"):
         file_history(_result(2), 1, str(tmp_path))
     (tmp_path / "notes.json").write_text("[1, 2]")
