@@ -108,8 +108,9 @@ def suite_history(current: dict, n: int, experiment: str | None = None) -> list[
 
 def _results_in(directory: str) -> list[dict]:
     """Every suite result file (``*.json``) in ``directory``, oldest first (by ``created``),
-    each (``created``, commit) once; a file that is not one, or lacks its suite name,
-    machine or time, is an error, not passed over in silence."""
+    each result once (copies: the same suite, machine, time and commit); a file that is
+    not one, or lacks its suite name, machine or time, is an error, not passed over in
+    silence."""
     found: dict[tuple, dict] = {}
     for p in sorted(Path(directory).glob("*.json")):
         r = load_result(p)
@@ -118,7 +119,8 @@ def _results_in(directory: str) -> list[dict]:
                 not isinstance(r.get("created"), str):
             raise UserInputError(f"{p}: a suite result without its suite name, machine "
                                  "or time")
-        found.setdefault((r["created"], r["environment"].get("git_sha")), r)
+        found.setdefault((r["suite"]["name"], r["environment"]["machine"], r["created"],
+                          r["environment"].get("git_sha")), r)
     return sorted(found.values(), key=lambda r: r["created"])
 
 
