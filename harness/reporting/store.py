@@ -78,15 +78,25 @@ def suite_runs(experiment: str, suite: str | None = None, machine: str | None = 
                               output_format="list")
 
 
+def _planted(result: dict) -> bool:
+    """A planted slowdown (``suite.plant``): a detector's test run, never a night."""
+    return bool(result["suite"].get("plant"))
+
+
+def _identity(result: dict) -> tuple:
+    """What makes two suite result files one result: suite, machine, time and commit."""
+    return (result["suite"]["name"], result["environment"]["machine"], result["created"],
+            result["environment"].get("git_sha"))
+
+
 def _before(current: dict, result: dict) -> bool:
     """Whether ``result`` belongs to ``current``'s history: the same suite on the same
-    machine, made (``created``: when its suite run finished) no later, and no planted
-    slowdown in it (``suite.plant``: a detector's test run, not a night). ``current``
-    itself is left out by the caller."""
+    machine, made (``created``: when its suite run finished) no later, and not planted.
+    ``current`` itself is left out by the caller."""
     return (result["suite"]["name"] == current["suite"]["name"]
             and result["environment"]["machine"] == current["environment"]["machine"]
             and result["created"] <= current["created"]
-            and not result["suite"].get("plant"))
+            and not _planted(result))
 
 
 def suite_history(current: dict, n: int, experiment: str | None = None) -> list[dict]:
@@ -119,8 +129,7 @@ def _results_in(directory: str) -> list[dict]:
                 not isinstance(r.get("created"), str):
             raise UserInputError(f"{p}: a suite result without its suite name, machine "
                                  "or time")
-        found.setdefault((r["suite"]["name"], r["environment"]["machine"], r["created"],
-                          r["environment"].get("git_sha")), r)
+        found.setdefault(_identity(r), r)
     return sorted(found.values(), key=lambda r: r["created"])
 
 
@@ -131,9 +140,8 @@ def file_history(current: dict, n: int, directory: str,
     first. A file equal to ``current`` (the same time and commit: tonight's result kept
     beside its history) is left out; results of other suites or machines, and planted
     ones, are passed over."""
-    same = (current["created"], current["environment"].get("git_sha"))
     found = [r for r in (_results_in(directory) if results is None else results)
-             if _before(current, r) and (r["created"], r["environment"].get("git_sha")) != same]
+             if _before(current, r) and _identity(r) != _identity(current)]
     return found[-n:] if n else []
 
 
@@ -141,8 +149,7 @@ def dir_history(directory: str, suite: str | None, n: int) -> list[dict]:
     """The newest result in ``directory`` (of ``suite`` if given) and up to ``n - 1`` of
     its history there, oldest first (the dashboard's nights); empty if none."""
     results = _results_in(directory)
-    mine = [r for r in results if suite in (None, r["suite"]["name"])
-            and not r["suite"].get("plant")]
+    mine = [r for r in results if suite in (None, r["suite"]["name"]) and not _planted(r)]
     if not mine:
         return []
     return [*file_history(mine[-1], n - 1, directory, results), mine[-1]]
