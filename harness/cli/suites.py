@@ -366,7 +366,7 @@ def dashboard(
     run also logs its page to MLflow as dashboard.html."""
     from harness.reporting.dashboard import build_dashboard
     from harness.reporting.results import load_result
-    from harness.reporting.store import dir_history, load_result_or_run, suite_runs
+    from harness.reporting.store import dir_history, store_history
 
     if history < 1:
         raise UserInputError(f"--history must be at least 1 (got {history})")
@@ -379,13 +379,6 @@ def dashboard(
         _check_dir(history_dir)
         results = dir_history(history_dir, suite, history)
     else:
-        runs = suite_runs(experiment, suite, limit=1)  # the newest: its suite and machine
-        results = []
-        if runs:
-            newest = runs[0].data.tags
-            runs = suite_runs(experiment, newest["pipebench.suite"],
-                              newest.get("pipebench.machine"), limit=history)
-            results = sorted((load_result_or_run(r.info.run_id) for r in runs),
-                             key=lambda r: r["created"])  # oldest first, as measured
+        results = store_history(experiment, suite, history)
     Path(output).write_text(build_dashboard(results))
     console.print(f"wrote {output} ({len(results)} suite result(s))", highlight=False)

@@ -22,7 +22,8 @@ from harness.reporting.results import load_result, parse_result
 from harness.reporting.units import fmt_bytes
 
 __all__ = ["COMPARE_COLUMNS", "compare_records", "compare_rows", "dir_history", "file_history",
-           "load_result_or_run", "search_runs", "suite_history", "suite_runs"]
+           "load_result_or_run", "search_runs", "store_history", "suite_history",
+           "suite_runs"]
 
 _RUN_ID = re.compile(r"^[0-9a-f]{32}$")
 COMPARE_COLUMNS = ("run", "system", "workload", "scale", "workers", "config", "samples/s",
@@ -114,6 +115,25 @@ def suite_history(current: dict, n: int, experiment: str | None = None) -> list[
         if len(found) == n:
             break
     return found[::-1]
+
+
+def store_history(experiment: str, suite: str | None, n: int) -> list[dict]:
+    """``dir_history`` from the store: the last ``n`` results (oldest first, by
+    ``created``) of ``suite`` (else of the suite last run) on the machine that ran it last,
+    planted runs left out (the dashboard's nights). The newest of them is the one compared;
+    every other one is made no later and so belongs to its history (``_before``)."""
+    newest = suite_runs(experiment, suite, limit=1)
+    if not newest or n < 1:
+        return []
+    tags = newest[0].data.tags
+    found = []
+    for run in suite_runs(experiment, tags["pipebench.suite"], tags.get("pipebench.machine")):
+        result = _suite_json(run.info.run_id)
+        if not _planted(result):
+            found.append(result)
+        if len(found) == n:
+            break
+    return sorted(found, key=lambda r: r["created"])
 
 
 def _results_in(directory: str) -> list[dict]:

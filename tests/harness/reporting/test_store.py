@@ -1,6 +1,6 @@
 """harness/reporting/store.py: training runs read back from MLflow's search results as
 comparison records and rows (the bubble: the mean of the workers' bubble fractions); a
-suite's history read from a directory of result files."""
+suite's history read from a directory of result files or from a sqlite MLflow store."""
 
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ from harness.reporting.store import (
     compare_rows,
     dir_history,
     file_history,
+    store_history,
 )
 
 
@@ -92,3 +93,31 @@ def test_a_file_that_is_no_suite_result_is_an_error(tmp_path: Path) -> None:
     (tmp_path / "notes.json").write_text("[1, 2]")
     with pytest.raises(UserInputError, match="notes.json"):
         file_history(_result(2), 1, str(tmp_path))
+
+
+def test_the_dashboard_nights_from_the_store_leave_planted_runs_out(mlflow_uri: str) -> None:
+    """Nights 1-3 of the suite in the store, then a planted run started last and measured
+    latest, and a night of another suite: the dashboard's nights are 1-3, oldest first;
+    with a shorter history, the newest of them. Without the planted rule, the planted run
+    would be the night shown."""
+    from mlflow import MlflowClient
+
+    client = MlflowClient(mlflow_uri)
+    exp = client.create_experiment("store-history-test")
+    runs = [(_result(2), "nightly"), (_result(1), "nightly"), (_result(3), "nightly"),
+            (_result(9, sha="p", plant={"pipedream": "slow:*:*:1.2"}), "nightly"),
+            (_result(8, suite="smoke"), "smoke")]
+    for result, suite in runs:  # started in this order
+        run = client.create_run(exp, tags={"pipebench.kind": "suite", "pipebench.suite": suite,
+                                           "pipebench.machine": "m"})
+        client.log_dict(run.info.run_id, result, "suite.json")
+        client.set_terminated(run.info.run_id, "FINISHED")
+    nights = store_history("store-history-test", "nightly", 10)
+    assert [(r["created"][8:10], r["suite"]["plant"]) for r in nights] == \
+        [("01", {}), ("02", {}), ("03", {})]
+    assert [r["created"][8:10] for r in store_history("store-history-test", "nightly", 1)] \
+        == ["03"]
+    # the suite last run, when none is named
+    assert [r["suite"]["name"] for r in store_history("store-history-test", None, 10)] == \
+        ["smoke"]
+    assert store_history("no-such-experiment", None, 10) == []
