@@ -1,0 +1,255 @@
+"""Pipeline engines on one schedule and split, in the same worker processes, epoch by epoch
+in turn: a comparison the machine's drift cannot swamp.
+
+Why: ``pipebench bench`` and ``scripts/env_ab.py`` compare runs made seconds to minutes
+apart in fresh processes, while this machine's speed moves by 0.53-0.83x between rounds
+(``results/machine-noise.md``); issue 24's "our pipedream-flush >= 0.95x torch-1f1b" stayed
+undecided through several such runs. Here every engine named lives in the same two worker
+processes (one gloo group, the same data and split, one torch thread each): they take
+turns epoch by epoch, in A-B then B-A order from round to round, so adjacent epochs of
+two engines see the same machine, the same allocator and the same process. What differs
+is the engine alone: its schedule code, its messages, its bookkeeping.
+
+Each epoch runs between two barriers of all ranks; rank 0's wall time between them,
+per sample, is the engine's time, and each rank's own figures come from the executor's
+epoch report: busy and idle time (its timed spans: a torch engine's gaps between
+compute actions count as idle, our runtime's receives), each action kind's time, and the
+process's CPU time (user + system, every thread), and the main thread's own (the rest:
+gloo's and torch's threads). Rounds 0 to ``--warmup - 1`` are left
+out (first-epoch allocations, caches). Per pair of engines: the rounds' paired ratio of
+time per sample, its geometric mean with a 95% t-interval and a two-sided Wilcoxon
+signed-rank test of the logs.
+
+Settings follow ``bench``'s throughput cells: a flush pipeline runs minibatches of M x b
+in M microbatches of b (M = ``MICROBATCHES_PER_STAGE`` x stages unless given), PipeDream
+minibatches of b; every engine processes the same samples per epoch. A system named
+``NAME@VAR=value+VAR2=value`` is NAME built with those environment variables set (our
+runtime's switches are read when an engine is made): a setting against the default, in
+the same processes. The split is the
+committed profile's straight split (``suites/profiles``), as the nightly's.
+
+Usage: ``.venv/bin/python scripts/same_process_ab.py --workload vgg16 --systems
+pipedream-flush,torch-1f1b --batch-size 4 --rounds 20 --steps 12
+-o results/same-process-ab-vgg16-b4.md``. Nothing else may run on the machine meanwhile.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import multiprocessing as mp
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from core.markdown import markdown_table as table  # noqa: E402
+from harness.reporting.tracking import git_sha  # noqa: E402
+
+
+def _base(name: str) -> str:
+    """``system@VAR=value,...``: the system, built with those environment variables set
+    (our runtime reads its switches, e.g. ``PIPEBENCH_RECV_AHEAD``, when an engine is made)."""
+    return name.split("@", 1)[0]
+
+
+def _env(name: str) -> dict[str, str]:
+    rest = name.split("@", 1)[1] if "@" in name else ""
+    return dict(kv.split("=", 1) for kv in rest.split("+") if kv)
+
+
+def _build(spec, env: dict[str, str]):  # noqa: ANN001, ANN202
+    """An engine of ``spec`` made with ``env`` set, the environment restored after."""
+    import torch
+
+    from core.imports import load
+    from pipedream_impl.runtime.contract import WorkerPieces
+
+    old = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        return load(spec.system.executor)(WorkerPieces.build(spec, torch.device("cpu")))
+    finally:
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k)
+            else:
+                os.environ[k] = v
+
+
+def _specs(args: argparse.Namespace, rank: int, init: str) -> dict:
+    """Each engine's WorkerSpec for ``rank``: bench's throughput-cell settings on the
+    committed profile's straight 2-stage split."""
+    from harness import systems
+    from harness.config import RunConfig
+    from harness.experiments.pipeline_trainer import system_settings
+    from pipedream_impl.planner.plan import balanced_bounds
+    from pipedream_impl.profiling.profile import load_profile
+    from pipedream_impl.runtime.contract import RunSettings, WorkerSpec
+    from pipedream_impl.schedule.registry import MICROBATCHES_PER_STAGE
+    from workloads import registry
+
+    wl = registry.get(args.workload)
+    b = args.batch_size or wl.spec("tiny").batch_size
+    profile = Path(__file__).resolve().parents[1] / "suites" / "profiles" / \
+        f"{args.workload}-tiny-b32-cpu.json"
+    prof = load_profile(profile)
+    bounds = balanced_bounds([n.forward_ms + n.backward_ms for n in prof.layers], (1, 1))
+    m = args.microbatches or MICROBATCHES_PER_STAGE * 2
+    out = {}
+    for name in args.systems:
+        micro = systems.get(_base(name)).microbatched
+        batch, steps = (m * b, args.steps) if micro else (b, args.steps * m)
+        cfg = RunConfig.from_flags(system=_base(name), workload=args.workload, scale="tiny",
+                                   batch_size=batch, microbatches=m if micro else None,
+                                   threads=1, workers=2, config="1-1",
+                                   max_steps_per_epoch=steps, epochs=1)
+        settings, _ = system_settings(cfg, (1, 1), bounds, batch)
+        run = RunSettings(workload=args.workload, scale="tiny", seed=0, batch_size=batch,
+                          max_steps=steps, threads=1, warmup_steps=0)
+        out[name] = WorkerSpec(rank, run, settings, init)
+    return out
+
+
+def _worker(rank: int, args: argparse.Namespace, init: str, q) -> None:  # noqa: ANN001
+    import datetime
+
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=2,
+                            timeout=datetime.timedelta(seconds=120))
+    specs = _specs(args, rank, init)
+    engines = {name: _build(s, _env(name)) for name, s in specs.items()}
+    for rnd in range(args.rounds):
+        for name in (args.systems if rnd % 2 == 0 else args.systems[::-1]):
+            dist.barrier()
+            t0, main0 = time.perf_counter(), time.thread_time()
+            rep = engines[name].run_epoch(rnd)  # the same samples for every engine
+            main = time.thread_time() - main0
+            dist.barrier()
+            wall = time.perf_counter() - t0
+            samples = engines[name].n_steps * specs[name].run.batch_size
+            q.put((rank, rnd, name, wall / samples, rep.cpu_s / samples,
+                   rep.busy_s / samples, rep.idle_s / samples,
+                   {k: v / samples for k, v in rep.action_s.items()}, main / samples))
+    dist.destroy_process_group()
+
+
+def measure(args: argparse.Namespace) -> list[tuple]:
+    from pipedream_impl.runtime.launcher import free_port
+
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    init = f"tcp://127.0.0.1:{free_port()}"
+    procs = [ctx.Process(target=_worker, args=(r, args, init, q)) for r in (0, 1)]
+    for p in procs:
+        p.start()
+    rows, expected = [], 2 * args.rounds * len(args.systems)
+    while len(rows) < expected:
+        try:
+            rows.append(q.get(timeout=10.0))
+        except Exception:  # noqa: BLE001 - queue.Empty: is everyone still alive?
+            if any(p.exitcode not in (None, 0) for p in procs):
+                for p in procs:
+                    p.kill()
+                raise SystemExit("a worker failed; its error is above") from None
+        if not args.quiet and len(rows) % (2 * len(args.systems)) == 0:
+            print(f"round {len(rows) // (2 * len(args.systems))}/{args.rounds}", flush=True)
+    for p in procs:
+        p.join()
+    return rows
+
+
+def _paired(a: list[float], b: list[float]) -> tuple[float, float, float, float]:
+    """Geometric mean of b / a over the rounds, its 95% t-interval, Wilcoxon's p."""
+    from scipy import stats
+
+    logs = [math.log(y / x) for x, y in zip(a, b, strict=True)]
+    mean = statistics.fmean(logs)
+    half = stats.t.ppf(0.975, len(logs) - 1) * statistics.stdev(logs) / math.sqrt(len(logs))
+    p = float(stats.wilcoxon(logs).pvalue)
+    return math.exp(mean), math.exp(mean - half), math.exp(mean + half), p
+
+
+def report(rows: list[tuple], args: argparse.Namespace, command: str) -> str:
+    kept = [r for r in rows if r[1] >= args.warmup]
+    us = 1e6  # microseconds per sample
+    per = {(r[0], r[1], r[2]): r for r in kept}
+    rounds = sorted({r[1] for r in kept})
+    wall = {s: [per[(0, k, s)][3] for k in rounds] for s in args.systems}
+    lines = [f"# Same-process A/B: {', '.join(args.systems)} on {args.workload} (tiny)", "",
+             f"Generated by `{command}` at git {git_sha(untracked=True)}.", "",
+             f"2 worker processes x 1 torch thread, both engines in each; {args.rounds} "
+             f"rounds, the first {args.warmup} left out; engines in turn, A-B then B-A. "
+             "Figures per sample, microseconds (median over the rounds kept).", "",
+             "## Time per sample (rank 0, between barriers)", ""]
+    lines += table(["system", "median us/sample", "min-max"],
+                   [(s, f"{us * statistics.median(w):.0f}",
+                     f"{us * min(w):.0f}-{us * max(w):.0f}") for s, w in wall.items()])
+    lines += ["", "## Paired by round: one system's time / another's", "",
+              "(above 1: the first is slower; 95% t-interval of the geometric mean; "
+              "Wilcoxon signed-rank p, two-sided)", ""]
+    pairs = []
+    for a, b in args.pairs or [(args.systems[0], s) for s in args.systems[1:]]:
+        g, lo, hi, p = _paired(wall[b], wall[a])
+        pairs.append((f"{a} / {b}", f"{g:.3f}", f"[{lo:.3f}, {hi:.3f}]", f"{p:.3g}",
+                      f"{sum(x > y for x, y in zip(wall[a], wall[b], strict=True))}"
+                      f"/{len(rounds)}"))
+    lines += table(["pair", "time ratio", "95% interval", "p", "rounds slower"], pairs)
+    lines += ["", "## Each rank: busy, idle, process CPU and each action kind", ""]
+    kinds = sorted({k for r in kept for k in r[7]})
+    body = []
+
+    def med(rows: list[tuple], f) -> str:  # noqa: ANN001
+        return f"{us * statistics.median(f(r) for r in rows):.0f}"
+
+    for s in args.systems:
+        for rank in (0, 1):
+            mine = [per[(rank, k, s)] for k in rounds]
+            body.append((s, str(rank), med(mine, lambda r: r[5]), med(mine, lambda r: r[6]),
+                         med(mine, lambda r: r[4]), med(mine, lambda r: r[8]),
+                         med(mine, lambda r: r[4] - r[8]),
+                         *(med(mine, lambda r, k=k: r[7].get(k, 0.0)) for k in kinds)))
+    lines += table(["system", "rank", "busy", "idle", "CPU", "main thread CPU",
+                    "other threads' CPU", *kinds], body)
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--workload", default="vgg16")
+    ap.add_argument("--systems", default="pipedream-flush,torch-1f1b",
+                    type=lambda s: [x for x in s.split(",") if x])
+    ap.add_argument("--batch-size", type=int, default=None, help="b: samples per microbatch")
+    ap.add_argument("--microbatches", type=int, default=None)
+    ap.add_argument("--rounds", type=int, default=20)
+    ap.add_argument("--warmup", type=int, default=2, help="first rounds left out")
+    ap.add_argument("--steps", type=int, default=12, help="flush minibatches per epoch")
+    ap.add_argument("--pairs", default=None, type=lambda s: [tuple(p.split("/"))
+                                                             for p in s.split(",") if p],
+                    help="A/B,C/D: the pairs compared (default: the first system against "
+                         "each other)")
+    ap.add_argument("-o", "--output", default=None)
+    ap.add_argument("--quiet", action="store_true")
+    args = ap.parse_args()
+    if len(args.systems) < 2 or args.rounds - args.warmup < 3:
+        ap.error("give two systems or more and at least 3 rounds past --warmup")
+    for pair in args.pairs or []:
+        if len(pair) != 2 or not set(pair) <= set(args.systems):
+            ap.error(f"--pairs: {'/'.join(pair)} is not two of --systems")
+    command = "scripts/same_process_ab.py " + " ".join(sys.argv[1:])
+    text = report(measure(args), args, command)
+    if args.output:
+        Path(args.output).write_text(text)
+        print(f"wrote {args.output}")
+    if not args.quiet or not args.output:
+        print(text)
+
+
+if __name__ == "__main__":
+    main()
