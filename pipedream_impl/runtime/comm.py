@@ -290,12 +290,10 @@ class Comm:
             shapes = _shapes(h.cpu())
             if self.static_shapes:
                 self._recv_shapes[(src, tag)] = shapes
-        out = []
-        for dtype, shape in shapes:
-            t = torch.empty(shape, dtype=dtype, device=self.device)
-            self._wait(dist.irecv(t, src, tag=tag), f"receive of a {kind} tensor from {src}")
-            out.append(t)
-        return tuple(out)
+        # every tensor's receive posted before any is waited for (as torch's pipelining
+        # batches them): one at a time, each would cost its own round trip with the sender
+        bufs = [torch.empty(shape, dtype=dtype, device=self.device) for dtype, shape in shapes]
+        return self._recv_posted([(dist.irecv(t, src, tag=tag), t) for t in bufs], src, kind)
 
     def group(self, ranks: tuple[int, ...]) -> dist.ProcessGroup:
         """Every rank must create every group in the same order (runtime does, at start)."""
