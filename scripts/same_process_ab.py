@@ -10,6 +10,11 @@ turns epoch by epoch, in A-B then B-A order from round to round, so adjacent epo
 two engines see the same machine, the same allocator and the same process. What differs
 is the engine alone: its schedule code, its messages, its bookkeeping.
 
+Engines in the same processes share what a process draws at its start (where its
+threads land, its allocator's state), so one launch's rounds agree with each other more
+than fresh launches do: ``--launches`` repeats the whole comparison in fresh processes,
+and the overall interval is taken over the launches.
+
 Each epoch runs between two barriers of all ranks; rank 0's wall time between them,
 per sample, is the engine's time, and each rank's own figures come from the executor's
 epoch report: busy and idle time (its timed spans: a torch engine's gaps between
@@ -29,7 +34,7 @@ the same processes. The split is the
 committed profile's straight split (``suites/profiles``), as the nightly's.
 
 Usage: ``.venv/bin/python scripts/same_process_ab.py --workload vgg16 --systems
-pipedream-flush,torch-1f1b --batch-size 4 --rounds 20 --steps 12
+pipedream-flush,torch-1f1b --batch-size 4 --rounds 8 --launches 4 --steps 12
 -o results/same-process-ab-vgg16-b4.md``. Nothing else may run on the machine meanwhile.
 """
 
@@ -141,68 +146,94 @@ def _worker(rank: int, args: argparse.Namespace, init: str, q) -> None:  # noqa:
 
 
 def measure(args: argparse.Namespace) -> list[tuple]:
+    """Every launch's rows: (launch, rank, round, system, wall, CPU, busy, idle, actions,
+    main thread CPU), figures per sample. Each launch is a fresh pair of processes."""
     from pipedream_impl.runtime.launcher import free_port
 
     ctx = mp.get_context("spawn")
-    q = ctx.Queue()
-    init = f"tcp://127.0.0.1:{free_port()}"
-    procs = [ctx.Process(target=_worker, args=(r, args, init, q)) for r in (0, 1)]
-    for p in procs:
-        p.start()
-    rows, expected = [], 2 * args.rounds * len(args.systems)
-    while len(rows) < expected:
-        try:
-            rows.append(q.get(timeout=10.0))
-        except Exception:  # noqa: BLE001 - queue.Empty: is everyone still alive?
-            if any(p.exitcode not in (None, 0) for p in procs):
-                for p in procs:
-                    p.kill()
-                raise SystemExit("a worker failed; its error is above") from None
-        if not args.quiet and len(rows) % (2 * len(args.systems)) == 0:
-            print(f"round {len(rows) // (2 * len(args.systems))}/{args.rounds}", flush=True)
-    for p in procs:
-        p.join()
-    return rows
+    out = []
+    for launch in range(args.launches):
+        q = ctx.Queue()
+        init = f"tcp://127.0.0.1:{free_port()}"
+        procs = [ctx.Process(target=_worker, args=(r, args, init, q)) for r in (0, 1)]
+        for p in procs:
+            p.start()
+        rows, expected = [], 2 * args.rounds * len(args.systems)
+        while len(rows) < expected:
+            try:
+                rows.append(q.get(timeout=10.0))
+            except Exception:  # noqa: BLE001 - queue.Empty: is everyone still alive?
+                if any(p.exitcode not in (None, 0) for p in procs):
+                    for p in procs:
+                        p.kill()
+                    raise SystemExit("a worker failed; its error is above") from None
+            if not args.quiet and len(rows) % (2 * len(args.systems)) == 0:
+                print(f"launch {launch + 1}/{args.launches}: round "
+                      f"{len(rows) // (2 * len(args.systems))}/{args.rounds}", flush=True)
+        for p in procs:
+            p.join()
+        out += [(launch, *r) for r in rows]
+    return out
 
 
-def _paired(a: list[float], b: list[float]) -> tuple[float, float, float, float]:
-    """Geometric mean of b / a over the rounds, its 95% t-interval, Wilcoxon's p."""
+def _interval(logs: list[float]) -> tuple[float, float, float]:
+    """exp of the mean of ``logs`` and of its 95% t-interval."""
     from scipy import stats
 
-    logs = [math.log(y / x) for x, y in zip(a, b, strict=True)]
     mean = statistics.fmean(logs)
     half = stats.t.ppf(0.975, len(logs) - 1) * statistics.stdev(logs) / math.sqrt(len(logs))
-    p = float(stats.wilcoxon(logs).pvalue)
-    return math.exp(mean), math.exp(mean - half), math.exp(mean + half), p
+    return math.exp(mean), math.exp(mean - half), math.exp(mean + half)
+
+
+def _pair_row(a: str, b: str, wall: dict, launches: list[int]) -> tuple:
+    """a's time / b's: each launch's geometric mean over its rounds; over the launches
+    (each launch one value: fresh processes differ by more than rounds of one launch do)
+    the geometric mean and its 95% t-interval; every round's Wilcoxon p, two-sided."""
+    from scipy import stats
+
+    logs = {k: [math.log(x / y) for x, y in zip(wall[a][k], wall[b][k], strict=True)]
+            for k in launches}
+    each = [statistics.fmean(v) for v in logs.values()]
+    every = [x for v in logs.values() for x in v]
+    if len(each) > 1:
+        g, lo, hi = _interval(each)
+    else:
+        g, lo, hi = _interval(every)
+    return (f"{a} / {b}", ", ".join(f"{math.exp(x):.3f}" for x in each), f"{g:.3f}",
+            f"[{lo:.3f}, {hi:.3f}]", f"{float(stats.wilcoxon(every).pvalue):.3g}",
+            f"{sum(x > 0 for x in every)}/{len(every)}")
 
 
 def report(rows: list[tuple], args: argparse.Namespace, command: str) -> str:
-    kept = [r for r in rows if r[1] >= args.warmup]
+    kept = [r for r in rows if r[2] >= args.warmup]
     us = 1e6  # microseconds per sample
-    per = {(r[0], r[1], r[2]): r for r in kept}
-    rounds = sorted({r[1] for r in kept})
-    wall = {s: [per[(0, k, s)][3] for k in rounds] for s in args.systems}
+    per = {(r[0], r[1], r[2], r[3]): r for r in kept}
+    launches = sorted({r[0] for r in kept})
+    rounds = sorted({r[2] for r in kept})
+    wall = {s: {k: [per[(k, 0, n, s)][4] for n in rounds] for k in launches}
+            for s in args.systems}
+    flat = {s: [x for v in w.values() for x in v] for s, w in wall.items()}
     lines = [f"# Same-process A/B: {', '.join(args.systems)} on {args.workload} (tiny)", "",
-             f"Generated by `{command}` at git {git_sha(untracked=True)}.", "",
-             f"2 worker processes x 1 torch thread, both engines in each; {args.rounds} "
-             f"rounds, the first {args.warmup} left out; engines in turn, A-B then B-A. "
-             "Figures per sample, microseconds (median over the rounds kept).", "",
+             f"Generated by `{command}` at git {git_sha()}.", "",
+             f"{args.launches} launch(es) of 2 worker processes x 1 torch thread, every "
+             f"engine in each; {args.rounds} rounds a launch, the first {args.warmup} left "
+             "out; engines in turn, in the given order, then reversed. Figures per sample, "
+             "microseconds (medians over the rounds kept).", "",
              "## Time per sample (rank 0, between barriers)", ""]
     lines += table(["system", "median us/sample", "min-max"],
                    [(s, f"{us * statistics.median(w):.0f}",
-                     f"{us * min(w):.0f}-{us * max(w):.0f}") for s, w in wall.items()])
+                     f"{us * min(w):.0f}-{us * max(w):.0f}") for s, w in flat.items()])
     lines += ["", "## Paired by round: one system's time / another's", "",
-              "(above 1: the first is slower; 95% t-interval of the geometric mean; "
-              "Wilcoxon signed-rank p, two-sided)", ""]
-    pairs = []
-    for a, b in args.pairs or [(args.systems[0], s) for s in args.systems[1:]]:
-        g, lo, hi, p = _paired(wall[b], wall[a])
-        pairs.append((f"{a} / {b}", f"{g:.3f}", f"[{lo:.3f}, {hi:.3f}]", f"{p:.3g}",
-                      f"{sum(x > y for x, y in zip(wall[a], wall[b], strict=True))}"
-                      f"/{len(rounds)}"))
-    lines += table(["pair", "time ratio", "95% interval", "p", "rounds slower"], pairs)
+              "Above 1: the first is slower. Per launch: the geometric mean of its rounds' "
+              "ratios; overall: the geometric mean over the launches with its 95% t-interval "
+              "(over the rounds where there is one launch); p: two-sided Wilcoxon "
+              "signed-rank test of every round's log ratio; rounds where the first was "
+              "slower.", ""]
+    lines += table(["pair", "per launch", "overall", "95% interval", "p", "first slower"],
+                   [_pair_row(a, b, wall, launches) for a, b in
+                    args.pairs or [(args.systems[0], s) for s in args.systems[1:]]])
     lines += ["", "## Each rank: busy, idle, process CPU and each action kind", ""]
-    kinds = sorted({k for r in kept for k in r[7]})
+    kinds = sorted({k for r in kept for k in r[8]})
     body = []
 
     def med(rows: list[tuple], f) -> str:  # noqa: ANN001
@@ -210,11 +241,11 @@ def report(rows: list[tuple], args: argparse.Namespace, command: str) -> str:
 
     for s in args.systems:
         for rank in (0, 1):
-            mine = [per[(rank, k, s)] for k in rounds]
-            body.append((s, str(rank), med(mine, lambda r: r[5]), med(mine, lambda r: r[6]),
-                         med(mine, lambda r: r[4]), med(mine, lambda r: r[8]),
-                         med(mine, lambda r: r[4] - r[8]),
-                         *(med(mine, lambda r, k=k: r[7].get(k, 0.0)) for k in kinds)))
+            mine = [per[(k, rank, n, s)] for k in launches for n in rounds]
+            body.append((s, str(rank), med(mine, lambda r: r[6]), med(mine, lambda r: r[7]),
+                         med(mine, lambda r: r[5]), med(mine, lambda r: r[9]),
+                         med(mine, lambda r: r[5] - r[9]),
+                         *(med(mine, lambda r, k=k: r[8].get(k, 0.0)) for k in kinds)))
     lines += table(["system", "rank", "busy", "idle", "CPU", "main thread CPU",
                     "other threads' CPU", *kinds], body)
     return "\n".join(lines) + "\n"
@@ -227,7 +258,9 @@ def main() -> None:
                     type=lambda s: [x for x in s.split(",") if x])
     ap.add_argument("--batch-size", type=int, default=None, help="b: samples per microbatch")
     ap.add_argument("--microbatches", type=int, default=None)
-    ap.add_argument("--rounds", type=int, default=20)
+    ap.add_argument("--rounds", type=int, default=20, help="rounds per launch")
+    ap.add_argument("--launches", type=int, default=3,
+                    help="fresh pairs of worker processes, one after another")
     ap.add_argument("--warmup", type=int, default=2, help="first rounds left out")
     ap.add_argument("--steps", type=int, default=12, help="flush minibatches per epoch")
     ap.add_argument("--pairs", default=None, type=lambda s: [tuple(p.split("/"))
@@ -237,8 +270,8 @@ def main() -> None:
     ap.add_argument("-o", "--output", default=None)
     ap.add_argument("--quiet", action="store_true")
     args = ap.parse_args()
-    if len(args.systems) < 2 or args.rounds - args.warmup < 3:
-        ap.error("give two systems or more and at least 3 rounds past --warmup")
+    if len(args.systems) < 2 or args.rounds - args.warmup < 3 or args.launches < 1:
+        ap.error("give two systems or more, at least 3 rounds past --warmup and a launch")
     for pair in args.pairs or []:
         if len(pair) != 2 or not set(pair) <= set(args.systems):
             ap.error(f"--pairs: {'/'.join(pair)} is not two of --systems")
