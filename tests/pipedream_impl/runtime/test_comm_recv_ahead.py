@@ -57,11 +57,70 @@ def test_messages_arrive_in_order_with_and_without_receives_posted_ahead(ahead: 
         assert posted == (N - 1 if ahead == "1" else 0)
 
 
-def test_the_switch_refuses_other_values(monkeypatch) -> None:
+def test_the_switch_overrides_the_schedules_rule_and_refuses_other_values(monkeypatch) \
+        -> None:
     monkeypatch.delenv(RECV_AHEAD_ENV, raising=False)
-    assert recv_ahead()
+    assert recv_ahead() and not recv_ahead(False)  # unset: the schedule's rule
+    monkeypatch.setenv(RECV_AHEAD_ENV, "1")
+    assert recv_ahead(False)
     monkeypatch.setenv(RECV_AHEAD_ENV, "0")
     assert not recv_ahead()
     monkeypatch.setenv(RECV_AHEAD_ENV, "off")
     with pytest.raises(ValueError, match="PIPEBENCH_RECV_AHEAD"):
         recv_ahead()
+
+
+@pytest.mark.parametrize("schedule, ahead", [("1f1b", True), ("flush", True),
+                                             ("1f1b-flush", False)])
+def test_the_executor_posts_ahead_by_its_schedules_rule(monkeypatch, schedule: str,
+                                                        ahead: bool) -> None:
+    """Unset, the switch leaves it to the schedule: on for PipeDream's 1F1B and GPipe, off
+    for 1F1B with a flush (measured slower here: results/same-process-ab-*.md)."""
+    import pipedream_impl.runtime.stage_executor as se
+    from pipedream_impl.runtime.contract import RunSettings, SystemSettings, WorkerSpec
+    from pipedream_impl.runtime.local import local_executors
+
+    made = []
+
+    class Recorded(se.Comm):
+        def __init__(self, *args, **kwargs) -> None:  # noqa: ANN002, ANN003
+            super().__init__(*args, **kwargs)
+            made.append(self.ahead)
+
+    monkeypatch.setattr(se, "Comm", Recorded)
+    monkeypatch.delenv(RECV_AHEAD_ENV, raising=False)
+    spec = WorkerSpec(0, RunSettings("vgg16", "tiny", 0, 32, max_steps=1, timeout_s=60.0),
+                      SystemSettings((1, 1), ((0, 20), (20, 40)), schedule=schedule,
+                                     microbatches=1 if schedule == "1f1b" else 2))
+    local_executors(spec)
+    assert made == [ahead, ahead]
+
+
+def test_a_message_posts_every_receive_before_waiting_for_any(monkeypatch) -> None:
+    """A message's tensors, received when due: every receive is posted before the first
+    wait (each posted alone and waited for would cost a round trip with the sender each,
+    GNMT's three-tensor messages three)."""
+    import pipedream_impl.runtime.comm as comm_mod
+
+    log: list[str] = []
+
+    class Work:
+        def __init__(self, i: int) -> None:
+            self.i = i
+
+        def wait(self, timeout=None) -> bool:  # noqa: ANN001
+            log.append(f"wait {self.i}")
+            return True
+
+    def irecv(t, src, tag):  # noqa: ANN001, ANN202
+        log.append(f"post {len(log)}")
+        return Work(len(log) - 1)
+
+    monkeypatch.setattr(comm_mod.dist, "irecv", irecv)
+    monkeypatch.setenv(RECV_AHEAD_ENV, "0")
+    comm = Comm(0, torch.device("cpu"), timeout_s=5, static_shapes=True)
+    comm._recv_shapes[(1, 1)] = [(torch.float32, (2, 3)), (torch.int64, (4,)),
+                                 (torch.int64, (4,))]
+    got = comm.recv(1, "F")
+    assert [tuple(t.shape) for t in got] == [(2, 3), (4,), (4,)]
+    assert [e.split()[0] for e in log] == ["post"] * 3 + ["wait"] * 3
