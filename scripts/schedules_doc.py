@@ -28,7 +28,7 @@ PAGE = ROOT / "docs" / "schedules.md"
 COMMAND = "python scripts/schedules_doc.py"
 COLUMNS = ("schedule", "what it is", "microbatches", "flush", "replicated stages",
            "--recompute", "stages per worker", "backward", "weight versions", "built by",
-           "receives posted ahead", "systems")
+           "systems")
 
 INTRO = f"""\
 # Schedules: what each one allows, and who runs it
@@ -47,9 +47,7 @@ format (`--schedule-file`, both runtimes). `--recompute` on `{registry.DEFAULT}`
 with one minibatch in flight (model parallelism). Default microbatches per minibatch:
 {registry.MICROBATCHES_PER_STAGE} x stages. `pipebench schedule --system NAME --config
 1-1-1` prints a schedule of ours with its worker x time grid; see
-[extending.md](extending.md) to add one. "receives posted ahead": whether our runtime, on
-gloo, posts the receive of a stage's next message as soon as it has taken one
-(`PIPEBENCH_RECV_AHEAD=1` or `0` overrides it; [systems.md](systems.md) says why).
+[extending.md](extending.md) to add one.
 """
 
 
@@ -68,7 +66,7 @@ def render() -> str:
                      _yes(k.replicated), _yes(k.recompute), str(k.stages_per_worker),
                      "as the file says" if k.from_file else
                      "I + W" if k.split_backward else "B", k.weight_versions, built,
-                     _yes(k.recv_ahead) if k.builder or k.from_file else "-", runs or "-"))
+                     runs or "-"))
     return INTRO + "\n" + "\n".join(markdown_table(COLUMNS, rows)) + "\n"
 
 

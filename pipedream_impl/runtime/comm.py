@@ -35,10 +35,8 @@ when the first replicated stage's groups are made; ``PIPEBENCH_FAKE_HOSTS`` (a t
 one comma-separated name per global rank) overrides them, to fake several hosts on one
 machine.
 
-Receives posted ahead (``recv(prefetch=)``) follow the schedule's rule (``recv_ahead`` in
-the schedule registry: on but for 1F1B with a flush, where they measured slower here,
-``results/same-process-ab-*.md``); ``PIPEBENCH_RECV_AHEAD=1`` or ``0`` overrides it, a
-switch for measuring them (``scripts/same_process_ab.py``, ``scripts/env_ab.py``).
+Receives posted ahead (``recv(prefetch=)``) are on unless ``PIPEBENCH_RECV_AHEAD=0``, a switch
+for measuring them (``scripts/env_ab.py``; ``results/recv-ahead-ab-*.md``).
 
 ``allreduce_start`` starts one bucket's all-reduce and returns its wait, so a stage can
 reduce its gradients while its backward still runs (``grad_buckets``); ``allreduce_mean``
@@ -116,11 +114,10 @@ def _shapes(h: Tensor) -> list[tuple[torch.dtype, tuple[int, ...]]]:
     return out
 
 
-def recv_ahead(default: bool = True) -> bool:
-    """Whether receives may be posted ahead: ``PIPEBENCH_RECV_AHEAD`` is ``1`` or ``0``,
-    ``default`` (the schedule's rule) when unset; anything else is an error, not a silent
-    default."""
-    return switch(RECV_AHEAD_ENV, "1" if default else "0", "post receives ahead",
+def recv_ahead() -> bool:
+    """Whether receives may be posted ahead: ``PIPEBENCH_RECV_AHEAD`` is ``1`` (the default,
+    also when unset) or ``0``; anything else is an error, not a silent default."""
+    return switch(RECV_AHEAD_ENV, "1", "post receives ahead, the default",
                   "post each receive when it is due")
 
 
@@ -190,11 +187,10 @@ class Hierarchy:
 
 class Comm:
     def __init__(self, rank: int, device: torch.device, timeout_s: float,
-                 static_shapes: bool = False, ahead: bool = True) -> None:
-        """``ahead``: the schedule's rule for posting receives ahead (``recv_ahead``)."""
+                 static_shapes: bool = False) -> None:
         self.rank, self.device = rank, device
         self.static_shapes = static_shapes
-        self.ahead = recv_ahead(ahead)
+        self.ahead = recv_ahead()
         self._sent_shapes: dict[tuple[int, int], list] = {}
         self._recv_shapes: dict[tuple[int, int], list] = {}
         self.timeout = datetime.timedelta(seconds=timeout_s)

@@ -52,7 +52,6 @@ from pipedream_impl.runtime.weight_stash import WeightStore, direct_forwards, fu
 from pipedream_impl.schedule import Action, Schedule
 from pipedream_impl.schedule.delivery import delivered, receives_followed
 from pipedream_impl.schedule.registry import build
-from pipedream_impl.schedule.registry import get as schedule_kind
 from workloads.base import Batch
 from workloads.recipe import load_optimizer_state, microbatch
 
@@ -67,8 +66,7 @@ class StageExecutor(Executor):
     def __init__(self, pieces: WorkerPieces) -> None:
         super().__init__(pieces)
         layout, system = self.layout, self.system
-        self.comm = Comm(self.rank, self.device, self.run.timeout_s, self.wl.static_shapes,
-                         schedule_kind(system.schedule).recv_ahead)
+        self.comm = Comm(self.rank, self.device, self.run.timeout_s, self.wl.static_shapes)
         self.settle = settle_sends()  # PIPEBENCH_SETTLE_SENDS
         for s, r in enumerate(layout.replicas):  # every rank creates every group, same order
             if r > 1:

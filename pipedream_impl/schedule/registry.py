@@ -4,8 +4,7 @@ A ``ScheduleKind`` says what a schedule allows: microbatches (and their default 
 a flush before each update, replicated stages, ``--recompute`` (re-running the forward in
 the backward on the live weights, correct only where no update falls between a unit's
 forward and its backward), stages per worker, a split backward (I and W), how many weight
-versions a stage keeps, which torch.distributed.pipelining class runs it as a peer, and
-whether our runtime posts its receives ahead on gloo.
+versions a stage keeps, and which torch.distributed.pipelining class runs it as a peer.
 The stage executor builds its action lists through ``build``, the simulator likewise, the
 registry of training systems (``harness.systems``) reads a system's rules here, the run
 checks (``harness.config``) ask ``require_recompute``, and the torch peers read their
@@ -58,11 +57,6 @@ class ScheduleKind:
     # (a multiple of max(1, microbatches // workers)) or nothing
     torch_microbatches: str = ""
     from_file: bool = False  # built from a schedule file's compute order (``torch_csv``)
-    # our runtime on gloo posts a receive ahead, for the next message of its kind, unless
-    # PIPEBENCH_RECV_AHEAD says otherwise; off where that measured slower here, in the
-    # same processes against the same engine receiving when due
-    # (results/same-process-ab-*.md, scripts/same_process_ab.py)
-    recv_ahead: bool = True
 
 
 def _one_f_one_b(layout: Layout, minibatches: int, microbatches: int, weights: str,
@@ -80,7 +74,7 @@ SCHEDULES: tuple[ScheduleKind, ...] = (
     ScheduleKind("1f1b-flush", "1F1B within each minibatch, then a flush (PipeDream-Flush)",
                  lambda lay, n, m, w, f: one_f_one_b_flush(lay, n, m), microbatched=True,
                  flushes=True, recompute=True, torch_class="Schedule1F1B",
-                 torch_microbatches="at-least-stages", recv_ahead=False),
+                 torch_microbatches="at-least-stages"),
     ScheduleKind("2bw", "1F1B without a flush, updates one step late (PipeDream-2BW)",
                  lambda lay, n, m, w, f: two_bw(lay, n, m), microbatched=True,
                  weight_versions="2 (double-buffered)"),

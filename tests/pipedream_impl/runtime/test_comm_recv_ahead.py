@@ -1,7 +1,8 @@
 """pipedream_impl/runtime/comm.py's receives posted ahead, on two real gloo processes: the
 messages a receiver takes are the ones sent, in order, whether their receives were posted
 ahead or not (``PIPEBENCH_RECV_AHEAD``), and the switch decides whether any is posted
-ahead; a value other than 0 or 1 is refused."""
+ahead; a value other than 0 or 1 is refused. A message received when due posts every
+tensor's receive before waiting for any."""
 
 from __future__ import annotations
 
@@ -57,43 +58,14 @@ def test_messages_arrive_in_order_with_and_without_receives_posted_ahead(ahead: 
         assert posted == (N - 1 if ahead == "1" else 0)
 
 
-def test_the_switch_overrides_the_schedules_rule_and_refuses_other_values(monkeypatch) \
-        -> None:
+def test_the_switch_refuses_other_values(monkeypatch) -> None:
     monkeypatch.delenv(RECV_AHEAD_ENV, raising=False)
-    assert recv_ahead() and not recv_ahead(False)  # unset: the schedule's rule
-    monkeypatch.setenv(RECV_AHEAD_ENV, "1")
-    assert recv_ahead(False)
+    assert recv_ahead()
     monkeypatch.setenv(RECV_AHEAD_ENV, "0")
     assert not recv_ahead()
     monkeypatch.setenv(RECV_AHEAD_ENV, "off")
     with pytest.raises(ValueError, match="PIPEBENCH_RECV_AHEAD"):
         recv_ahead()
-
-
-@pytest.mark.parametrize("schedule, ahead", [("1f1b", True), ("flush", True),
-                                             ("1f1b-flush", False)])
-def test_the_executor_posts_ahead_by_its_schedules_rule(monkeypatch, schedule: str,
-                                                        ahead: bool) -> None:
-    """Unset, the switch leaves it to the schedule: on for PipeDream's 1F1B and GPipe, off
-    for 1F1B with a flush (measured slower here: results/same-process-ab-*.md)."""
-    import pipedream_impl.runtime.stage_executor as se
-    from pipedream_impl.runtime.contract import RunSettings, SystemSettings, WorkerSpec
-    from pipedream_impl.runtime.local import local_executors
-
-    made = []
-
-    class Recorded(se.Comm):
-        def __init__(self, *args, **kwargs) -> None:  # noqa: ANN002, ANN003
-            super().__init__(*args, **kwargs)
-            made.append(self.ahead)
-
-    monkeypatch.setattr(se, "Comm", Recorded)
-    monkeypatch.delenv(RECV_AHEAD_ENV, raising=False)
-    spec = WorkerSpec(0, RunSettings("vgg16", "tiny", 0, 32, max_steps=1, timeout_s=60.0),
-                      SystemSettings((1, 1), ((0, 20), (20, 40)), schedule=schedule,
-                                     microbatches=1 if schedule == "1f1b" else 2))
-    local_executors(spec)
-    assert made == [ahead, ahead]
 
 
 def test_a_message_posts_every_receive_before_waiting_for_any(monkeypatch) -> None:
