@@ -16,26 +16,32 @@ than fresh launches do: ``--launches`` repeats the whole comparison in fresh pro
 and the overall interval is taken over the launches.
 
 Each epoch runs between two barriers of all ranks; rank 0's wall time between them,
-per sample, is the engine's time, and each rank's own figures come from the executor's
-epoch report: busy and idle time (its timed spans: a torch engine's gaps between
-compute actions count as idle, our runtime's receives), each action kind's time, and the
-process's CPU time (user + system, every thread), and the main thread's own (the rest:
-gloo's and torch's threads). Rounds 0 to ``--warmup - 1`` are left
-out (first-epoch allocations, caches). Per pair of engines: the rounds' paired ratio of
-time per sample, its geometric mean with a 95% t-interval and a two-sided Wilcoxon
-signed-rank test of the logs.
+per sample, is the engine's time: the whole epoch, pipeline fill and drain and the
+epoch's close (the report, a copy of the stage's weights) included, so not ``bench``'s
+steady throughput. Each rank's own figures: busy and idle time from the executor's epoch
+report (its timed spans: a torch engine's gaps between compute actions count as idle,
+our runtime's receives), each action kind's time, and the process's CPU time (user +
+system, every thread) beside its main thread's, both read around the epoch (the rest:
+gloo's and torch's threads). Rounds 0 to ``--warmup - 1`` are left out (first-epoch
+allocations, caches); an even number of rounds is kept, so each engine runs first as
+often as last. Per pair of engines: each round's ratio of time per sample, the geometric
+mean per launch, and over the launches the geometric mean with its 95% t-interval (rounds
+of one launch are not independent draws, so no test pools them).
 
 Settings follow ``bench``'s throughput cells: a flush pipeline runs minibatches of M x b
 in M microbatches of b (M = ``MICROBATCHES_PER_STAGE`` x stages unless given), PipeDream
 minibatches of b; every engine processes the same samples per epoch. A system named
-``NAME@VAR=value+VAR2=value`` is NAME built with those environment variables set (our
-runtime's switches are read when an engine is made): a setting against the default, in
-the same processes. The split is the
+``NAME@VAR=value+VAR2=value`` is NAME built with those switches set (``SWITCHES``: the
+ones read when an engine is made; torch's engines read only the optimizer's): a setting
+against the default, in the same processes. Switches set in the environment apply to
+every engine; the report names them. The split is the
 committed profile's straight split (``suites/profiles``), as the nightly's.
 
 Usage: ``.venv/bin/python scripts/same_process_ab.py --workload vgg16 --systems
 pipedream-flush,torch-1f1b --batch-size 4 --rounds 8 --launches 4 --steps 12
 -o results/same-process-ab-vgg16-b4.md``. Nothing else may run on the machine meanwhile.
+The rows measured are kept beside the report (``.json``); ``--rows FILE`` renders a report
+from them again without measuring.
 """
 
 from __future__ import annotations
@@ -53,17 +59,32 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from core.markdown import markdown_table as table  # noqa: E402
 from harness.reporting.tracking import git_sha  # noqa: E402
+from pipedream_impl.runtime.comm import RECV_AHEAD_ENV, SETTLE_ENV  # noqa: E402
+from pipedream_impl.runtime.grad_buckets import BUCKET_MB_ENV  # noqa: E402
+from workloads.recipe import FUSED_OPTIMIZER_ENV  # noqa: E402
+
+# the switches an engine reads when it is made (``NAME@VAR=value``)
+SWITCHES = (RECV_AHEAD_ENV, SETTLE_ENV, BUCKET_MB_ENV, FUSED_OPTIMIZER_ENV)
 
 
 def _base(name: str) -> str:
-    """``system@VAR=value,...``: the system, built with those environment variables set
-    (our runtime reads its switches, e.g. ``PIPEBENCH_RECV_AHEAD``, when an engine is made)."""
+    """``system@VAR=value+...``: the system, built with those switches set (our runtime
+    reads its switches, e.g. ``PIPEBENCH_RECV_AHEAD``, when an engine is made)."""
     return name.split("@", 1)[0]
 
 
 def _env(name: str) -> dict[str, str]:
+    """The switches of ``name`` (``NAME@VAR=value+...``); a malformed one or a variable
+    that is not in ``SWITCHES`` is an error."""
     rest = name.split("@", 1)[1] if "@" in name else ""
-    return dict(kv.split("=", 1) for kv in rest.split("+") if kv)
+    out = {}
+    for kv in (x for x in rest.split("+") if x):
+        var, eq, value = kv.partition("=")
+        if not eq or var not in SWITCHES:
+            raise ValueError(f"{name}: {kv!r} is not VAR=value with VAR one of "
+                             f"{', '.join(SWITCHES)}")
+        out[var] = value
+    return out
 
 
 def _build(spec, env: dict[str, str]):  # noqa: ANN001, ANN202
@@ -133,13 +154,13 @@ def _worker(rank: int, args: argparse.Namespace, init: str, q) -> None:  # noqa:
     for rnd in range(args.rounds):
         for name in (args.systems if rnd % 2 == 0 else args.systems[::-1]):
             dist.barrier()
-            t0, main0 = time.perf_counter(), time.thread_time()
+            t0, cpu0, main0 = time.perf_counter(), time.process_time(), time.thread_time()
             rep = engines[name].run_epoch(rnd)  # the same samples for every engine
-            main = time.thread_time() - main0
+            cpu, main = time.process_time() - cpu0, time.thread_time() - main0
             dist.barrier()
             wall = time.perf_counter() - t0
             samples = engines[name].n_steps * specs[name].run.batch_size
-            q.put((rank, rnd, name, wall / samples, rep.cpu_s / samples,
+            q.put((rank, rnd, name, wall / samples, cpu / samples,
                    rep.busy_s / samples, rep.idle_s / samples,
                    {k: v / samples for k, v in rep.action_s.items()}, main / samples))
     dist.destroy_process_group()
@@ -167,6 +188,7 @@ def measure(args: argparse.Namespace) -> list[tuple]:
                     for p in procs:
                         p.kill()
                     raise SystemExit("a worker failed; its error is above") from None
+                continue
             if not args.quiet and len(rows) % (2 * len(args.systems)) == 0:
                 print(f"launch {launch + 1}/{args.launches}: round "
                       f"{len(rows) // (2 * len(args.systems))}/{args.rounds}", flush=True)
@@ -188,23 +210,18 @@ def _interval(logs: list[float]) -> tuple[float, float, float]:
 def _pair_row(a: str, b: str, wall: dict, launches: list[int]) -> tuple:
     """a's time / b's: each launch's geometric mean over its rounds; over the launches
     (each launch one value: fresh processes differ by more than rounds of one launch do)
-    the geometric mean and its 95% t-interval; every round's Wilcoxon p, two-sided."""
-    from scipy import stats
-
+    the geometric mean and its 95% t-interval (over the rounds where there is one
+    launch); the rounds where a was slower."""
     logs = {k: [math.log(x / y) for x, y in zip(wall[a][k], wall[b][k], strict=True)]
             for k in launches}
     each = [statistics.fmean(v) for v in logs.values()]
     every = [x for v in logs.values() for x in v]
-    if len(each) > 1:
-        g, lo, hi = _interval(each)
-    else:
-        g, lo, hi = _interval(every)
+    g, lo, hi = _interval(each if len(each) > 1 else every)
     return (f"{a} / {b}", ", ".join(f"{math.exp(x):.3f}" for x in each), f"{g:.3f}",
-            f"[{lo:.3f}, {hi:.3f}]", f"{float(stats.wilcoxon(every).pvalue):.3g}",
-            f"{sum(x > 0 for x in every)}/{len(every)}")
+            f"[{lo:.3f}, {hi:.3f}]", f"{sum(x > 0 for x in every)}/{len(every)}")
 
 
-def report(rows: list[tuple], args: argparse.Namespace, command: str) -> str:
+def report(rows: list[tuple], args: argparse.Namespace, header: dict) -> str:
     kept = [r for r in rows if r[2] >= args.warmup]
     us = 1e6  # microseconds per sample
     per = {(r[0], r[1], r[2], r[3]): r for r in kept}
@@ -214,7 +231,8 @@ def report(rows: list[tuple], args: argparse.Namespace, command: str) -> str:
             for s in args.systems}
     flat = {s: [x for v in w.values() for x in v] for s, w in wall.items()}
     lines = [f"# Same-process A/B: {', '.join(args.systems)} on {args.workload} (tiny)", "",
-             f"Generated by `{command}` at git {git_sha()}.", "",
+             f"Generated by `{header['command']}` at git {header['git']}; runtime "
+             f"switches set for every engine: {header['env']}.", "",
              f"{args.launches} launch(es) of 2 worker processes x 1 torch thread, every "
              f"engine in each; {args.rounds} rounds a launch, the first {args.warmup} left "
              "out; engines in turn, in the given order, then reversed. Figures per sample, "
@@ -226,10 +244,9 @@ def report(rows: list[tuple], args: argparse.Namespace, command: str) -> str:
     lines += ["", "## Paired by round: one system's time / another's", "",
               "Above 1: the first is slower. Per launch: the geometric mean of its rounds' "
               "ratios; overall: the geometric mean over the launches with its 95% t-interval "
-              "(over the rounds where there is one launch); p: two-sided Wilcoxon "
-              "signed-rank test of every round's log ratio; rounds where the first was "
-              "slower.", ""]
-    lines += table(["pair", "per launch", "overall", "95% interval", "p", "first slower"],
+              "(over the rounds where there is one launch); the rounds where the first "
+              "was slower.", ""]
+    lines += table(["pair", "per launch", "overall", "95% interval", "first slower"],
                    [_pair_row(a, b, wall, launches) for a, b in
                     args.pairs or [(args.systems[0], s) for s in args.systems[1:]]])
     lines += ["", "## Each rank: busy, idle, process CPU and each action kind", ""]
@@ -251,6 +268,24 @@ def report(rows: list[tuple], args: argparse.Namespace, command: str) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _check_switches(systems: list[str]) -> None:
+    """Each engine's switches parse and their values are accepted, before any worker
+    starts (the readers raise on a bad value)."""
+    from pipedream_impl.runtime.comm import recv_ahead, settle_sends
+    from pipedream_impl.runtime.grad_buckets import bucket_mb
+    from workloads.recipe import fused_optimizer
+
+    for name in systems:
+        env = _env(name)
+        old = {k: os.environ.get(k) for k in env}
+        os.environ.update(env)
+        try:
+            recv_ahead(), settle_sends(), bucket_mb(), fused_optimizer()
+        finally:
+            for k, v in old.items():
+                os.environ.pop(k) if v is None else os.environ.__setitem__(k, v)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--workload", default="vgg16")
@@ -267,16 +302,45 @@ def main() -> None:
                                                              for p in s.split(",") if p],
                     help="A/B,C/D: the pairs compared (default: the first system against "
                          "each other)")
-    ap.add_argument("-o", "--output", default=None)
+    ap.add_argument("-o", "--output", default=None,
+                    help="the report (.md); the rows measured go beside it (.json)")
+    ap.add_argument("--rows", default=None, help="render the report from these rows "
+                    "(a run's .json) instead of measuring")
     ap.add_argument("--quiet", action="store_true")
     args = ap.parse_args()
-    if len(args.systems) < 2 or args.rounds - args.warmup < 3 or args.launches < 1:
-        ap.error("give two systems or more, at least 3 rounds past --warmup and a launch")
-    for pair in args.pairs or []:
-        if len(pair) != 2 or not set(pair) <= set(args.systems):
-            ap.error(f"--pairs: {'/'.join(pair)} is not two of --systems")
-    command = "scripts/same_process_ab.py " + " ".join(sys.argv[1:])
-    text = report(measure(args), args, command)
+    if args.rows:  # the measured run's own settings, rows and header
+        import json
+
+        saved = json.loads(Path(args.rows).read_text())
+        args = argparse.Namespace(**{**saved["args"], "output": args.output,
+                                     "quiet": args.quiet})
+        rows = [tuple(r) for r in saved["rows"]]
+        text = report(rows, args, saved["header"])
+    else:
+        kept = args.rounds - args.warmup
+        if len(set(args.systems)) != len(args.systems) or len(args.systems) < 2 or \
+                kept < 4 or kept % 2 or args.launches < 1:
+            ap.error("give two distinct systems or more, an even number of rounds past "
+                     "--warmup (4 or more), and a launch")
+        for pair in args.pairs or []:
+            if len(pair) != 2 or pair[0] == pair[1] or not set(pair) <= set(args.systems):
+                ap.error(f"--pairs: {'/'.join(pair)} is not two of --systems")
+        try:
+            _check_switches(args.systems)
+        except ValueError as e:
+            ap.error(str(e))
+        from harness.experiments.runner import runtime_env
+
+        header = {"command": "scripts/same_process_ab.py " + " ".join(sys.argv[1:]),
+                  "git": git_sha(), "env": runtime_env()}
+        rows = measure(args)
+        if args.output:  # kept before the report: a measurement is not lost to it
+            import json
+
+            keep = {k: v for k, v in vars(args).items() if k not in ("output", "quiet", "rows")}
+            Path(args.output).with_suffix(".json").write_text(json.dumps(
+                {"args": keep, "header": header, "rows": rows}))
+        text = report(rows, args, header)
     if args.output:
         Path(args.output).write_text(text)
         print(f"wrote {args.output}")

@@ -127,7 +127,8 @@ def store_history(experiment: str, suite: str | None, n: int) -> list[dict]:
         return []
     tags = newest[0].data.tags
     found = []
-    for run in suite_runs(experiment, tags["pipebench.suite"], tags.get("pipebench.machine")):
+    for run in suite_runs(experiment, tags["pipebench.suite"], tags.get("pipebench.machine"),
+                          limit=max(100, 2 * n)):  # room for planted runs among them
         result = _suite_json(run.info.run_id)
         if not _planted(result):
             found.append(result)

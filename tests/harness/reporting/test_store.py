@@ -107,9 +107,10 @@ def test_the_dashboard_nights_from_the_store_leave_planted_runs_out(mlflow_uri: 
     runs = [(_result(2), "nightly"), (_result(1), "nightly"), (_result(3), "nightly"),
             (_result(9, sha="p", plant={"pipedream": "slow:*:*:1.2"}), "nightly"),
             (_result(8, suite="smoke"), "smoke")]
-    for result, suite in runs:  # started in this order
-        run = client.create_run(exp, tags={"pipebench.kind": "suite", "pipebench.suite": suite,
-                                           "pipebench.machine": "m"})
+    for i, (result, suite) in enumerate(runs):  # started in this order, a second apart
+        run = client.create_run(exp, start_time=1_000_000 + 1000 * i,
+                                tags={"pipebench.kind": "suite", "pipebench.suite": suite,
+                                      "pipebench.machine": "m"})
         client.log_dict(run.info.run_id, result, "suite.json")
         client.set_terminated(run.info.run_id, "FINISHED")
     nights = store_history("store-history-test", "nightly", 10)
