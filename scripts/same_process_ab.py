@@ -26,7 +26,8 @@ gloo's and torch's threads). Rounds 0 to ``--warmup - 1`` are left out (first-ep
 allocations, caches); an even number of rounds is kept, so each engine runs first as
 often as last. Per pair of engines: each round's ratio of time per sample, the geometric
 mean per launch, and over the launches the geometric mean with its 95% t-interval (rounds
-of one launch are not independent draws, so no test pools them).
+of one launch are not independent draws, so no test pools them; with ``--launches 1`` the
+interval is over that launch's rounds, and says less than it seems to).
 
 Settings follow ``bench``'s throughput cells: a flush pipeline runs minibatches of M x b
 in M microbatches of b (M = ``MICROBATCHES_PER_STAGE`` x stages unless given), PipeDream
@@ -321,7 +322,7 @@ def main() -> None:
             if len(pair) != 2 or pair[0] == pair[1] or not set(pair) <= set(args.systems):
                 ap.error(f"--pairs: {'/'.join(pair)} is not two of the run's systems")
         rows = [tuple(r) for r in saved["rows"]]
-        header = {**saved["header"], "again": "scripts/same_process_ab.py "
+        header = {**saved["header"], "again": ".venv/bin/python scripts/same_process_ab.py "
                   + " ".join(sys.argv[1:])}
         text = report(rows, args, header)
     else:
@@ -339,7 +340,8 @@ def main() -> None:
             ap.error(str(e))
         from harness.experiments.runner import runtime_env
 
-        header = {"command": "scripts/same_process_ab.py " + " ".join(sys.argv[1:]),
+        header = {"command": ".venv/bin/python scripts/same_process_ab.py "
+                  + " ".join(sys.argv[1:]),
                   "git": git_sha(), "env": runtime_env()}
         rows = measure(args)
         if args.output:  # kept before the report: a measurement is not lost to it

@@ -118,10 +118,10 @@ def suite_history(current: dict, n: int, experiment: str | None = None) -> list[
 
 
 def store_history(experiment: str, suite: str | None, n: int) -> list[dict]:
-    """``dir_history`` from the store: the last ``n`` results (oldest first, by
-    ``created``) of ``suite`` (else of the suite last run) on the machine that ran it last,
-    planted runs left out (the dashboard's nights). The newest of them is the one compared;
-    every other one is made no later and so belongs to its history (``_before``)."""
+    """``dir_history`` from the store: the results of the last ``n`` runs started of
+    ``suite`` (else of the suite last run, planted or not) on the machine that ran it last,
+    planted runs skipped (the dashboard's nights), shown oldest first by ``created``: the
+    newest of them is the one compared, every other one made no later (``_before``)."""
     newest = suite_runs(experiment, suite, limit=1)
     if not newest or n < 1:
         return []

@@ -118,6 +118,9 @@ def test_the_dashboard_nights_from_the_store_leave_planted_runs_out(mlflow_uri: 
         [("01", {}), ("02", {}), ("03", {})]
     assert [r["created"][8:10] for r in store_history("store-history-test", "nightly", 1)] \
         == ["03"]
+    # the last n started (3, then 1), shown by when each was made
+    assert [r["created"][8:10] for r in store_history("store-history-test", "nightly", 2)] \
+        == ["01", "03"]
     # the suite last run, when none is named
     assert [r["suite"]["name"] for r in store_history("store-history-test", None, 10)] == \
         ["smoke"]
