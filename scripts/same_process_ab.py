@@ -35,8 +35,9 @@ minibatches of b; every engine processes the same samples per epoch. A system na
 ``NAME@VAR=value+VAR2=value`` is NAME built with those switches set (``SWITCHES``: the
 ones read when an engine is made; torch's engines read only the optimizer's): a setting
 against the default, in the same processes. Switches set in the environment apply to
-every engine; the report names them. The split is the
-committed profile's straight split (``suites/profiles``), as the nightly's.
+every engine; the report names them. The split is a straight 2-stage split balanced on
+the committed profile's forward and backward times (``suites/profiles``), the same for
+every engine.
 
 Usage: ``.venv/bin/python scripts/same_process_ab.py --workload vgg16 --systems
 pipedream-flush,torch-1f1b --batch-size 4 --rounds 8 --launches 4 --steps 12
@@ -108,8 +109,8 @@ def _build(spec, env: dict[str, str]):  # noqa: ANN001, ANN202
 
 
 def _specs(args: argparse.Namespace, rank: int, init: str) -> dict:
-    """Each engine's WorkerSpec for ``rank``: bench's throughput-cell settings on the
-    committed profile's straight 2-stage split."""
+    """Each engine's WorkerSpec for ``rank``: bench's throughput-cell settings on a
+    straight 2-stage split balanced on the committed profile."""
     from harness import systems
     from harness.config import RunConfig
     from harness.experiments.pipeline_trainer import system_settings
