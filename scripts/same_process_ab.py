@@ -35,7 +35,8 @@ minibatches of b; every engine processes the same samples per epoch. A system na
 ``NAME@VAR=value+VAR2=value`` is NAME built with those switches set (``SWITCHES``: the
 ones read when an engine is made; torch's engines read only the optimizer's): a setting
 against the default, in the same processes. Switches set in the environment apply to
-every engine; the report names them. The split is a straight 2-stage split balanced on
+every engine, the process-level ones (``PIPEBENCH_PIN``, ``PIPEBENCH_NO_HALT``) as a
+worker process takes them; the report names them. The split is a straight 2-stage split balanced on
 the committed profile's forward and backward times (``suites/profiles``), the same for
 every engine.
 
@@ -148,7 +149,12 @@ def _worker(rank: int, args: argparse.Namespace, init: str, q) -> None:  # noqa:
     import torch
     import torch.distributed as dist
 
+    from pipedream_impl.runtime import no_halt
+    from pipedream_impl.runtime.pinning import pin
+
     torch.set_num_threads(1)
+    no_halt.hold()  # the process-level switches, as a worker process takes them
+    pin(rank, 1, 2)  # (worker._serve), before the process group starts its threads
     dist.init_process_group("gloo", init_method=init, rank=rank, world_size=2,
                             timeout=datetime.timedelta(seconds=120))
     specs = _specs(args, rank, init)
