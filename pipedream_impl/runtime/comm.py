@@ -271,10 +271,15 @@ class Comm:
         out = self._recv_posted(posted, src, kind) if posted else self._recv_now(src, tag, kind)
         shapes = self._recv_shapes.get((src, tag))
         if prefetch and self.ahead and shapes is not None and self._wire_device().type == "cpu":
-            bufs = [torch.empty(shape, dtype=dtype, device=self.device)
-                    for dtype, shape in shapes]
-            self._posted[(src, tag)] = [(dist.irecv(b, src, tag=tag), b) for b in bufs]
+            self._posted[(src, tag)] = self._post(src, tag, shapes)
         return out
+
+    def _post(self, src: int, tag: int, shapes: list) -> list[tuple[dist.Work, Tensor]]:
+        """A receive posted for every tensor of a message, each with its buffer: all before
+        any is waited for (as torch's pipelining batches them; one at a time, each would
+        cost its own round trip with the sender)."""
+        bufs = [torch.empty(shape, dtype=dtype, device=self.device) for dtype, shape in shapes]
+        return [(dist.irecv(t, src, tag=tag), t) for t in bufs]
 
     def _recv_posted(self, posted: list, src: int, kind: str) -> tuple[Tensor, ...]:
         for work, _ in posted:
@@ -290,10 +295,7 @@ class Comm:
             shapes = _shapes(h.cpu())
             if self.static_shapes:
                 self._recv_shapes[(src, tag)] = shapes
-        # every tensor's receive posted before any is waited for (as torch's pipelining
-        # batches them): one at a time, each would cost its own round trip with the sender
-        bufs = [torch.empty(shape, dtype=dtype, device=self.device) for dtype, shape in shapes]
-        return self._recv_posted([(dist.irecv(t, src, tag=tag), t) for t in bufs], src, kind)
+        return self._recv_posted(self._post(src, tag, shapes), src, kind)
 
     def group(self, ranks: tuple[int, ...]) -> dist.ProcessGroup:
         """Every rank must create every group in the same order (runtime does, at start)."""
