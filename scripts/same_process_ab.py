@@ -56,6 +56,8 @@ import os
 import statistics
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -90,23 +92,30 @@ def _env(name: str) -> dict[str, str]:
     return out
 
 
-def _build(spec, env: dict[str, str]):  # noqa: ANN001, ANN202
-    """An engine of ``spec`` made with ``env`` set, the environment restored after."""
-    import torch
-
-    from core.imports import load
-    from pipedream_impl.runtime.contract import WorkerPieces
-
+@contextmanager
+def _switched(env: dict[str, str]) -> Iterator[None]:
+    """``env`` set for the block, the environment as it was after."""
     old = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
     try:
-        return load(spec.system.executor)(WorkerPieces.build(spec, torch.device("cpu")))
+        yield
     finally:
         for k, v in old.items():
             if v is None:
                 os.environ.pop(k)
             else:
                 os.environ[k] = v
+
+
+def _build(spec, env: dict[str, str]):  # noqa: ANN001, ANN202
+    """An engine of ``spec`` made with ``env`` set."""
+    import torch
+
+    from core.imports import load
+    from pipedream_impl.runtime.contract import WorkerPieces
+
+    with _switched(env):
+        return load(spec.system.executor)(WorkerPieces.build(spec, torch.device("cpu")))
 
 
 def _specs(args: argparse.Namespace, rank: int, init: str) -> dict:
@@ -286,14 +295,8 @@ def _check_switches(systems: list[str]) -> None:
     from workloads.recipe import fused_optimizer
 
     for name in systems:
-        env = _env(name)
-        old = {k: os.environ.get(k) for k in env}
-        os.environ.update(env)
-        try:
+        with _switched(_env(name)):
             recv_ahead(), settle_sends(), bucket_mb(), fused_optimizer()
-        finally:
-            for k, v in old.items():
-                os.environ.pop(k) if v is None else os.environ.__setitem__(k, v)
 
 
 def main() -> None:
