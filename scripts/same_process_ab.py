@@ -29,9 +29,10 @@ mean per launch, and over the launches the geometric mean with its 95% t-interva
 of one launch are not independent draws, so no test pools them; with ``--launches 1`` the
 interval is over that launch's rounds, and says less than it seems to).
 
-Settings follow ``bench``'s throughput cells: a flush pipeline runs minibatches of M x b
-in M microbatches of b (M = ``MICROBATCHES_PER_STAGE`` x stages unless given), PipeDream
-minibatches of b; every engine processes the same samples per epoch. A system named
+Settings follow ``bench``'s throughput cells (``bench.unit_sizes``): a flush pipeline runs
+minibatches of M x b in M microbatches of b (M = ``MICROBATCHES_PER_STAGE`` x stages
+unless given), PipeDream minibatches of b; every engine processes the same samples per
+epoch. A system named
 ``NAME@VAR=value+VAR2=value`` is NAME built with those switches set (``SWITCHES``: the
 ones read when an engine is made; torch's engines read only the optimizer's): a setting
 against the default, in the same processes. Switches set in the environment apply to
@@ -123,6 +124,7 @@ def _specs(args: argparse.Namespace, rank: int, init: str) -> dict:
     straight 2-stage split balanced on the committed profile."""
     from harness import systems
     from harness.config import RunConfig
+    from harness.experiments.bench import unit_sizes
     from harness.experiments.pipeline_trainer import system_settings
     from pipedream_impl.planner.plan import balanced_bounds
     from pipedream_impl.profiling.profile import load_profile
@@ -140,7 +142,7 @@ def _specs(args: argparse.Namespace, rank: int, init: str) -> dict:
     out = {}
     for name in args.systems:
         micro = systems.get(_base(name)).microbatched
-        batch, steps = (m * b, args.steps) if micro else (b, args.steps * m)
+        batch, steps = unit_sizes(micro, m, b, args.steps)
         cfg = RunConfig.from_flags(system=_base(name), workload=args.workload, scale="tiny",
                                    batch_size=batch, microbatches=m if micro else None,
                                    threads=1, workers=2, config="1-1",

@@ -37,11 +37,18 @@ from harness.reporting.results import cell_row, overhead_table
 from pipedream_impl.runtime import SPAWN_LAUNCHER, STAGE_EXECUTOR
 from pipedream_impl.schedule import registry as schedules
 
-__all__ = ["COLUMNS", "adhoc_suite", "checks", "markdown", "seed_claims"]
+__all__ = ["COLUMNS", "adhoc_suite", "checks", "markdown", "seed_claims", "unit_sizes"]
 
 COLUMNS = ("system", "status", "config", "microbatch", "samples/s (median)", "min-max",
            "spread", "steady samples/s [CI]", "MDC", "vs single", "time to target",
            "bytes/sample", "peak mem", "bubble")
+
+
+def unit_sizes(microbatched: bool, m: int, b: int, k: int) -> tuple[int, int]:
+    """A throughput cell's (minibatch size, minibatches per epoch), the module's rule: a
+    flush pipeline K minibatches of ``m`` x ``b`` (``m`` microbatches of ``b``), any other
+    system K x ``m`` minibatches of ``b``, so every system trains the same samples."""
+    return (m * b, k) if microbatched else (b, k * m)
 
 
 def adhoc_suite(workload: str, system_names: tuple[str, ...], workers: int, scale: str,

@@ -32,6 +32,7 @@ from core.errors import UserInputError
 from harness import metrics, systems
 from harness.config import RunConfig
 from harness.experiments import reference
+from harness.experiments.bench import unit_sizes
 from harness.experiments.compare import plan_key, shared_plans, system_config
 from harness.experiments.suite import Cell, Suite
 from harness.reporting import tracking
@@ -134,11 +135,10 @@ class _Group:
             raise UserInputError(f"{cell.key}: the training set ({self.n_train} samples) "
                                  f"holds no minibatch of {m} x {b}")
         never = 1e9 if self.workload.higher_is_better else -1e9  # every epoch runs
-        if system.microbatched:  # m microbatches of b
-            return system_config(self.base, cell.system, plan, target=never, epochs=cell.epochs,
-                                 max_steps_per_epoch=k, batch_size=m * b, microbatches=m)
+        batch, steps = unit_sizes(system.microbatched, m, b, k)
+        micro = {"microbatches": m} if system.microbatched else {}  # m microbatches of b
         return system_config(self.base, cell.system, plan, target=never, epochs=cell.epochs,
-                             max_steps_per_epoch=k * m, batch_size=b)
+                             max_steps_per_epoch=steps, batch_size=batch, **micro)
 
 
 def failure_note(message: str) -> str:
