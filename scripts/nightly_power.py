@@ -56,9 +56,15 @@ def _bench(suite: str, out: Path, plants: list[str], reuse: bool,
     return load_result(out)
 
 
+def _pair(base: dict, cur: dict) -> tuple[list[regressions.Change], float]:
+    """``cur`` judged against ``base`` as `pipebench regressions` judges a pair: its changes,
+    at the level per metric the rule gives the pair (``regressions.family_alpha``)."""
+    level = regressions.family_alpha([base], cur)[0]
+    return regressions.compare_results([base], cur, level), level
+
+
 def _flags(base: dict, cur: dict) -> list[regressions.Change]:
-    return [c for c in regressions.compare_results([base], cur)
-            if c.verdict in verdicts.BROKEN]
+    return [c for c in _pair(base, cur)[0] if c.verdict in verdicts.BROKEN]
 
 
 # the throughput figures: epoch-based and steady-state, each raw and drift-cancelled; the
@@ -96,23 +102,24 @@ def _judged(key: str, pairs: list[tuple[int, list[regressions.Change]]]
     return judged
 
 
-def _repeats_for(cell: dict, judged: list[str]) -> float | None:
+def _repeats_for(cell: dict, judged: list[str], level: float) -> float | None:
     """The fewest repeats a side at which the stabler judged figure of ``cell`` (its noise
-    in this run) would see a ``verdicts.TARGET_MDC`` change in a pair of results (inf: over
-    1000; None: no noise estimate)."""
+    in this run) would see a ``verdicts.TARGET_MDC`` change in a pair of results tested at
+    ``level`` per metric (inf: over 1000; None: no noise estimate)."""
     sds = [verdicts.noise([cell["metrics"][n]["values"]]) for n in judged
            if n in cell.get("metrics", {})]
     sds = [s for s in sds if math.isfinite(s)]
     if not sds:
         return None
-    return verdicts.repeats_for(min(sds)) or math.inf
+    return verdicts.repeats_for(min(sds), alpha=level) or math.inf
 
 
-def _night_mdc(key: str, runs: list[dict]) -> str:
+def _night_mdc(key: str, runs: list[dict], level: float) -> str:
     """What the nightly's two-night label could see in cell ``key``: the A runs taken as
     nights (each its repeats' mean log; their deviation the night-level noise), a history
-    of ``WINDOW`` such nights, ``verdicts.consecutive_mdc``; of each raw / drift-cancelled
-    pair the figure the rule would judge on these nights (``regressions.not_judged``)."""
+    of ``WINDOW`` such nights, ``verdicts.consecutive_mdc`` at ``level`` per metric; of each
+    raw / drift-cancelled pair the figure the rule would judge on these nights
+    (``regressions.not_judged``)."""
     cells = [c for r in runs for c in r["cells"] if c["key"] == key]
     loud = regressions.not_judged(cells)
     out = []
@@ -122,7 +129,7 @@ def _night_mdc(key: str, runs: list[dict]) -> str:
             continue
         sd = verdicts.noise(groups)
         if math.isfinite(sd):
-            out.append(f"{name} {100 * verdicts.consecutive_mdc(sd, WINDOW):.1f}%")
+            out.append(f"{name} {100 * verdicts.consecutive_mdc(sd, WINDOW, level):.1f}%")
     return ", ".join(out) or "-"
 
 
@@ -140,7 +147,8 @@ def _nightly_labels(runs: list[dict]) -> tuple[list[tuple[int, regressions.Chang
     rule could label at all."""
     labels, labelled = [], 0
     for k in range(1, len(runs)):
-        got = [c for c in regressions.over_nights(runs[:k], runs[k], WINDOW)
+        level = regressions.family_alpha(runs[:k][-WINDOW:], runs[k])[0]
+        got = [c for c in regressions.over_nights(runs[:k], runs[k], WINDOW, level)
                if c.name in METRICS]
         labelled += any(c.verdict in LABELS or c.verdict == "changed-within-noise"
                         for c in got)
@@ -149,8 +157,10 @@ def _nightly_labels(runs: list[dict]) -> tuple[list[tuple[int, regressions.Chang
 
 
 def _aa_section(base: dict, runs: list[dict]) -> list[str]:
-    pairs = [(i, regressions.compare_results([runs[i - 1]], r))
-             for i, r in enumerate(runs[1:], 1)]
+    judged_pairs = {i: _pair(runs[i - 1], r) for i, r in enumerate(runs[1:], 1)}
+    pairs = [(i, ch) for i, (ch, _) in judged_pairs.items()]
+    levels = {i: level for i, (_, level) in judged_pairs.items()}
+    level = levels[1]  # A1 vs A2's: the level of the per-cell columns below
     labels, labelled = _nightly_labels(runs)
     rows, needs = [], []
     for cell in base["cells"]:
@@ -159,13 +169,13 @@ def _aa_section(base: dict, runs: list[dict]) -> list[str]:
         false = sum(1 for _, ch in pairs for c in ch if c.cell == key
                     and c.verdict in verdicts.BROKEN)
         nightly = [f"A{k + 1} {c.verdict}" for k, c in labels if c.cell == key]
-        needs.append(_repeats_for(cell, sorted(judged)))
+        needs.append(_repeats_for(cell, sorted(judged), level))
         rows.append((key, f"{_median(cell, metrics.STEADY_THROUGHPUT) or 0:.0f}",
                      *(_spread(cell, n) for n in THROUGHPUTS),
                      ", ".join(sorted(judged)) or "none (no noise estimate)",
                      ", ".join(f"{100 * statistics.median(v):.1f}%"
                                for _, v in sorted(judged.items())) or "-",
-                     _night_mdc(key, runs),
+                     _night_mdc(key, runs, level),
                      _need_text(needs[-1]), f"{false} of {len(pairs)}",
                      ", ".join(nightly) or "none"))
     flagged = [c for _, ch in pairs for c in ch if c.verdict in verdicts.BROKEN]
@@ -191,9 +201,12 @@ def _aa_section(base: dict, runs: list[dict]) -> list[str]:
             "judged as "
             f"`pipebench regressions --history {WINDOW}` judges a night, against the runs "
             "before it (a break on one night is `suspicious`, on two in a row a "
-            f"`regression`, each of the two at the rate that makes the pair's "
-            f"{verdicts.ALPHA:g}; under {verdicts.MIN_HISTORY} runs before the night before, "
-            "`insufficient data`).", "",
+            "`regression`, each of the two at the rate that makes the pair's rate the "
+            f"night's level per metric; under {verdicts.MIN_HISTORY} runs before the night "
+            "before, `insufficient data`). Each pair and night is tested at its own level "
+            "per metric (the rule's rate per comparison over its judged metrics); the two "
+            f"nights' MDC and the repeats for {verdicts.TARGET_MDC:.0%} are at A1 vs A2's, "
+            f"{level:.2g}.", "",
             *markdown_table(("cell", "steady samples/s (A1)",
                              *(f"spread {n}" for n in THROUGHPUTS), "judged on", "MDC",
                              "two nights' MDC",
@@ -201,7 +214,8 @@ def _aa_section(base: dict, runs: list[dict]) -> list[str]:
                              "as the nightly labels it"), rows),
             "", _budget(base["suite"]["repeats"], needs),
             "", f"Suites with at least one false alarm: {suites} of {len(pairs)} A/A pairs "
-            f"({len(flagged)} flags in all).", "", *_by_metric(pairs), *between.report(runs, pairs),
+            f"({len(flagged)} flags in all).", "", *_by_metric(pairs),
+            *between.report(runs, pairs, levels),
             *_by_label(labels, labelled, len(runs))]
 
 

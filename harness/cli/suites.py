@@ -43,6 +43,8 @@ _BatchSize = Annotated[int | None, typer.Option(
     help="ad hoc: microbatch size b (default: the workload's batch size)")]
 _Microbatches = Annotated[int | None, typer.Option(
     help="ad hoc: flush pipelines' microbatches (default 4 x stages)")]
+_Render = Annotated[str | None, typer.Option(help="write the report of a suite result "
+                                             "already run (its JSON); run nothing")]
 _Plant = Annotated[list[str] | None, typer.Option(
     help="a planted regression, to measure the detector: SYSTEM=FAULT, e.g. "
          "pipedream=slow:*:*:1.1 (every compute action of every rank of pipedream's runs "
@@ -86,6 +88,7 @@ def bench(
     device: Annotated[str, typer.Option(help="ad hoc: auto, cpu or cuda")] = "auto",
     experiment: Annotated[str, typer.Option(help="MLflow experiment")] = "pipebench-suite",
     plant: _Plant = None,
+    render: _Render = None,
     output: Output = None,
     quiet: Quiet = False,
     launcher: Launcher = LAUNCHERS[0],
@@ -104,8 +107,10 @@ def bench(
     from harness.experiments import bench as bench_lib
     from harness.experiments.suite_run import run_suite
     from harness.reporting.progress import Progress
-    from harness.reporting.results import write_result
+    from harness.reporting.results import load_result, write_result
 
+    if render:  # the report of a result already run
+        return emit(bench_lib.markdown(load_result(render), command_line()), output, quiet)
     check_launcher(flags)
     require_output(json_out, "--json")
     require_output(output)
@@ -123,12 +128,13 @@ def bench(
     if json_out:
         write_result(result, json_out)
     emit(bench_lib.markdown(result, command_line()), output, quiet)
-    if not quiet:
-        _where(result, json_out)
+    _where(result, json_out, quiet)
 
 
-def _where(result: dict, json_out: str | None) -> None:
+def _where(result: dict, json_out: str | None, quiet: bool) -> None:
     """bench's closing lines: where the result went (none with --quiet)."""
+    if quiet:
+        return
     if json_out:
         console.print(f"wrote {json_out}")
     if result["mlflow"]:
@@ -189,8 +195,9 @@ def regressions(
     history_dir: Annotated[str | None, typer.Option(help="with --history: read it from the "
                                                     "suite results (*.json) here")] = None,
     alpha: Annotated[float | None, typer.Option(
-        help="false-alarm rate per metric of the test that judges noisy metrics "
-             "(default: harness.reporting.verdicts.ALPHA)")] = None,
+        help="false-alarm rate per comparison: the chance that any judged noisy metric "
+             "flags where nothing changed, split equally over them "
+             "(default: harness.reporting.verdicts.SUITE_ALPHA)")] = None,
     show_all: Annotated[bool, typer.Option("--all", help="also list moves within the "
                                            "noise")] = False,
     output: Output = None,
@@ -201,19 +208,17 @@ def regressions(
     Exit code 1 on a regression."""
     from core.markdown import markdown_table
     from harness.reporting import regressions as reg
+    from harness.reporting import verdicts
     from harness.reporting.store import load_result_or_run
 
     _check_against(baseline, history, experiment, history_dir)
     require_output(output)
-    from harness.reporting import verdicts
-
-    alpha = verdicts.ALPHA if alpha is None else alpha
-    if not 0 < alpha < 0.5:
-        raise UserInputError(f"--alpha must be in (0, 0.5) (got {alpha})")
+    rate = _rate(alpha)
     cur = load_result_or_run(current)
     if baseline is not None:
         bases, against = [load_result_or_run(baseline)], baseline
-        changes = reg.compare_results(bases, cur, alpha)
+        level, judged = reg.family_alpha(bases, cur, rate)
+        changes = reg.compare_results(bases, cur, level)
     else:  # one result more: the night before is judged against its own history
         bases, where = _history(cur, history + 1, experiment, history_dir)
         against = (f"the last {len(bases[-history:])} {cur['suite']['name']} result(s) "
@@ -223,18 +228,29 @@ def regressions(
                  f"of machine {cur['environment']['machine']!r} {where}: nothing to "
                  "compare.\n", output)
             return
-        changes = reg.over_nights(bases, cur, history, alpha)
+        level, judged = reg.family_alpha(bases[-history:], cur, rate)
+        changes = reg.over_nights(bases, cur, history, level)
     lines = [f"# Regressions: {current} against {against}", "", reg.compared(bases, cur),
-             "", f"Rule: {verdicts.rule_text(alpha)}.", "", *reg.switches_differ(bases, cur)]
+             "", f"Rule: {verdicts.rule_text(rate, judged)}.", "",
+             *reg.switches_differ(bases, cur)]
     table = reg.rows(changes, show_all)
     lines += markdown_table(reg.COLUMNS, table) if table else ["Nothing moved beyond "
                                                                "the noise."]
-    lines += ["", reg.detectability(changes)]
     verdict = "REGRESSION" if reg.has_regression(changes) else "no regression"
-    lines += ["", f"Verdict: {verdict}."]
+    lines += ["", reg.detectability(changes), "", f"Verdict: {verdict}."]
     emit("\n".join(lines) + "\n", output)
     if reg.has_regression(changes):
         raise typer.Exit(1)
+
+
+def _rate(alpha: float | None) -> float:
+    """``--alpha``: the rate per comparison (``verdicts.SUITE_ALPHA`` unless given), checked."""
+    from harness.reporting import verdicts
+
+    rate = verdicts.SUITE_ALPHA if alpha is None else alpha
+    if not 0 < rate < 0.5:
+        raise UserInputError(f"--alpha must be in (0, 0.5) (got {rate})")
+    return rate
 
 
 def _check_against(baseline: str | None, history: int | None, experiment: str | None,

@@ -14,7 +14,8 @@ steps excluded, and its steady-state throughput the median over windows of minib
 completions (``harness.experiments.steady``: fill, drain and evaluation excluded); a
 cell's is the median over repeats (``harness.reporting.results``), shown with the
 interval of the repeats' geometric mean and the cell's minimum detectable change
-(``results.cell_mdc``). Time-to-target cells run seed r in repeat r, and each pair of
+(``results.cell_mdc``, at the level per metric ``regressions.family_alpha`` gives a
+comparison of two such results). Time-to-target cells run seed r in repeat r, and each pair of
 systems is tested for "reaches the target faster" over those seeds (``seed_claims``).
 
 Targets (issue 24), reported, never asserted (``checks``): each of our flush pipelines
@@ -32,7 +33,7 @@ import math
 from core.markdown import markdown_table
 from harness import metrics, systems
 from harness.experiments.suite import Cell, Suite
-from harness.reporting import verdicts
+from harness.reporting import regressions, verdicts
 from harness.reporting.results import cell_row, overhead_table
 from pipedream_impl.runtime import SPAWN_LAUNCHER, STAGE_EXECUTOR
 from pipedream_impl.schedule import registry as schedules
@@ -169,6 +170,11 @@ def markdown(result: dict, command: str = "") -> str:
               "and slowest dropped), spread = "
               "(max - min) / median; `~` marks a cell whose spread exceeds "
               f"{100 * result['rule']['stability']:.0f}% (unstable).", ""]
+    level, judged = regressions.family_alpha([result], result)
+    lines += [f"MDC: the smallest change of the cell's steady throughput that `pipebench "
+              f"regressions` would flag with {verdicts.POWER:.0%} probability against "
+              f"another result like this one, whose {judged} judged metrics it tests at "
+              f"{verdicts.SUITE_ALPHA:g} / {judged} = {level:.2g} each.", ""]
     groups: dict[tuple, list[dict]] = {}
     for c in result["cells"]:
         groups.setdefault((c["workload"], c["scale"], c["workers"], c["mode"],
@@ -180,7 +186,7 @@ def markdown(result: dict, command: str = "") -> str:
                  for c in cells if metrics.THROUGHPUT in c.get("metrics", {})}
         single = next((v for s, v in rates.items()
                        if systems.get(s).kind == "one-process"), None)
-        lines += markdown_table(COLUMNS, [cell_row(c, single) for c in cells])
+        lines += markdown_table(COLUMNS, [cell_row(c, single, level) for c in cells])
         values = {c["system"]: c["metrics"][metrics.THROUGHPUT]["values"]
                   for c in cells if metrics.THROUGHPUT in c.get("metrics", {})}
         goals = checks(rates, values) if mode == "throughput" else []

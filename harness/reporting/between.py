@@ -42,7 +42,7 @@ from scipy import stats
 
 from core.markdown import markdown_table
 from harness.reporting import verdicts
-from harness.reporting.results import METRICS
+from harness.reporting.regressions import judged
 
 if TYPE_CHECKING:
     from harness.reporting.regressions import Change
@@ -94,21 +94,15 @@ def pair_rate(ratio: float, repeats: int, alpha: float = verdicts.ALPHA) -> floa
     return float(stats.t.sf(critical / math.sqrt(ratio), df))
 
 
-def _judged(changes: list[Change]) -> list[Change]:
-    """The noisy metrics a pair judged with a noise estimate (a finite MDC: not the twin
-    left unjudged, not too few repeats)."""
-    return [c for c in changes if c.name in METRICS and c.mdc is not None
-            and math.isfinite(c.mdc) and not c.verdict.startswith("not judged")]
-
-
-def report(runs: list[dict], pairs: list[tuple[int, list[Change]]]) -> list[str]:
+def report(runs: list[dict], pairs: list[tuple[int, list[Change]]],
+           levels: dict[int, float]) -> list[str]:
     """Report lines: each noisy metric's ``ratio`` over all ``runs`` and in each pair
     (``pairs``: the index of each later run and its changes against the run before, as
-    ``regressions.compare_results`` gives them), and each pair's flags, either direction,
-    beside those expected at ``verdicts.ALPHA`` and at the pair's own ratios (twice
-    ``pair_rate`` a metric: the rule tests each direction at its rate); none where no pair
-    judged a metric with a noise estimate."""
-    names = sorted({c.name for _, ch in pairs for c in _judged(ch)})
+    ``regressions.compare_results`` gives them at the pair's level per metric,
+    ``levels[i]``), and each pair's flags, either direction, beside those expected at that
+    level and at the pair's own ratios (twice ``pair_rate`` a metric: the rule tests each
+    direction at its rate); none where no pair judged a metric with a noise estimate."""
+    names = sorted({c.name for _, ch in pairs for c in judged(ch)})
     if not names:
         return []
     ratio = {(i, n): inflation(runs[i - 1:i + 1], n) for i, _ in pairs for n in names}
@@ -116,12 +110,12 @@ def report(runs: list[dict], pairs: list[tuple[int, list[Change]]]) -> list[str]
              *(f"{ratio[i, n].ratio:.2f}" for i, _ in pairs)) for n in names]
     tally = []
     for i, ch in pairs:
-        judged = _judged(ch)
-        expect = sum(2 * pair_rate(max(1.0, ratio[i, c.name].ratio), ratio[i, c.name].repeats)
-                     for c in judged)
-        tally.append((f"A{i} vs A{i + 1}", str(len(judged)),
-                      str(sum(c.verdict in verdicts.BROKEN for c in judged)),
-                      f"{2 * verdicts.ALPHA * len(judged):.2f}", f"{expect:.2f}"))
+        its = judged(ch)
+        expect = sum(2 * pair_rate(max(1.0, ratio[i, c.name].ratio), ratio[i, c.name].repeats,
+                                   levels[i]) for c in its)
+        tally.append((f"A{i} vs A{i + 1}", str(len(its)), f"{levels[i]:.2g}",
+                      str(sum(c.verdict in verdicts.BROKEN for c in its)),
+                      f"{2 * levels[i] * len(its):.2f}", f"{expect:.2f}"))
     return ["Between results: how much more the runs' means vary than their repeats predict "
             "(variance of the means over the repeats' variance / n, pooled over the cells "
             "that ran in every run compared; 1: the repeats tell the whole noise; "
@@ -130,14 +124,14 @@ def report(runs: list[dict], pairs: list[tuple[int, list[Change]]]) -> list[str]
                             rows), "",
             "The pair test takes the repeats as the whole noise, so at a ratio r its "
             "false-alarm rate per metric and direction is P(T > t_crit / sqrt(r)) instead of "
-            f"{verdicts.ALPHA:g}. Each pair's flags (either direction) against those "
-            "expected at that rate and at the pair's own measured ratios (a ratio under 1 "
+            "the level it tests at. Each pair's flags (either direction) against those "
+            "expected at its level and at the pair's own measured ratios (a ratio under 1 "
             "counted as 1). Two caveats: a pair's ratio is measured on the same two runs "
             "whose flags it is set beside, so it is a consistency check, not a forecast; "
             "and one pooled ratio per metric stands for all its cells, where a machine-wide "
             "shift would raise the quiet cells' own ratio above it and the noisy cells' "
             "below, so the expected count is, if anything, low. On one commit every flag "
             "is a false alarm; across commits a real change also raises the ratio.", "",
-            *markdown_table(("pair", "judged metrics", "flags",
-                             f"expected at {verdicts.ALPHA:g}",
-                             "expected at the measured ratios"), tally), ""]
+            *markdown_table(("pair", "judged metrics", "level per metric", "flags",
+                             "expected at that level", "expected at the measured ratios"),
+                            tally), ""]

@@ -115,8 +115,9 @@ def judge_nights(results: list[dict], window: int) -> list[tuple[dict, dict]]:
     previous one), and ``regressions.over_nights``'s changes. Computed once per page."""
     out = []
     for i, result in enumerate(results):
-        base = reg.compare_results(reg.judged_against(results[:i], window), result)
-        labels = reg.over_nights(results[:i], result, window) if i else []
+        level = reg.family_alpha(results[:i][-window:], result)[0]  # as over_nights'
+        base = reg.compare_results(reg.judged_against(results[:i], window), result, level)
+        labels = reg.over_nights(results[:i], result, window, level) if i else []
         out.append(({(c.cell, c.name): c for c in base},
                     {(c.cell, c.name): c for c in labels}))
     return out
@@ -127,12 +128,12 @@ def history_points(results: list[dict], key: str, name: str, window: int,
     """The nights of cell ``key``'s metric ``name`` (``plots.history``'s points). A point is
     the geometric mean of the night's repeats with its interval (what ``verdicts.test``
     judges); its band is the range the rule counts as noise for that figure that night
-    (one night alone, at the rule's alpha), against the nights ``regressions.over_nights``
-    judges it on (a regression needs two nights beyond a narrower threshold, which the
-    hover gives); its verdict is
-    ``over_nights``'s for the figure or its drift-cancelled twin, whichever the rule judged
-    (so a night can be flagged on the twin while inside this figure's band: the hover
-    names the figure flagged). ``judged``: ``judge_nights(results, window)``."""
+    (one night alone, at the level per metric ``regressions.family_alpha`` gives the night
+    against its history), against the nights ``regressions.over_nights`` judges it on (a
+    regression needs two nights beyond a narrower threshold, which the hover gives); its
+    verdict is ``over_nights``'s for the figure or its drift-cancelled twin, whichever the
+    rule judged (so a night can be flagged on the twin while inside this figure's band:
+    the hover names the figure flagged). ``judged``: ``judge_nights(results, window)``."""
     judged = judged or judge_nights(results, window)
     twins = (name, metrics.DRIFT_PAIRS.get(name, name))
     points = []

@@ -14,8 +14,10 @@ Rules (the cell key matches cells across results; see ``results`` for the statis
 - a noisy metric (``results.METRICS``) is judged by ``verdicts.test``: a one-sided t-test
   of the repeats' logs against one or two baselines, or of the result against the
   prediction interval of a history of results, at a false-alarm rate ``alpha`` per metric
-  (``verdicts.ALPHA`` unless given); each change carries the smallest move the cell could
-  have flagged (``threshold``) and its minimum detectable change (``mdc``); of a figure
+  (``verdicts.ALPHA`` unless given; the reports pass ``family_alpha``'s: a rate per
+  comparison split over its ``judged`` metrics); each change carries the smallest move
+  the cell could have flagged (``threshold``) and its minimum detectable change
+  (``mdc``); of a figure
   measured raw and cancelled for the machine's drift (``metrics.DRIFT_PAIRS``) only one
   is judged, the other is listed as not judged: the drift-cancelled one where the cell's
   drift reference moved between the baseline and the current result (``verdicts.moved``:
@@ -46,7 +48,7 @@ from harness.reporting import verdicts
 from harness.reporting.results import COUNTERS, METRICS, summarise
 
 __all__ = ["COLUMNS", "Change", "compare_results", "compared", "detectability",
-           "has_regression",
+           "family_alpha", "has_regression", "judged",
            "judged_against", "not_judged", "over_nights", "reference_moved", "rows",
            "switches_differ"]
 
@@ -108,6 +110,22 @@ def compare_results(baselines: list[dict], current: dict,
         out += _reach_changes(key, pooled[key], c)
     out += [Change(k, "cell", "new") for k in sorted(set(cur) - set(newest) - set(pooled))]
     return out
+
+
+def judged(changes: list[Change]) -> list[Change]:
+    """The noisy metrics a comparison judged with a noise estimate (a finite MDC: not the
+    twin left unjudged, not too few repeats): those that could flag."""
+    return [c for c in changes if c.name in METRICS and c.mdc is not None
+            and math.isfinite(c.mdc) and not c.verdict.startswith("not judged")]
+
+
+def family_alpha(baselines: list[dict], current: dict,
+                 rate: float = verdicts.SUITE_ALPHA) -> tuple[float, int]:
+    """The level per metric at which comparing ``current`` with ``baselines`` flags falsely
+    at ``rate`` at most (``verdicts.per_metric``), and how many metrics it judges (which
+    metrics are judged does not depend on the level)."""
+    m = len(judged(compare_results(baselines, current)))
+    return verdicts.per_metric(m, rate), m
 
 
 def over_nights(history: list[dict], current: dict, window: int,

@@ -283,6 +283,7 @@ def test_regressions_against_a_directory_of_results(suite_result: dict,
     assert r.returncode == 1, r.stdout + r.stderr
     text = report.read_text()
     assert "| regression | vgg16/tiny/w2/pipedream/throughput" in text, text
+    assert "false-alarm rate of 0.05 per comparison" in text, text  # the rule's rate
     assert f"the last 2 test-tiny result(s) of this machine in {history}" in text, text
     sha = suite_result["environment"]["git_sha"]  # the commits and times compared
     assert (f"Current: {sha} (2000-01-04T00:00:00+00:00). Against: {sha} "
@@ -296,6 +297,24 @@ def test_regressions_against_a_directory_of_results(suite_result: dict,
               str(page)], uri)
     assert r.returncode == 0, r.stdout + r.stderr
     assert re.search(r"\(5\s+suite\s+result\(s\)\)", r.stdout), r.stdout
+
+
+def test_bench_render_reports_a_stored_result_and_runs_nothing(server: str, suite_result: dict,
+                                                              tmp_path: Path) -> None:
+    """``bench --render`` writes the report of a result already run: every system's row
+    and the level its MDC column is stated at, and no run reaches the store."""
+    stored = tmp_path / "result.json"
+    stored.write_text(json.dumps(suite_result))
+    before = len(_runs(server))
+    report = tmp_path / "report.md"
+    r = _run(["bench", "--render", str(stored), "-o", str(report), "--quiet"], server)
+    assert r.returncode == 0, r.stdout + r.stderr
+    text = report.read_text()
+    assert f"bench --render {stored}" in text, text
+    for system in ("single", "pipedream", "ddp"):
+        assert f"| {system} | ok" in text, text
+    assert "judged metrics it tests at 0.05 /" in text, text
+    assert len(_runs(server)) == before
 
 
 def _hover_and_filter(page) -> dict:  # noqa: ANN001 - a Playwright page

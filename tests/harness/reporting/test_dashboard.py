@@ -15,7 +15,7 @@ from scipy import stats
 from harness import metrics
 from harness.reporting.dashboard import build_dashboard, history_points
 from harness.reporting.results import SCHEMA, summarise
-from harness.reporting.verdicts import ALPHA, HISTORY_RESULTS, MIN_CHANGE
+from harness.reporting.verdicts import HISTORY_RESULTS, MIN_CHANGE, SUITE_ALPHA
 
 KEY = "vgg16/tiny/w2/pipedream/throughput"
 NAME = metrics.STEADY_THROUGHPUT
@@ -66,7 +66,8 @@ def test_the_band_is_the_prediction_interval_of_the_nights_it_is_judged_against(
         n = len(means)
         centre = sum(means) / n
         sd = math.sqrt(sum((m - centre) ** 2 for m in means) / (n - 1))
-        half = max(stats.t.ppf(1 - ALPHA, n - 1) * sd * math.sqrt(1 + 1 / n),
+        level = SUITE_ALPHA / 2  # the rate per comparison over its 2 judged metrics
+        half = max(stats.t.ppf(1 - level, n - 1) * sd * math.sqrt(1 + 1 / n),
                    math.log1p(MIN_CHANGE))  # no move under MIN_CHANGE is flagged
         low, high = points[i]["band"]
         assert (low, high) == pytest.approx((math.exp(centre - half), math.exp(centre + half)))

@@ -109,12 +109,15 @@ def test_by_metric_says_nothing_without_flags() -> None:
 
 # --- the repeats for 10%: _judged, _repeats_for, _need_text ------------------------------
 
-def _sd_star(n: int) -> float:
+LEVEL = 0.001  # the level per metric the pair is tested at (an input of _repeats_for)
+
+
+def _sd_star(n: int, level: float = LEVEL) -> float:
     """The largest noise (deviation of the logs) whose MDC at n repeats a side is 10%:
-    (t_{1-ALPHA} + t_{POWER}) * sd * sqrt(2/n) = log(1.1), df = 2n - 2, where the 2% floor
+    (t_{1-level} + t_{POWER}) * sd * sqrt(2/n) = log(1.1), df = 2n - 2, where the 2% floor
     does not bind (checked)."""
     df = 2 * n - 2
-    t_a, t_p = stats.t.ppf(1 - 0.001, df), stats.t.ppf(0.9, df)
+    t_a, t_p = stats.t.ppf(1 - level, df), stats.t.ppf(0.9, df)
     sd = math.log(1.1) / ((t_a + t_p) * math.sqrt(2 / n))
     assert t_a * sd * math.sqrt(2 / n) > math.log(1.02)  # the floor does not bind here
     return sd
@@ -131,8 +134,11 @@ def _cell_with(**sds: float | None) -> dict:
 @pytest.mark.parametrize("n", [2, 3, 5, 8, 20, 100])
 def test_repeats_for_is_the_first_n_whose_mdc_reaches_10_percent(n: int) -> None:
     edge = _sd_star(n)
-    assert np_._repeats_for(_cell_with(**{THR: edge * (1 - 1e-6)}), [THR]) == n
-    assert np_._repeats_for(_cell_with(**{THR: edge * (1 + 1e-6)}), [THR]) == n + 1
+    assert np_._repeats_for(_cell_with(**{THR: edge * (1 - 1e-6)}), [THR], LEVEL) == n
+    assert np_._repeats_for(_cell_with(**{THR: edge * (1 + 1e-6)}), [THR], LEVEL) == n + 1
+    # at a suite's smaller level per metric the same noise needs more
+    strict = _sd_star(n, 0.05 / 480)
+    assert np_._repeats_for(_cell_with(**{THR: strict * (1 - 1e-6)}), [THR], 0.05 / 480) == n
 
 
 def test_repeats_for_takes_the_stabler_judged_figure_only() -> None:
@@ -140,14 +146,14 @@ def test_repeats_for_takes_the_stabler_judged_figure_only() -> None:
     cell = _cell_with(**{THR: 0.5, STEADY: edge5 * 0.999,  # judged: the stabler wins
                          PER_REF: 1e-4,  # quieter, but not judged: ignored
                          STEADY_REF: None})  # judged, one value: no estimate
-    assert np_._repeats_for(cell, [STEADY, STEADY_REF, THR]) == 5
-    assert np_._repeats_for(cell, [THR, "absent"]) == math.inf  # 0.5 > sd*(1000)
-    assert np_._repeats_for(_cell_with(**{THR: edge12 * 0.999}), [THR]) == 12
-    assert np_._repeats_for(cell, [STEADY_REF]) is None
-    assert np_._repeats_for(cell, []) is None
+    assert np_._repeats_for(cell, [STEADY, STEADY_REF, THR], LEVEL) == 5
+    assert np_._repeats_for(cell, [THR, "absent"], LEVEL) == math.inf  # 0.5 > sd*(1000)
+    assert np_._repeats_for(_cell_with(**{THR: edge12 * 0.999}), [THR], LEVEL) == 12
+    assert np_._repeats_for(cell, [STEADY_REF], LEVEL) is None
+    assert np_._repeats_for(cell, [], LEVEL) is None
     assert _sd_star(1000) < 0.5  # why 0.5 needs over 1000 a side
     # noise zero: the MDC is the 2% floor, under 10% at the fewest repeats with a df
-    assert np_._repeats_for(_cell_with(**{THR: 0.0}), [THR]) == 2
+    assert np_._repeats_for(_cell_with(**{THR: 0.0}), [THR], LEVEL) == 2
     assert [np_._need_text(v) for v in (None, math.inf, 7)] == ["-", "> 1000", "7"]
 
 
@@ -299,10 +305,13 @@ def test_between_section_ratio_by_hand_and_expected_flags_in_the_aa_section() ->
     lines = np_._aa_section(runs[0], runs)
     start = next(i for i, s in enumerate(lines) if s.startswith("Between results"))
     assert lines[start + 4] == f"| {THR} | 6.50 | 6.50 |"
-    # the pair's expected flags: 2 judged metrics, each direction at the rate a ratio of
-    # 6.5 gives a pair test of 2 + 2 repeats (2 degrees of freedom), P(T_2 > t / sqrt(6.5))
-    rate = stats.t.sf(stats.t.ppf(1 - 0.001, 2) / math.sqrt(6.5), 2)
-    assert lines[start + 10] == f"| A1 vs A2 | 2 | 0 | 0.00 | {4 * rate:.2f} |"
+    # the pair's 2 judged metrics are each tested at the rate per comparison over 2; the
+    # expected flags: each direction at the rate a ratio of 6.5 gives a pair test of 2 + 2
+    # repeats (2 degrees of freedom) at that level, P(T_2 > t / sqrt(6.5))
+    level = 0.05 / 2
+    rate = stats.t.sf(stats.t.ppf(1 - level, 2) / math.sqrt(6.5), 2)
+    assert lines[start + 10] == (f"| A1 vs A2 | 2 | {level:.2g} | 0 | {4 * level:.2f} | "
+                                 f"{4 * rate:.2f} |")
 
 
 def test_between_section_is_left_out_without_a_noise_estimate() -> None:
