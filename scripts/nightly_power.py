@@ -160,7 +160,9 @@ def _aa_section(base: dict, runs: list[dict]) -> list[str]:
     judged_pairs = {i: _pair(runs[i - 1], r) for i, r in enumerate(runs[1:], 1)}
     pairs = [(i, ch) for i, (ch, _) in judged_pairs.items()]
     levels = {i: level for i, (_, level) in judged_pairs.items()}
-    level = levels[1]  # A1 vs A2's: the level of the per-cell columns below
+    level = levels[1]  # A1 vs A2's: the level of a pair, for the repeats for 10%
+    # the last run as the nightly judges it against the runs before: the level of a night
+    night = regressions.family_alpha(runs[:-1][-WINDOW:], runs[-1])[0]
     labels, labelled = _nightly_labels(runs)
     rows, needs = [], []
     for cell in base["cells"]:
@@ -175,7 +177,7 @@ def _aa_section(base: dict, runs: list[dict]) -> list[str]:
                      ", ".join(sorted(judged)) or "none (no noise estimate)",
                      ", ".join(f"{100 * statistics.median(v):.1f}%"
                                for _, v in sorted(judged.items())) or "-",
-                     _night_mdc(key, runs, level),
+                     _night_mdc(key, runs, night),
                      _need_text(needs[-1]), f"{false} of {len(pairs)}",
                      ", ".join(nightly) or "none"))
     flagged = [c for _, ch in pairs for c in ch if c.verdict in verdicts.BROKEN]
@@ -204,9 +206,10 @@ def _aa_section(base: dict, runs: list[dict]) -> list[str]:
             "`regression`, each of the two at the rate that makes the pair's rate the "
             f"night's level per metric; under {verdicts.MIN_HISTORY} runs before the night "
             "before, `insufficient data`). Each pair and night is tested at its own level "
-            "per metric (the rule's rate per comparison over its judged metrics); the two "
-            f"nights' MDC and the repeats for {verdicts.TARGET_MDC:.0%} are at A1 vs A2's, "
-            f"{level:.2g}.", "",
+            "per metric (the rule's rate per comparison over its judged metrics); the "
+            f"repeats for {verdicts.TARGET_MDC:.0%} are at A1 vs A2's level, {level:.2g}, "
+            f"and the two nights' MDC at the last run's against the runs before it, "
+            f"{night:.2g}.", "",
             *markdown_table(("cell", "steady samples/s (A1)",
                              *(f"spread {n}" for n in THROUGHPUTS), "judged on", "MDC",
                              "two nights' MDC",
