@@ -95,9 +95,8 @@ def _judged(key: str, pairs: list[tuple[int, list[regressions.Change]]]
     drift twin, and only with a finite MDC: a noise estimate) -> its MDC in each pair."""
     judged: dict[str, list[float]] = {}
     for _, ch in pairs:
-        for c in ch:
-            if c.cell == key and c.name in THROUGHPUTS and c.mdc is not None \
-                    and math.isfinite(c.mdc) and not c.verdict.startswith("not judged"):
+        for c in regressions.judged(ch):
+            if c.cell == key and c.name in THROUGHPUTS:
                 judged.setdefault(c.name, []).append(c.mdc)
     return judged
 
@@ -147,7 +146,7 @@ def _nightly_labels(runs: list[dict]) -> tuple[list[tuple[int, regressions.Chang
     rule could label at all."""
     labels, labelled = [], 0
     for k in range(1, len(runs)):
-        level = regressions.family_alpha(runs[:k][-WINDOW:], runs[k])[0]
+        level = regressions.night_alpha(runs[:k], runs[k], WINDOW)[0]
         got = [c for c in regressions.over_nights(runs[:k], runs[k], WINDOW, level)
                if c.name in METRICS]
         labelled += any(c.verdict in LABELS or c.verdict == "changed-within-noise"
@@ -162,7 +161,7 @@ def _aa_section(base: dict, runs: list[dict]) -> list[str]:
     levels = {i: level for i, (_, level) in judged_pairs.items()}
     level = levels[1]  # A1 vs A2's: the level of a pair, for the repeats for 10%
     # the last run as the nightly judges it against the runs before: the level of a night
-    night = regressions.family_alpha(runs[:-1][-WINDOW:], runs[-1])[0]
+    night = regressions.night_alpha(runs[:-1], runs[-1], WINDOW)[0]
     labels, labelled = _nightly_labels(runs)
     rows, needs = [], []
     for cell in base["cells"]:

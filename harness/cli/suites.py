@@ -1,5 +1,6 @@
 """Commands of the nightly benchmark and the dashboards: ``bench`` (a suite, or one ad-hoc
-group), ``regressions``, ``compare`` (from the MLflow store) and ``dashboard``."""
+group), ``compare`` (from the MLflow store) and ``dashboard`` (``regressions``, which judges
+suite results: ``judging``)."""
 
 from __future__ import annotations
 
@@ -26,7 +27,7 @@ from harness.cli.options import (
 from harness.cli.slurm import check_launcher, job_argv, submit_job
 from pipedream_impl.runtime import LAUNCHERS
 
-__all__ = ["bench", "check_cells", "compare", "dashboard", "regressions"]
+__all__ = ["bench", "check_cells", "compare", "dashboard"]
 
 
 _Suite = Annotated[str | None, typer.Option(
@@ -107,10 +108,10 @@ def bench(
     from harness.experiments import bench as bench_lib
     from harness.experiments.suite_run import run_suite
     from harness.reporting.progress import Progress
-    from harness.reporting.results import load_result, write_result
+    from harness.reporting.results import write_result
 
     if render:  # the report of a result already run
-        return emit(bench_lib.markdown(load_result(render), command_line()), output, quiet)
+        return _render(flags)
     check_launcher(flags)
     require_output(json_out, "--json")
     require_output(output)
@@ -124,11 +125,24 @@ def bench(
                    job_argv("bench", bench, flags), quiet)
         return
     result = run_suite(spec, Progress(enabled=not quiet), experiment, repeats, plants,
-                       launcher)
+                       launcher, command_line())
     if json_out:
         write_result(result, json_out)
-    emit(bench_lib.markdown(result, command_line()), output, quiet)
+    emit(bench_lib.markdown(result), output, quiet)
     _where(result, json_out, quiet)
+
+
+def _render(f: SimpleNamespace) -> None:
+    """``bench --render``: the report of a suite result already run, at today's code (its
+    rule's level per metric, for one); nothing runs."""
+    from harness.experiments import bench as bench_lib
+    from harness.reporting.results import load_result
+
+    if f.suite or f.json_out or f.plant or f.repeats is not None:
+        raise UserInputError("--render writes the report of a suite result already run: "
+                             "give no --suite, --json, --plant or --repeats with it")
+    require_output(f.output)
+    emit(bench_lib.markdown(load_result(f.render), command_line()), f.output, f.quiet)
 
 
 def _where(result: dict, json_out: str | None, quiet: bool) -> None:
@@ -179,110 +193,6 @@ def check_cells(spec) -> None:  # noqa: ANN001 - a harness.experiments.suite.Sui
             batch_size=c.batch_size, threads=spec.threads, device=spec.device,
             workers=1 if one else c.workers, max_steps_per_epoch=c.steps,
             microbatches=c.microbatches))
-
-
-@app.command()
-def regressions(
-    current: Annotated[str, typer.Option(help="the suite result to judge: a JSON file or the "
-                                         "MLflow run id of a suite")],
-    baseline: Annotated[str | None, typer.Option(help="compare with this result (file or "
-                                                 "run id)")] = None,
-    history: Annotated[int | None, typer.Option(help="compare with the last N results of "
-                                                "the same suite on the same machine (the "
-                                                "MLflow store, or --history-dir)")] = None,
-    experiment: Annotated[str | None, typer.Option(help="MLflow experiment of the history "
-                                                   "(default: the current result's)")] = None,
-    history_dir: Annotated[str | None, typer.Option(help="with --history: read it from the "
-                                                    "suite results (*.json) here")] = None,
-    alpha: Annotated[float | None, typer.Option(
-        help="false-alarm rate per comparison: the chance that any judged noisy metric "
-             "flags where nothing changed, split equally over them "
-             "(default: harness.reporting.verdicts.SUITE_ALPHA)")] = None,
-    show_all: Annotated[bool, typer.Option("--all", help="also list moves within the "
-                                           "noise")] = False,
-    output: Output = None,
-) -> None:
-    """Compare suite results: exact counters must match, noisy metrics are judged by a test
-    with a stated false-alarm rate, and each says the smallest change it could detect.
-
-    Exit code 1 on a regression."""
-    from core.markdown import markdown_table
-    from harness.reporting import regressions as reg
-    from harness.reporting import verdicts
-    from harness.reporting.store import load_result_or_run
-
-    _check_against(baseline, history, experiment, history_dir)
-    require_output(output)
-    rate = _rate(alpha)
-    cur = load_result_or_run(current)
-    if baseline is not None:
-        bases, against = [load_result_or_run(baseline)], baseline
-        level, judged = reg.family_alpha(bases, cur, rate)
-        changes = reg.compare_results(bases, cur, level)
-    else:  # one result more: the night before is judged against its own history
-        bases, where = _history(cur, history + 1, experiment, history_dir)
-        against = (f"the last {len(bases[-history:])} {cur['suite']['name']} result(s) "
-                   f"of this machine {where}, labelled over nights")
-        if not bases:
-            emit(f"# Regressions: {current}\n\nNo earlier {cur['suite']['name']} result "
-                 f"of machine {cur['environment']['machine']!r} {where}: nothing to "
-                 "compare.\n", output)
-            return
-        level, judged = reg.family_alpha(bases[-history:], cur, rate)
-        changes = reg.over_nights(bases, cur, history, level)
-    lines = [f"# Regressions: {current} against {against}", "", reg.compared(bases, cur),
-             "", f"Rule: {verdicts.rule_text(rate, judged)}.", "",
-             *reg.switches_differ(bases, cur)]
-    table = reg.rows(changes, show_all)
-    lines += markdown_table(reg.COLUMNS, table) if table else ["Nothing moved beyond "
-                                                               "the noise."]
-    verdict = "REGRESSION" if reg.has_regression(changes) else "no regression"
-    lines += ["", reg.detectability(changes), "", f"Verdict: {verdict}."]
-    emit("\n".join(lines) + "\n", output)
-    if reg.has_regression(changes):
-        raise typer.Exit(1)
-
-
-def _rate(alpha: float | None) -> float:
-    """``--alpha``: the rate per comparison (``verdicts.SUITE_ALPHA`` unless given), checked."""
-    from harness.reporting import verdicts
-
-    rate = verdicts.SUITE_ALPHA if alpha is None else alpha
-    if not 0 < rate < 0.5:
-        raise UserInputError(f"--alpha must be in (0, 0.5) (got {rate})")
-    return rate
-
-
-def _check_against(baseline: str | None, history: int | None, experiment: str | None,
-                   history_dir: str | None) -> None:
-    """What ``regressions`` compares with: a baseline, or a history in the store or in a
-    directory (not both; ``--experiment`` names a store's experiment)."""
-    if (baseline is None) == (history is None):
-        raise UserInputError("give --baseline FILE|RUN or --history N (one of them)")
-    if history is not None and history < 1:
-        raise UserInputError(f"--history must be at least 1 (got {history})")
-    if history_dir is not None:
-        if history is None:
-            raise UserInputError("--history-dir needs --history N")
-        if experiment is not None:
-            raise UserInputError("--experiment names the store's history; --history-dir "
-                                 "reads files instead: give one of them")
-        _check_dir(history_dir)
-
-
-def _check_dir(directory: str) -> None:
-    if not Path(directory).is_dir():
-        raise UserInputError(f"--history-dir {directory}: no such directory")
-
-
-def _history(cur: dict, n: int, experiment: str | None,
-             directory: str | None) -> tuple[list[dict], str]:
-    """The last ``n`` results before ``cur`` (store or directory) and where they were found."""
-    from harness.reporting.store import file_history, suite_history
-
-    if directory is not None:
-        return file_history(cur, n, directory), f"in {directory}"
-    return suite_history(cur, n, experiment), "in the MLflow store"
 
 
 @app.command()
@@ -380,6 +290,7 @@ def dashboard(
     per sample, memory and bubble per worker, per-worker timelines; hover for values and
     run ids, filter by workload or system (plotly.js embedded: works offline). Each suite
     run also logs its page to MLflow as dashboard.html."""
+    from harness.cli.judging import check_dir
     from harness.reporting.dashboard import build_dashboard
     from harness.reporting.results import load_result
     from harness.reporting.store import dir_history, store_history
@@ -392,7 +303,7 @@ def dashboard(
     if json_in:
         results = [load_result(p) for p in json_in]
     elif history_dir is not None:
-        _check_dir(history_dir)
+        check_dir(history_dir)
         results = dir_history(history_dir, suite, history)
     else:
         results = store_history(experiment, suite, history)

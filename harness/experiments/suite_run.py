@@ -204,8 +204,9 @@ def _order(cells: list[Cell], repeat: int) -> list[Cell]:
 
 def run_suite(suite: Suite, progress: Progress, experiment: str = "pipebench-suite",
               repeats: int | None = None, plant: dict | None = None,
-              launcher: str = "local") -> dict:
-    """Run ``suite`` and return its result document (schema in ``results``); ``plant``:
+              launcher: str = "local", command: str = "") -> dict:
+    """Run ``suite`` and return its result document (schema in ``results``), ``command``
+    (the command line that ran it) recorded in it; ``plant``:
     {system: a straggler ``Fault``} injected into that system's runs (a planted
     regression, recorded in the result's ``suite.plant``); ``launcher``: where the cells'
     workers run (``srun``: across the Slurm allocation the suite runs in)."""
@@ -280,7 +281,7 @@ def run_suite(suite: Suite, progress: Progress, experiment: str = "pipebench-sui
                            curve={"seconds": summary.elapsed_s, "quality": summary.qualities},
                            timeline=_timeline(summary))
         out_cells = [_cell_result(c, record[c.key]) for c in cells]
-        result = {"schema": SCHEMA,
+        result = {"schema": SCHEMA, "command": command,
                   "created": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
                   "suite": {"name": suite.name, "description": suite.description,
                             "source": suite.source, "repeats": repeats,

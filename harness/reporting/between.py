@@ -36,16 +36,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from scipy import stats
 
 from core.markdown import markdown_table
 from harness.reporting import verdicts
-from harness.reporting.regressions import judged
-
-if TYPE_CHECKING:
-    from harness.reporting.regressions import Change
+from harness.reporting.regressions import Change, judged
 
 __all__ = ["Inflation", "inflation", "pair_rate", "report"]
 

@@ -115,7 +115,7 @@ def judge_nights(results: list[dict], window: int) -> list[tuple[dict, dict]]:
     previous one), and ``regressions.over_nights``'s changes. Computed once per page."""
     out = []
     for i, result in enumerate(results):
-        level = reg.family_alpha(results[:i][-window:], result)[0]  # as over_nights'
+        level = reg.night_alpha(results[:i], result, window)[0]  # over_nights' level
         base = reg.compare_results(reg.judged_against(results[:i], window), result, level)
         labels = reg.over_nights(results[:i], result, window, level) if i else []
         out.append(({(c.cell, c.name): c for c in base},
@@ -128,7 +128,7 @@ def history_points(results: list[dict], key: str, name: str, window: int,
     """The nights of cell ``key``'s metric ``name`` (``plots.history``'s points). A point is
     the geometric mean of the night's repeats with its interval (what ``verdicts.test``
     judges); its band is the range the rule counts as noise for that figure that night
-    (one night alone, at the level per metric ``regressions.family_alpha`` gives the night
+    (one night alone, at the level per metric ``regressions.night_alpha`` gives the night
     against its history), against the nights ``regressions.over_nights`` judges it on (a
     regression needs two nights beyond a narrower threshold, which the hover gives); its
     verdict is ``over_nights``'s for the figure or its drift-cancelled twin, whichever the

@@ -48,7 +48,7 @@ from harness.reporting import verdicts
 from harness.reporting.results import COUNTERS, METRICS, summarise
 
 __all__ = ["COLUMNS", "Change", "compare_results", "compared", "detectability",
-           "family_alpha", "has_regression", "judged",
+           "family_alpha", "has_regression", "judged", "night_alpha",
            "judged_against", "not_judged", "over_nights", "reference_moved", "rows",
            "switches_differ"]
 
@@ -126,6 +126,13 @@ def family_alpha(baselines: list[dict], current: dict,
     metrics are judged does not depend on the level)."""
     m = len(judged(compare_results(baselines, current)))
     return verdicts.per_metric(m, rate), m
+
+
+def night_alpha(history: list[dict], current: dict, window: int,
+                rate: float = verdicts.SUITE_ALPHA) -> tuple[float, int]:
+    """``family_alpha`` of the comparison ``over_nights`` labels tonight's noisy metrics on:
+    ``current`` against ``judged_against(history, window)``."""
+    return family_alpha(judged_against(history, window), current, rate)
 
 
 def over_nights(history: list[dict], current: dict, window: int,

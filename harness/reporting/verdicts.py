@@ -16,7 +16,7 @@ The rule (one metric of one cell; the values are its repeats, higher or lower be
   machine drifts between nights); the current result is tested against the prediction
   interval of the earlier ones: ``t = (m_c - mean(m)) / (s_m * sqrt(1 + 1/N))`` with
   N - 1 degrees of freedom (exact for normal noise: this is where drift counts).
-- Pair mode's rate is ``ALPHA`` where a result's repeats carry all of its noise; results
+- Pair mode's rate is its ``alpha`` where a result's repeats carry all of its noise; results
   run hours apart vary more than that (``between`` measures by how much from an A/A
   series, and ``between.pair_rate`` gives the rate of a pair test against one baseline
   at the measured ratio).
@@ -26,19 +26,20 @@ The rule (one metric of one cell; the values are its repeats, higher or lower be
   ``within-noise``; no degree of freedom is ``too-few-repeats``.
 - The rate is set per comparison, not per metric (``SUITE_ALPHA``, ``per_metric``): a
   night judges every noisy metric of every cell (the nightly several hundred), and at a
-  fixed rate per metric a comparison in which nothing changed flagged about ``m x alpha``
-  of them (at 0.001 a metric and 480 metrics, 38% of such nights flagged a regression,
-  where the repeats told the whole noise). So a comparison's ``m`` judged metrics are each
-  tested at
-  ``SUITE_ALPHA / m`` (Bonferroni; it holds whatever the metrics' dependence), and the
+  fixed rate per metric a comparison in which nothing changed flags about ``m x alpha``
+  of them (at 0.001 a metric, 480 independent metrics would flag a regression on
+  1 - 0.999^480 = 38% of unchanged nights where the noise model holds). So a
+  comparison's ``m`` judged metrics are each tested at ``SUITE_ALPHA / m`` (Bonferroni;
+  it holds whatever the metrics' dependence), and, where the noise model holds, the
   chance that a comparison of unchanged code flags any regression is at most
-  ``SUITE_ALPHA`` (and as much for improvements). The price is power: a cell's MDC is
+  ``SUITE_ALPHA`` (and as much for improvements; where results vary more than their
+  repeats say, pair mode flags more: ``between``). The price is power: a cell's MDC is
   stated at the level its comparison tests it at, so the same noise sees less in a
   suite of many metrics than in one of few. Benjamini-Hochberg would keep more power for
   a change that moves many cells at once (a regression of our runtime does), with the
   same rate where nothing changed, but a cell's MDC would then depend on the other cells'
-  moves; not taken. ``ALPHA`` is the per-metric default of the functions below (a
-  comparison of one metric).
+  moves; not taken. ``ALPHA`` is the level of the functions below where a caller gives
+  none.
 - A move smaller than ``MIN_CHANGE`` (as a log ratio, ``log(1 + MIN_CHANGE)`` either way)
   is never flagged, however small the noise: a figure that barely varies (peak memory, a
   near-deterministic bubble) would otherwise flag its allocator's wobble (re-judged over
@@ -46,8 +47,8 @@ The rule (one metric of one cell; the values are its repeats, higher or lower be
   The floor only lowers the false-alarm rate, and is far below ``TARGET_MDC``; where it
   binds, the MDC is the floor plus ``t_{POWER,df}`` standard errors.
 - Minimum detectable change (MDC): the smallest relative change this cell would flag
-  with probability ``POWER`` at ``ALPHA``, from its own measured noise:
-  ``exp((t_{1-ALPHA,df} + t_{POWER,df}) * se) - 1``. A cell whose MDC exceeds
+  with probability ``POWER`` at its level ``alpha``, from its own measured noise:
+  ``exp((t_{1-alpha,df} + t_{POWER,df}) * se) - 1``. A cell whose MDC exceeds
   ``TARGET_MDC`` says so: it cannot see a 10% regression, and ``repeats_for`` says how many
   repeats a side a pair of results of its noise would need to see it.
 - A cell's error bar: the ``INTERVAL`` confidence interval of its repeats' geometric mean
@@ -63,16 +64,17 @@ The rule (one metric of one cell; the values are its repeats, higher or lower be
   ``insufficient data``.
 - The two nights' rate, set rather than compounded: both nights are tested against the
   same ``n`` earlier results (the night-level test), so they share that history's mean and
-  deviation, and breaking on both is far rarer than on one. Testing each night at ``ALPHA``
-  made the label's false-alarm rate much lower than ``ALPHA`` and its power much lower
-  than it need be. So from ``HISTORY_RESULTS`` results on, each of the two nights is tested
-  at ``consecutive_level(n)``: the rate at which both break the same way with probability
-  ``ALPHA`` (exactly for normal noise without the ``MIN_CHANGE`` floor, which only removes
-  breaks; the shared history integrated out numerically: over its mean, normal, and its
-  deviation, chi). ``suspicious`` still needs tonight beyond the ``ALPHA`` threshold, so
-  neither label fires more often than ``ALPHA``. The label's MDC (``consecutive_mdc``) is
-  the persistent move seen on both nights with probability ``POWER``, the floor counted.
-  With fewer results (repeats against repeats) each night is tested at ``ALPHA``.
+  deviation, and breaking on both is far rarer than on one. Testing each night at the
+  level ``alpha`` made the label's false-alarm rate much lower than ``alpha`` and its
+  power much lower than it need be. So from ``HISTORY_RESULTS`` results on, each of the
+  two nights is tested at ``consecutive_level(n, alpha)``: the rate at which both break
+  the same way with probability ``alpha`` (exactly for normal noise without the
+  ``MIN_CHANGE`` floor, which only removes breaks; the shared history integrated out
+  numerically: over its mean, normal, and its deviation, chi). ``suspicious`` still needs
+  tonight beyond the ``alpha`` threshold, so neither label fires more often than
+  ``alpha``. The label's MDC (``consecutive_mdc``) is the persistent move seen on both
+  nights with probability ``POWER``, the floor counted. With fewer results (repeats
+  against repeats) each night is tested at ``alpha``.
 """
 
 from __future__ import annotations
@@ -85,13 +87,13 @@ import numpy as np
 from scipy import integrate, optimize, stats
 
 __all__ = ["ALPHA", "BROKEN", "DRIFT_LEVEL", "HISTORY_RESULTS", "INTERVAL", "MIN_CHANGE",
-           "MIN_HISTORY", "ONE_NIGHT", "POWER", "SUITE_ALPHA", "TARGET_MDC", "TTA_ALPHA", "Faster",
-           "Test",
+           "MIN_HISTORY", "ONE_NIGHT", "POWER", "SUITE_ALPHA", "TARGET_MDC", "TTA_ALPHA",
+           "Faster", "Test",
            "centred", "consecutive_level", "consecutive_mdc", "faster", "interval",
            "log_values", "mdc", "moved",
            "night_label", "noise", "per_metric", "repeats_for", "rule_text", "test"]
 
-ALPHA = 0.001  # false alarms per metric per comparison, one-sided (a family of one)
+ALPHA = 0.001  # the level per metric where a caller gives none; reports give per_metric's
 SUITE_ALPHA = 0.05  # false alarms per comparison of suite results, one-sided: the chance
 # that any of its judged metrics flags a regression where nothing changed (the
 # conventional family-wise level), split over them (``per_metric``)
@@ -119,10 +121,10 @@ def per_metric(judged: int, rate: float = SUITE_ALPHA) -> float:
 def rule_text(rate: float = SUITE_ALPHA, judged: int | None = None) -> str:
     """The rule in one sentence, for reports (its numbers read from the code); ``judged``:
     the comparison's judged metrics, where there is one comparison to state."""
-    each = (f" ({judged} judged here: {per_metric(judged, rate):.2g} each)"
-            if judged is not None else "")
+    each = ("" if judged is None else "; none judged here" if judged == 0 else
+            f"; {judged} judged here: {per_metric(judged, rate):.2g} each")
     return (f"one-sided t-test on log values at a false-alarm rate of {rate:g} per "
-            f"comparison, split equally over its judged metrics (Bonferroni){each}: "
+            f"comparison, split equally over its judged metrics (Bonferroni{each}): "
             f"repeats against repeats for one or two baseline results, the result against "
             f"the prediction interval of {HISTORY_RESULTS} or more earlier results; MDC = "
             f"the smallest change detected with {POWER:.0%} probability, from each cell's "
@@ -307,7 +309,7 @@ def _too_few(change: float) -> Test:
 def night_label(nights: list[str], history: int, strict: str | None = None) -> str:
     """The verdict over nights for the newest night: ``nights`` oldest first, each night's
     ``Test.verdict`` against the same earlier results at the two nights' level
-    (``consecutive_level``); ``strict``: the newest night's verdict at ``ALPHA`` (None: the
+    (``consecutive_level``); ``strict``: the newest night's verdict at ``alpha`` (None: the
     same as ``nights[-1]``, where both levels are one); ``history``: earlier results the
     newest had."""
     strict = nights[-1] if strict is None and nights else strict

@@ -3,15 +3,21 @@ judged metrics, ``regressions.family_alpha``): the judged metrics are counted as
 judges them (counted here by hand from the cells built), and simulated comparisons of
 unchanged suites flag any regression at the Bonferroni rate, which for independent
 metrics is ``1 - (1 - rate / m)^m`` (closed form), where a fixed rate per metric flags
-``1 - (1 - alpha)^m`` of them."""
+``1 - (1 - alpha)^m`` of them; a drop at a known p-value (closed form) is flagged alone and
+not among many judged metrics, by the functions and by ``pipebench regressions``."""
 
 from __future__ import annotations
 
+import json
 import math
 import random
+import sys
+from pathlib import Path
 
 import pytest
+from scipy import stats
 
+from harness.cli import main
 from harness.reporting.regressions import compare_results, family_alpha, has_regression
 from harness.reporting.results import SCHEMA, summarise
 from harness.reporting.verdicts import SUITE_ALPHA, per_metric, rule_text
@@ -21,6 +27,7 @@ BUBBLE = "bubble_fraction"
 
 
 def _result(cells: dict[str, dict[str, list[float]]]) -> dict:
+    """A suite result of these cells (key -> metric -> repeats)."""
     return {"schema": SCHEMA, "created": "2026-01-01T00:00:00+00:00", "suite": {"name": "t"},
             "environment": {"machine": "m"},
             "cells": [{"key": key, "status": "ok", "note": "",
@@ -43,7 +50,8 @@ def test_the_comparison_counts_the_metrics_it_judges() -> None:
     assert level == pytest.approx(SUITE_ALPHA / 3) == per_metric(3)
     assert family_alpha([r], r, 0.01) == (pytest.approx(0.01 / 3), 3)
     assert family_alpha([], r) == (SUITE_ALPHA, 0)  # nothing to judge: a family of one
-    assert f"(3 judged here: {SUITE_ALPHA / 3:.2g} each)" in rule_text(SUITE_ALPHA, 3)
+    assert f"(Bonferroni; 3 judged here: {SUITE_ALPHA / 3:.2g} each)" in rule_text(SUITE_ALPHA, 3)
+    assert "(Bonferroni; none judged here)" in rule_text(SUITE_ALPHA, 0)
     assert f"{SUITE_ALPHA:g} per comparison" in rule_text()
 
 
@@ -70,20 +78,69 @@ def test_an_unchanged_suite_flags_a_regression_at_the_rate_per_comparison(m: int
     assert abs(flagged / n - expect) < 3.5 * math.sqrt(expect * (1 - expect) / n)
 
 
-def test_a_slowdown_of_one_cell_is_seen_at_the_family_level_and_not_in_the_others() -> None:
-    """A 40% slowdown of one of 20 cells (noise 3% a repeat) is flagged in that cell; the
-    19 unchanged cells are not flagged in any of 200 comparisons more often than the rate
-    allows (each comparison's chance of a false flag is at most SUITE_ALPHA)."""
-    rng = random.Random(3)
-    hits = others = 0
-    for _ in range(200):
-        base, cur = _suite(rng, 20, 0.03), _suite(rng, 20, 0.03)
-        slow = [x * 0.6 for x in cur["cells"][0]["metrics"][THR]["values"]]
-        cur["cells"][0]["metrics"][THR] = summarise(slow).to_json()
-        changes = compare_results([base], cur, family_alpha([base], cur)[0])
-        hits += any(c.cell.endswith("/s0/throughput") and c.verdict == "regression"
-                    for c in changes)
-        others += any(not c.cell.endswith("/s0/throughput") and c.verdict == "regression"
-                      for c in changes)
-    assert hits >= 190
-    assert others <= 200 * SUITE_ALPHA + 3.5 * math.sqrt(200 * SUITE_ALPHA)
+SD = 0.05  # each result's repeats have logs (-SD, 0, SD) about their mean
+
+
+def _at_p(p: float) -> float:
+    """The drop (a log move) that a pair of 3 against 3 such repeats sees at one-sided p:
+    pooled deviation SD, standard error SD sqrt(2/3), 4 degrees of freedom."""
+    return stats.t.ppf(1 - p, 4) * SD * math.sqrt(2 / 3)
+
+
+def _moved_pair(p: float, others: int) -> tuple[dict, dict]:
+    """A baseline and a current result: cell ``s0``'s throughput drops by ``_at_p(p)``, the
+    ``others`` cells' stay where they were (each has the same noise: all are judged)."""
+    def logs(d: float) -> list[float]:
+        return [100 * math.exp(d + x) for x in (-SD, 0.0, SD)]
+    keys = [f"k/t/w2/s{i}/throughput" for i in range(others + 1)]
+    base = _result({k: {THR: logs(0.0)} for k in keys})
+    cur = _result({k: {THR: logs(-_at_p(p) if i == 0 else 0.0)} for i, k in enumerate(keys)})
+    return base, cur
+
+
+def test_the_level_follows_the_count_of_judged_metrics() -> None:
+    """A drop at one-sided p = 0.01 (15% here, above the 2% floor): alone (one judged
+    metric, tested at 0.05) it is a regression; among 100 judged metrics (0.05 / 100 =
+    0.0005 each) it is not; at the old 0.001 per metric it was not even alone."""
+    assert math.expm1(_at_p(0.01)) > 0.02
+    base, cur = _moved_pair(0.01, 0)
+    level, judged = family_alpha([base], cur)
+    assert judged == 1 and level == pytest.approx(0.05)
+    assert has_regression(compare_results([base], cur, level))
+    assert not has_regression(compare_results([base], cur, 0.001))
+    crowd = _moved_pair(0.01, 99)
+    level, judged = family_alpha([crowd[0]], crowd[1])
+    assert judged == 100 and level == pytest.approx(0.0005)
+    assert not has_regression(compare_results([crowd[0]], crowd[1], level))
+    # a drop at p = 1e-5 is seen in the crowd too, and in its own cell only
+    crowd = _moved_pair(1e-5, 99)
+    flagged = {c.cell for c in compare_results([crowd[0]], crowd[1], level)
+               if c.verdict == "regression"}
+    assert flagged == {"k/t/w2/s0/throughput"}
+
+
+def _regressions(argv: list[str], out: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[int, str]:
+    monkeypatch.setattr(sys, "argv", ["pipebench", "regressions", *argv, "-o", str(out)])
+    try:
+        main()
+        code = 0
+    except SystemExit as e:
+        code = e.code
+    return code, out.read_text()
+
+
+def test_the_cli_judges_at_the_split_level(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                           capsys: pytest.CaptureFixture) -> None:
+    """``pipebench regressions`` on the drop at p = 0.01 of one judged metric: at the
+    default rate per comparison a regression (exit 1), at ``--alpha 0.001`` not (exit 0),
+    and its rule line says how it split the rate."""
+    base, cur = _moved_pair(0.01, 0)
+    (tmp_path / "base.json").write_text(json.dumps(base))
+    (tmp_path / "cur.json").write_text(json.dumps(cur))
+    args = ["--current", str(tmp_path / "cur.json"), "--baseline", str(tmp_path / "base.json")]
+    code, text = _regressions(args, tmp_path / "a.md", monkeypatch)
+    assert code == 1 and "Verdict: REGRESSION." in text, text
+    assert f"(Bonferroni; 1 judged here: {SUITE_ALPHA:.2g} each)" in text, text
+    code, text = _regressions([*args, "--alpha", "0.001"], tmp_path / "b.md", monkeypatch)
+    assert code == 0 and "Verdict: no regression." in text, text
+    capsys.readouterr()
