@@ -56,15 +56,10 @@ def _bench(suite: str, out: Path, plants: list[str], reuse: bool,
     return load_result(out)
 
 
-def _pair(base: dict, cur: dict) -> tuple[list[regressions.Change], float]:
-    """``cur`` judged against ``base`` as `pipebench regressions` judges a pair: its changes,
-    at the level per metric the rule gives the pair (``regressions.family_alpha``)."""
-    level = regressions.family_alpha([base], cur)[0]
-    return regressions.compare_results([base], cur, level), level
-
-
 def _flags(base: dict, cur: dict) -> list[regressions.Change]:
-    return [c for c in _pair(base, cur)[0] if c.verdict in verdicts.BROKEN]
+    """``cur`` judged against ``base`` as `pipebench regressions` judges a pair: its flags."""
+    return [c for c in regressions.compare_at_rate([base], cur)[0]
+            if c.verdict in verdicts.BROKEN]
 
 
 # the throughput figures: epoch-based and steady-state, each raw and drift-cancelled; the
@@ -146,8 +141,7 @@ def _nightly_labels(runs: list[dict]) -> tuple[list[tuple[int, regressions.Chang
     rule could label at all."""
     labels, labelled = [], 0
     for k in range(1, len(runs)):
-        level = regressions.night_alpha(runs[:k], runs[k], WINDOW)[0]
-        got = [c for c in regressions.over_nights(runs[:k], runs[k], WINDOW, level)
+        got = [c for c in regressions.over_nights_at_rate(runs[:k], runs[k], WINDOW)[0]
                if c.name in METRICS]
         labelled += any(c.verdict in LABELS or c.verdict == "changed-within-noise"
                         for c in got)
@@ -156,9 +150,10 @@ def _nightly_labels(runs: list[dict]) -> tuple[list[tuple[int, regressions.Chang
 
 
 def _aa_section(base: dict, runs: list[dict]) -> list[str]:
-    judged_pairs = {i: _pair(runs[i - 1], r) for i, r in enumerate(runs[1:], 1)}
-    pairs = [(i, ch) for i, (ch, _) in judged_pairs.items()]
-    levels = {i: level for i, (_, level) in judged_pairs.items()}
+    judged_pairs = {i: regressions.compare_at_rate([runs[i - 1]], r)
+                    for i, r in enumerate(runs[1:], 1)}
+    pairs = [(i, ch) for i, (ch, _, _) in judged_pairs.items()]
+    levels = {i: level for i, (_, level, _) in judged_pairs.items()}
     level = levels[1]  # A1 vs A2's: the level of a pair, for the repeats for 10%
     # the last run as the nightly judges it against the runs before: the level of a night
     night = regressions.night_alpha(runs[:-1], runs[-1], WINDOW)[0]

@@ -52,8 +52,7 @@ def regressions(
     cur = load_result_or_run(current)
     if baseline is not None:
         bases, against = [load_result_or_run(baseline)], baseline
-        level, judged = reg.family_alpha(bases, cur, rate)
-        changes = reg.compare_results(bases, cur, level)
+        changes, _, judged = reg.compare_at_rate(bases, cur, rate)
     else:  # one result more: the night before is judged against its own history
         bases, where = _history(cur, history + 1, experiment, history_dir)
         against = (f"the last {len(bases[-history:])} {cur['suite']['name']} result(s) "
@@ -63,8 +62,7 @@ def regressions(
                  f"of machine {cur['environment']['machine']!r} {where}: nothing to "
                  "compare.\n", output)
             return
-        level, judged = reg.night_alpha(bases, cur, history, rate)
-        changes = reg.over_nights(bases, cur, history, level)
+        changes, _, judged = reg.over_nights_at_rate(bases, cur, history, rate)
     lines = [f"# Regressions: {current} against {against}", "", reg.compared(bases, cur),
              "", f"Rule: {verdicts.rule_text(rate, judged)}.", "",
              *reg.switches_differ(bases, cur)]

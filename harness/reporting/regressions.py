@@ -48,7 +48,8 @@ from harness.reporting import verdicts
 from harness.reporting.results import COUNTERS, METRICS, summarise
 
 __all__ = ["COLUMNS", "Change", "compare_results", "compared", "detectability",
-           "family_alpha", "has_regression", "judged", "night_alpha",
+           "compare_at_rate", "family_alpha", "has_regression", "judged", "night_alpha",
+           "over_nights_at_rate",
            "judged_against", "not_judged", "over_nights", "reference_moved", "rows",
            "switches_differ"]
 
@@ -133,6 +134,22 @@ def night_alpha(history: list[dict], current: dict, window: int,
     """``family_alpha`` of the comparison ``over_nights`` labels tonight's noisy metrics on:
     ``current`` against ``judged_against(history, window)``."""
     return family_alpha(judged_against(history, window), current, rate)
+
+
+def compare_at_rate(baselines: list[dict], current: dict, rate: float = verdicts.SUITE_ALPHA
+                    ) -> tuple[list[Change], float, int]:
+    """``compare_results`` at the level ``family_alpha`` gives the comparison (false alarms
+    at ``rate`` per comparison): its changes, that level and the metrics it judged."""
+    level, m = family_alpha(baselines, current, rate)
+    return compare_results(baselines, current, level), level, m
+
+
+def over_nights_at_rate(history: list[dict], current: dict, window: int,
+                        rate: float = verdicts.SUITE_ALPHA) -> tuple[list[Change], float, int]:
+    """``over_nights`` at the level ``night_alpha`` gives tonight (false alarms at ``rate``
+    per night): its changes, that level and the metrics it judged."""
+    level, m = night_alpha(history, current, window, rate)
+    return over_nights(history, current, window, level), level, m
 
 
 def over_nights(history: list[dict], current: dict, window: int,
