@@ -173,3 +173,44 @@ def test_the_detectability_line_says_which_mdc_it_counts() -> None:
     assert not any(c.two_nights for c in pair)
     assert "two nights" not in detectability(pair)
 
+
+
+def _both_beyond_exact(critical: float, n: int, shift: float = 0.0) -> float:
+    """The same probability as ``_both_drop`` (no floor) without sampling, for rates too
+    small to count: given the history's deviation s, the two nights' distances from the
+    history's mean, over their deviation sqrt(1 + 1/n), are standard normals correlated
+    1/(n + 1) (the shared mean), so both lie below -critical * s with the bivariate
+    normal's probability, by Owen's T at equal limits: Phi2(h, h; r) = Phi(h) - 2 T(h, a),
+    a = sqrt((1 - r) / (1 + r)); s (chi, n - 1 degrees of freedom, over sqrt(n - 1)) is
+    summed out on a fine grid by Simpson's rule."""
+    from scipy import integrate, special
+
+    k, r = math.sqrt(1 + 1 / n), 1 / (n + 1)
+    s = np.linspace(0.0, stats.chi.isf(1e-15, n - 1) / math.sqrt(n - 1), 200_001)
+    h = -critical * s + shift / k
+    both = stats.norm.cdf(h) - 2 * special.owens_t(h, math.sqrt((1 - r) / (1 + r)))
+    density = stats.chi.pdf(s * math.sqrt(n - 1), n - 1) * math.sqrt(n - 1)
+    return float(integrate.simpson(both * density, x=s))
+
+
+def test_the_exact_reference_agrees_with_brute_force() -> None:
+    """The reference below checked where sampling can count (0.01 and a shifted case)."""
+    for n, shift in ((5, 0.0), (4, 1.5)):
+        critical = stats.t.isf(verdicts.consecutive_level(n, 0.01), n - 1)
+        counted = _both_drop(n, stats.t.sf(critical, n - 1), shift, seed=77 + n)
+        exact = _both_beyond_exact(critical, n, shift)
+        assert abs(counted - exact) < _tolerance(exact)
+
+
+@pytest.mark.parametrize("n", [3, 5, 8])
+@pytest.mark.parametrize("alpha", [1e-4, 1e-5])
+def test_at_the_rates_the_nightly_uses(n: int, alpha: float) -> None:
+    """A night of the nightly tests each of its metrics at 0.05 over some hundreds
+    (about 1e-4): too rare to count by sampling, so against the exact reference. The
+    level makes both nights break at alpha, and the MDC (noise large enough that the
+    floor does not bind) is seen on both at the stated power."""
+    critical = stats.t.isf(verdicts.consecutive_level(n, alpha), n - 1)
+    assert _both_beyond_exact(critical, n) == pytest.approx(alpha, rel=2e-3)
+    sd = 0.3
+    shift = math.log1p(verdicts.consecutive_mdc(sd, n, alpha)) / sd
+    assert _both_beyond_exact(critical, n, shift) == pytest.approx(verdicts.POWER, abs=1e-3)
