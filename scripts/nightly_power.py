@@ -38,7 +38,7 @@ sys.path.insert(0, str(ROOT))
 
 from core.markdown import markdown_table  # noqa: E402
 from harness import metrics  # noqa: E402
-from harness.reporting import between, regressions, verdicts  # noqa: E402
+from harness.reporting import between, moderation, regressions, verdicts  # noqa: E402
 from harness.reporting.results import METRICS, load_result  # noqa: E402
 
 
@@ -69,8 +69,7 @@ WINDOW = 5  # the history `make nightly` judges a night against (`regressions --
 
 
 def _median(cell: dict, name: str) -> float | None:
-    m = cell.get("metrics", {}).get(name)
-    return m["median"] if m else None
+    return (cell.get("metrics", {}).get(name) or {}).get("median")
 
 
 def _spread(cell: dict, name: str) -> str:
@@ -96,24 +95,49 @@ def _judged(key: str, pairs: list[tuple[int, list[regressions.Change]]]
     return judged
 
 
-def _repeats_for(cell: dict, judged: list[str], level: float) -> float | None:
+def _priors(earlier: list[dict], last: dict) -> dict[str, moderation.Prior]:
+    """Each throughput figure's prior (``regressions.priors``) comparing ``last`` with the
+    results ``earlier``: over their repeats for one, over the results from
+    ``verdicts.HISTORY_RESULTS`` on."""
+    pooled: dict[str, list[dict]] = {}
+    for r in earlier:
+        for c in r["cells"]:
+            if c["status"] == "ok":
+                pooled.setdefault(c["key"], []).append(c)
+    fitted = regressions.priors(pooled, {c["key"]: c for c in last["cells"]})
+    history = len(earlier) >= verdicts.HISTORY_RESULTS
+    return {n: fitted.get((n, history), moderation.NONE) for n in THROUGHPUTS}
+
+
+def _moderated(groups: list[list[float]], prior: moderation.Prior) -> tuple[float, float]:
+    """The deviation ``test`` would use for ``groups`` and its prior's extra degrees of
+    freedom (NaN, 0 without a noise estimate)."""
+    ss, df = verdicts.spread(groups, [])
+    return (math.sqrt(prior.moderate(ss, df)[0]), max(prior.d0, 0.0)) if df else (math.nan, 0)
+
+
+def _repeats_for(cell: dict, judged: list[str], level: float,
+                 priors: dict[str, moderation.Prior] | None = None) -> float | None:
     """The fewest repeats a side at which the stabler judged figure of ``cell`` (its noise
-    in this run) would see a ``verdicts.TARGET_MDC`` change in a pair of results tested at
-    ``level`` per metric (inf: over 1000; None: no noise estimate)."""
-    sds = [verdicts.noise([cell["metrics"][n]["values"]]) for n in judged
-           if n in cell.get("metrics", {})]
-    sds = [s for s in sds if math.isfinite(s)]
+    in this run, moderated by ``priors``: A1 vs A2's) would see a ``verdicts.TARGET_MDC`` change
+    in a pair of results tested at ``level`` per metric (inf: over 1000; None: no noise
+    estimate)."""
+    sds = [_moderated([cell["metrics"][n]["values"]], (priors or {}).get(n, moderation.NONE))
+           for n in judged if n in cell.get("metrics", {})]
+    sds = [s for s in sds if math.isfinite(s[0])]
     if not sds:
         return None
-    return verdicts.repeats_for(min(sds), alpha=level) or math.inf
+    sd, extra = min(sds)
+    return verdicts.repeats_for(sd, alpha=level, extra_df=extra) or math.inf
 
 
-def _night_mdc(key: str, runs: list[dict], level: float) -> str:
+def _night_mdc(key: str, runs: list[dict], level: float,
+               priors: dict[str, moderation.Prior] | None = None) -> str:
     """What the nightly's two-night label could see in cell ``key``: the A runs taken as
-    nights (each its repeats' mean log; their deviation the night-level noise), a history
-    of ``WINDOW`` such nights, ``verdicts.consecutive_mdc`` at ``level`` per metric; of each
-    raw / drift-cancelled pair the figure the rule would judge on these nights
-    (``regressions.not_judged``)."""
+    nights (each its repeats' mean log; their deviation, moderated over the cells, the
+    night-level noise), a history of ``WINDOW`` such nights, ``verdicts.consecutive_mdc``
+    at ``level`` per metric; of each raw / drift-cancelled pair the figure the rule would
+    judge on these nights (``regressions.not_judged``)."""
     cells = [c for r in runs for c in r["cells"] if c["key"] == key]
     loud = regressions.not_judged(cells)
     out = []
@@ -121,9 +145,10 @@ def _night_mdc(key: str, runs: list[dict], level: float) -> str:
         groups = [c["metrics"][name]["values"] for c in cells if name in c.get("metrics", {})]
         if name in loud or len(groups) < verdicts.HISTORY_RESULTS:
             continue
-        sd = verdicts.noise(groups)
+        sd, extra = _moderated(groups, (priors or {}).get(name, moderation.NONE))
         if math.isfinite(sd):
-            out.append(f"{name} {100 * verdicts.consecutive_mdc(sd, WINDOW, level):.1f}%")
+            seen = verdicts.consecutive_mdc(sd, WINDOW, level, df=WINDOW - 1 + extra)
+            out.append(f"{name} {100 * seen:.1f}%")
     return ", ".join(out) or "-"
 
 
@@ -158,6 +183,7 @@ def _aa_section(base: dict, runs: list[dict]) -> list[str]:
     # the last run as the nightly judges it against the runs before: the level of a night
     night = regressions.night_alpha(runs[:-1], runs[-1], WINDOW)[0]
     labels, labelled = _nightly_labels(runs)
+    within, over_runs = _priors(runs[:1], runs[1]), _priors(runs[:-1], runs[-1])
     rows, needs = [], []
     for cell in base["cells"]:
         key = cell["key"]
@@ -165,13 +191,13 @@ def _aa_section(base: dict, runs: list[dict]) -> list[str]:
         false = sum(1 for _, ch in pairs for c in ch if c.cell == key
                     and c.verdict in verdicts.BROKEN)
         nightly = [f"A{k + 1} {c.verdict}" for k, c in labels if c.cell == key]
-        needs.append(_repeats_for(cell, sorted(judged), level))
+        needs.append(_repeats_for(cell, sorted(judged), level, within))
         rows.append((key, f"{_median(cell, metrics.STEADY_THROUGHPUT) or 0:.0f}",
                      *(_spread(cell, n) for n in THROUGHPUTS),
                      ", ".join(sorted(judged)) or "none (no noise estimate)",
                      ", ".join(f"{100 * statistics.median(v):.1f}%"
                                for _, v in sorted(judged.items())) or "-",
-                     _night_mdc(key, runs, night),
+                     _night_mdc(key, runs, night, over_runs),
                      _need_text(needs[-1]), f"{false} of {len(pairs)}",
                      ", ".join(nightly) or "none"))
     flagged = [c for _, ch in pairs for c in ch if c.verdict in verdicts.BROKEN]

@@ -14,8 +14,8 @@ steps excluded, and its steady-state throughput the median over windows of minib
 completions (``harness.experiments.steady``: fill, drain and evaluation excluded); a
 cell's is the median over repeats (``harness.reporting.results``), shown with the
 interval of the repeats' geometric mean and the cell's minimum detectable change
-(``results.cell_mdc``, at the level per metric ``regressions.family_alpha`` gives a
-comparison of two such results). Time-to-target cells run seed r in repeat r, and each pair of
+(``mdcs``: of its steady throughput as ``pipebench regressions`` would judge it against
+another result like this one). Time-to-target cells run seed r in repeat r, and each pair of
 systems is tested for "reaches the target faster" over those seeds (``seed_claims``).
 
 Targets (issue 24), reported, never asserted (``checks``): each of our flush pipelines
@@ -33,12 +33,12 @@ import math
 from core.markdown import markdown_table
 from harness import metrics, systems
 from harness.experiments.suite import Cell, Suite
-from harness.reporting import regressions, verdicts
+from harness.reporting import regressions, seeds, verdicts
 from harness.reporting.results import cell_row, overhead_table
 from pipedream_impl.runtime import SPAWN_LAUNCHER, STAGE_EXECUTOR
 from pipedream_impl.schedule import registry as schedules
 
-__all__ = ["COLUMNS", "adhoc_suite", "checks", "markdown", "seed_claims", "unit_sizes"]
+__all__ = ["COLUMNS", "adhoc_suite", "checks", "markdown", "mdcs", "seed_claims", "unit_sizes"]
 
 COLUMNS = ("system", "status", "config", "microbatch", "samples/s (median)", "min-max",
            "spread", "steady samples/s [CI]", "MDC", "vs single", "time to target",
@@ -72,10 +72,10 @@ def _goal(a: str, b: str, goal: float, rates: dict[str, float],
           values: dict[str, list[float]] | None) -> tuple[bool | None, str, bool]:
     """``a`` against ``goal`` times ``b``, (passed, how, on an interval): with two or more
     usable repeats a side, the ratio of their geometric means and its
-    ``verdicts.INTERVAL`` interval (Welch, on the logs: ``verdicts.faster``), met (True)
+    ``verdicts.INTERVAL`` interval (Welch, on the logs: ``seeds.faster``), met (True)
     where the whole interval is at or above the goal, not met (False) where it is below,
     undecided (None) where it holds the goal; else the medians' ratio against the goal."""
-    f = verdicts.faster(values[a], values[b]) if values and a in values and b in values \
+    f = seeds.faster(values[a], values[b]) if values and a in values and b in values \
         else None
     if f is None or math.isnan(f.ratio):
         x = rates[a] / rates[b]
@@ -86,6 +86,17 @@ def _goal(a: str, b: str, goal: float, rates: dict[str, float],
 
 # which verdict of several a goal over all of them shows: the worst, NOT met first
 _WORST_FIRST = {False: 0, None: 1, True: 2}
+
+
+def mdcs(result: dict) -> tuple[dict[str, float], float, int]:
+    """Each cell's MDC of its steady throughput (of the raw and drift-cancelled figures
+    the one the rule would judge) as ``pipebench regressions`` states it comparing another
+    result like this one with it (the same level per metric, each noise moderated over
+    the cells), that level, and how many metrics the comparison judges."""
+    changes, level, judged = regressions.compare_at_rate([result], result)
+    steady = (metrics.STEADY_THROUGHPUT, metrics.STEADY_PER_REFERENCE)
+    return ({c.cell: c.mdc for c in regressions.judged(changes) if c.name in steady},
+            level, judged)
 
 
 def checks(rates: dict[str, float], values: dict[str, list[float]] | None = None
@@ -137,24 +148,24 @@ def _dp_ratio(rates: dict[str, float]) -> str | None:
 def seed_claims(cells: list[dict]) -> list[str]:
     """Time to target over seeds (a time-to-target cell's repeat r runs seed r), each pair
     of systems: the ratio of geometric means with its interval, and the one-sided test that
-    the faster-looking one is faster (``verdicts.faster``)."""
+    the faster-looking one is faster (``seeds.faster``)."""
     times = {c["system"]: c["metrics"][metrics.TIME_TO_TARGET]["values"] for c in cells
              if metrics.TIME_TO_TARGET in c.get("metrics", {})}
     out = []
     names = sorted(times)
     for i, a in enumerate(names):
         for b in names[i + 1:]:
-            f = verdicts.faster(times[a], times[b])
+            f = seeds.faster(times[a], times[b])
             if math.isnan(f.ratio):
                 out.append(f"- {a} vs {b}: fewer than 2 seeds reached the target on a side")
                 continue
             if f.ratio > 1:  # state it as the faster-looking one's claim
-                a, b, f = b, a, verdicts.faster(times[b], times[a])
+                a, b, f = b, a, seeds.faster(times[b], times[a])
             out.append(f"- {a} reaches the target in {f.ratio:.2f}x the time of {b} "
                        f"[{f.low:.2f}, {f.high:.2f}] over {len(times[a])} / {len(times[b])} "
                        f"seeds; {a} faster: p = {f.p:.3f}, "
                        + ("shown" if f.shown else "not shown")
-                       + f" at {verdicts.TTA_ALPHA:g} (one-sided)")
+                       + f" at {seeds.TTA_ALPHA:g} (one-sided)")
     return out
 
 
@@ -175,7 +186,7 @@ def markdown(result: dict, rendered_by: str = "") -> str:
               "and slowest dropped), spread = "
               "(max - min) / median; `~` marks a cell whose spread exceeds "
               f"{100 * result['rule']['stability']:.0f}% (unstable).", ""]
-    level, judged = regressions.family_alpha([result], result)
+    seen, level, judged = mdcs(result)
     lines += [f"MDC: the smallest change of the cell's steady throughput that `pipebench "
               f"regressions` would flag with {verdicts.POWER:.0%} probability against "
               f"another result like this one, whose {judged} judged metrics it tests at "
@@ -192,7 +203,8 @@ def markdown(result: dict, rendered_by: str = "") -> str:
                  for c in cells if metrics.THROUGHPUT in c.get("metrics", {})}
         single = next((v for s, v in rates.items()
                        if systems.get(s).kind == "one-process"), None)
-        lines += markdown_table(COLUMNS, [cell_row(c, single, level) for c in cells])
+        lines += markdown_table(COLUMNS, [cell_row(c, single, seen.get(c["key"], math.inf))
+                                          for c in cells])
         values = {c["system"]: c["metrics"][metrics.THROUGHPUT]["values"]
                   for c in cells if metrics.THROUGHPUT in c.get("metrics", {})}
         goals = checks(rates, values) if mode == "throughput" else []

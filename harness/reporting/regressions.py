@@ -15,10 +15,11 @@ Rules (the cell key matches cells across results; see ``results`` for the statis
   of the repeats' logs against one or two baselines, or of the result against the
   prediction interval of a history of results, at a false-alarm rate ``alpha`` per metric
   (``verdicts.ALPHA`` unless given; the reports pass ``family_alpha``'s: a rate per
-  comparison split over its ``judged`` metrics); each change carries the smallest move
-  the cell could have flagged (``threshold``) and its minimum detectable change
-  (``mdc``); of a figure
-  measured raw and cancelled for the machine's drift (``metrics.DRIFT_PAIRS``) only one
+  comparison split over its ``judged`` metrics), each cell's noise moderated by the same
+  metric's over the comparison's cells (``priors``); each change carries the smallest
+  move the cell could have flagged (``threshold``) and its minimum detectable change
+  (``mdc``); of a figure measured raw and cancelled for the machine's drift
+  (``metrics.DRIFT_PAIRS``) only one
   is judged, the other is listed as not judged: the drift-cancelled one where the cell's
   drift reference moved between the baseline and the current result (``verdicts.moved``:
   the repeats of one night cannot show a shift of the whole machine between nights, the
@@ -44,14 +45,13 @@ import math
 from dataclasses import dataclass, replace
 
 from harness import metrics
-from harness.reporting import verdicts
+from harness.reporting import moderation, verdicts
 from harness.reporting.results import COUNTERS, METRICS, summarise
 
-__all__ = ["COLUMNS", "Change", "compare_results", "compared", "detectability",
-           "compare_at_rate", "family_alpha", "has_regression", "judged", "night_alpha",
-           "over_nights_at_rate",
-           "judged_against", "not_judged", "over_nights", "reference_moved", "rows",
-           "switches_differ"]
+__all__ = ["COLUMNS", "Change", "compare_at_rate", "compare_results", "compared",
+           "detectability", "family_alpha", "has_regression", "judged", "judged_against",
+           "night_alpha", "not_judged", "over_nights", "over_nights_at_rate", "priors",
+           "reference_moved", "rows", "switches_differ"]
 
 # the counters that depend on the stages, their replicas and layer ranges
 LAYOUT_COUNTERS = ("bytes_per_sample", metrics.ACTIONS_PER_EPOCH)
@@ -78,11 +78,13 @@ def _cells(result: dict) -> dict[str, dict]:
     return {c["key"]: c for c in result["cells"]}
 
 
-def compare_results(baselines: list[dict], current: dict,
-                    alpha: float = verdicts.ALPHA, consecutive: bool = False) -> list[Change]:
+def compare_results(baselines: list[dict], current: dict, alpha: float = verdicts.ALPHA,
+                    consecutive: bool = False, moderate: bool = True) -> list[Change]:
     """Every difference worth a line; ``baselines`` oldest first (one or the history).
     ``consecutive``: the noisy metrics judged as one of two nights over a history
-    (``verdicts.consecutive_level``, with the two nights' MDC), where it is one."""
+    (``verdicts.consecutive_level``, with the two nights' MDC), where it is one.
+    ``moderate``: each metric's noise moderated by the same metric's over the cells
+    (``priors``); False: each cell's own alone."""
     if not baselines:
         return []
     newest = _cells(baselines[-1])
@@ -92,6 +94,7 @@ def compare_results(baselines: list[dict], current: dict,
             if c["status"] == "ok":
                 pooled.setdefault(key, []).append(c)
     cur = _cells(current)
+    prior = priors(pooled, cur) if moderate else {}
     out: list[Change] = []
     for key in sorted(set(newest) | set(pooled)):
         if key not in cur:
@@ -107,10 +110,29 @@ def compare_results(baselines: list[dict], current: dict,
         if not ran_before:
             continue
         out += _counter_changes(key, pooled[key][-1], c)  # the newest baseline that ran
-        out += _metric_changes(key, pooled[key], c, alpha, consecutive)
+        out += _metric_changes(key, pooled[key], c, alpha, consecutive, prior)
         out += _reach_changes(key, pooled[key], c)
     out += [Change(k, "cell", "new") for k in sorted(set(cur) - set(newest) - set(pooled))]
     return out
+
+
+def priors(pooled: dict[str, list[dict]], cur: dict[str, dict]
+           ) -> dict[tuple[str, bool], moderation.Prior]:
+    """Each noisy metric's prior noise (``moderation.fit``) over the cells that ran in both
+    ``pooled`` (the baselines' cells by key) and ``cur``, fitted apart for cells judged by
+    repeats and by results (``verdicts.by_results``: the two noises differ)."""
+    found: dict[tuple[str, bool], list[tuple[float, int]]] = {}
+    for key, bases in pooled.items():
+        c = cur.get(key, {})
+        for name, higher_better in METRICS.items():
+            groups = [b["metrics"][name]["values"] for b in bases if name in b.get("metrics", {})]
+            if c.get("status") != "ok" or higher_better is None or not groups or \
+                    name not in c.get("metrics", {}):
+                continue
+            ss, df = verdicts.spread(groups, c["metrics"][name]["values"])
+            if df:
+                found.setdefault((name, verdicts.by_results(groups)), []).append((ss / df, df))
+    return {k: moderation.fit(v) for k, v in found.items()}
 
 
 def judged(changes: list[Change]) -> list[Change]:
@@ -272,8 +294,8 @@ def reference_moved(base_cells: list[dict], cur: dict) -> bool:
         groups, cur["metrics"][ref]["values"])
 
 
-def _metric_changes(key: str, base_cells: list[dict], cur: dict,
-                    alpha: float, consecutive: bool = False) -> list[Change]:
+def _metric_changes(key: str, base_cells: list[dict], cur: dict, alpha: float,
+                    consecutive: bool = False, prior: dict | None = None) -> list[Change]:
     out = []
     drifted = reference_moved(base_cells, cur)
     skip = not_judged(base_cells, drifted)
@@ -293,8 +315,9 @@ def _metric_changes(key: str, base_cells: list[dict], cur: dict,
             continue
         if higher_better is None:  # not a figure of merit (the reference itself)
             continue
+        fitted = (prior or {}).get((name, verdicts.by_results(groups)), moderation.NONE)
         tests[name] = (base, now, verdicts.test(groups, cur["metrics"][name]["values"],
-                                                higher_better, alpha, consecutive))
+                                                higher_better, alpha, consecutive, fitted))
     for name, (base, now, r) in tests.items():
         broke = r.broke
         raw = _RAW.get(name)
@@ -338,7 +361,6 @@ def compared(baselines: list[dict], current: dict) -> str:
     suite run finished (``created``)."""
     def one(r: dict) -> str:
         return f"{r.get('environment', {}).get('git_sha', 'unknown')} ({r['created']})"
-
     return f"Current: {one(current)}. Against: {', '.join(one(b) for b in baselines)}."
 
 
@@ -349,7 +371,6 @@ def switches_differ(baselines: list[dict], current: dict) -> list[str]:
     (from before they were recorded) lacks them."""
     def env(result: dict) -> str | None:
         return result.get("environment", {}).get("runtime_env")
-
     now, before = env(current), {env(b) for b in baselines}
     if now is None or None in before or before == {now}:
         return []
@@ -358,21 +379,19 @@ def switches_differ(baselines: list[dict], current: dict) -> list[str]:
 
 
 def has_regression(changes: list[Change]) -> bool:
+    """Whether any change is a regression (what fails a nightly)."""
     return any(c.verdict == "regression" for c in changes)
 
 
 def rows(changes: list[Change], everything: bool = False) -> list[tuple]:
     """Report rows: what moved (``everything``: also the moves within the noise)."""
     def fmt(v) -> str:  # noqa: ANN001
-        if isinstance(v, float):
-            return f"{v:.4g}"
-        return "" if v is None else str(v)
+        return f"{v:.4g}" if isinstance(v, float) else "" if v is None else str(v)
 
     def pct(v: float | None, sign: str = "") -> str:
         if v is None or math.isnan(v):
             return ""
         return "inf" if math.isinf(v) else f"{100 * v:{sign}.1f}%"
-
     quiet = ("changed-within-noise", "too-few-repeats", "insufficient data")
     return [(c.verdict, c.cell, c.name, fmt(c.baseline), fmt(c.current),
              pct(c.change, "+"), pct(c.threshold), pct(c.mdc))

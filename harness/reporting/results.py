@@ -135,10 +135,10 @@ def overhead_rows(cells: list[dict]) -> list[dict]:
     return out
 
 
-def cell_row(c: dict, single: float | None = None, alpha: float = verdicts.ALPHA) -> tuple:
+def cell_row(c: dict, single: float | None = None, mdc: float = math.inf) -> tuple:
     """One cell as a report row: system, status, config, microbatch, samples/s median,
-    min-max, spread, steady-state samples/s [interval], MDC (``cell_mdc`` at ``alpha`` per
-    metric), vs single, time to target, bytes/sample, peak memory, bubble."""
+    min-max, spread, steady-state samples/s [interval], MDC (given: the caller's rule
+    states it), vs single, time to target, bytes/sample, peak memory, bubble."""
     thr = c.get("metrics", {}).get(metrics.THROUGHPUT)
     if c["status"] != "ok" or thr is None:
         why = c["status"] + (f": {c['note']}" if c.get("note") else "")
@@ -151,7 +151,6 @@ def cell_row(c: dict, single: float | None = None, alpha: float = verdicts.ALPHA
     bubble = m.get(metrics.BUBBLE_FRACTION)
     mem = m.get(metrics.PEAK_MEMORY_MAX)
     steady = m.get(metrics.STEADY_THROUGHPUT)
-    mdc = cell_mdc(c, alpha)
     return (c["system"], "ok" if thr["stable"] else "ok ~", c.get("config") or "",
             c.get("microbatch") or "", f"{thr['median']:.0f}",
             f"{thr['min']:.0f}-{thr['max']:.0f}", f"{100 * thr['rel_spread']:.1f}%",
@@ -168,23 +167,6 @@ def _with_interval(stat: dict | None) -> str:
     if stat.get("ci_low") is None:
         return f"{stat['median']:.0f}"
     return f"{stat['median']:.0f} [{stat['ci_low']:.0f}, {stat['ci_high']:.0f}]"
-
-
-def cell_mdc(c: dict, alpha: float = verdicts.ALPHA) -> float:
-    """The cell's minimum detectable change (``verdicts.mdc``, tested at ``alpha``) against a
-    result of as many repeats, on the stabler of its steady-state throughput raw and
-    drift-cancelled."""
-    sds = []
-    for name in (metrics.STEADY_THROUGHPUT, metrics.STEADY_PER_REFERENCE):
-        stat = c.get("metrics", {}).get(name)
-        if stat and stat["n"] > 1:
-            sd = verdicts.noise([stat["values"]])
-            if math.isfinite(sd):
-                sds.append((sd, stat["n"]))
-    if not sds:
-        return math.inf
-    sd, n = min(sds)
-    return verdicts.mdc(sd, n, n, 2 * (n - 1), alpha)
 
 
 def overhead_table(rows: list[dict]) -> tuple[tuple, list[tuple]]:

@@ -16,6 +16,9 @@ The rule (one metric of one cell; the values are its repeats, higher or lower be
   machine drifts between nights); the current result is tested against the prediction
   interval of the earlier ones: ``t = (m_c - mean(m)) / (s_m * sqrt(1 + 1/N))`` with
   N - 1 degrees of freedom (exact for normal noise: this is where drift counts).
+- Either way, given a ``moderation.Prior`` (the reports fit one per metric over a
+  comparison's cells), ``s^2`` is the cell's own variance moderated toward the metric's
+  over the cells, on ``d0`` more degrees of freedom: the same rate, more power.
 - Pair mode's rate is its ``alpha`` where a result's repeats carry all of its noise; results
   run hours apart vary more than that (``between`` measures by how much from an A/A
   series, and ``between.pair_rate`` gives the rate of a pair test against one baseline
@@ -35,11 +38,9 @@ The rule (one metric of one cell; the values are its repeats, higher or lower be
   ``SUITE_ALPHA`` (and as much for improvements; where results vary more than their
   repeats say, pair mode flags more: ``between``). The price is power: a cell's MDC is
   stated at the level its comparison tests it at, so the same noise sees less in a
-  suite of many metrics than in one of few. Benjamini-Hochberg would keep more power for
-  a change that moves many cells at once (a regression of our runtime does), with the
-  same rate where nothing changed, but a cell's MDC would then depend on the other cells'
-  moves; not taken. ``ALPHA`` is the level of the functions below where a caller gives
-  none.
+  suite of many metrics than in one of few. Benjamini-Hochberg would keep more power
+  for a change that moves many cells at once, but a cell's MDC would then depend on the
+  other cells' moves; not taken. ``ALPHA``: the level where a caller gives none.
 - A move smaller than ``MIN_CHANGE`` (as a log ratio, ``log(1 + MIN_CHANGE)`` either way)
   is never flagged, however small the noise: a figure that barely varies (peak memory, a
   near-deterministic bubble) would otherwise flag its allocator's wobble (re-judged over
@@ -52,12 +53,7 @@ The rule (one metric of one cell; the values are its repeats, higher or lower be
   ``TARGET_MDC`` says so: it cannot see a 10% regression, and ``repeats_for`` says how many
   repeats a side a pair of results of its noise would need to see it.
 - A cell's error bar: the ``INTERVAL`` confidence interval of its repeats' geometric mean
-  (``interval``), logged to MLflow beside the median.
-- Time to target over seeds (``faster``): a one-sided Welch t-test on the logs that one
-  system reaches the target in less time than another, at ``TTA_ALPHA`` (one claim, not a
-  night's hundreds of metrics).
-  Its interval of the ratio of geometric means also judges ``bench``'s throughput goals
-  (``harness.experiments.bench.checks``).
+  (``interval``), logged to MLflow beside the median. Over seeds: ``seeds.faster``.
 - Over nights (PyTorch's benchmark HUD): a ``regression`` needs two consecutive nights
   beyond the two nights' threshold in the same direction; tonight alone beyond the one
   night's threshold is ``suspicious``; fewer than ``MIN_HISTORY`` earlier results is
@@ -65,16 +61,14 @@ The rule (one metric of one cell; the values are its repeats, higher or lower be
 - The two nights' rate, set rather than compounded: both nights are tested against the
   same ``n`` earlier results (the night-level test), so they share that history's mean and
   deviation, and breaking on both is far rarer than on one. Testing each night at the
-  level ``alpha`` made the label's false-alarm rate much lower than ``alpha`` and its
-  power much lower than it need be. So from ``HISTORY_RESULTS`` results on, each of the
-  two nights is tested at ``consecutive_level(n, alpha)``: the rate at which both break
-  the same way with probability ``alpha`` (exactly for normal noise without the
-  ``MIN_CHANGE`` floor, which only removes breaks; the shared history integrated out
-  numerically: over its mean, normal, and its deviation, chi). ``suspicious`` still needs
-  tonight beyond the ``alpha`` threshold, so neither label fires more often than
-  ``alpha``. The label's MDC (``consecutive_mdc``) is the persistent move seen on both
-  nights with probability ``POWER``, the floor counted. With fewer results (repeats
-  against repeats) each night is tested at ``alpha``.
+  level ``alpha`` wasted power. So from ``HISTORY_RESULTS`` results on, each night is
+  tested at ``consecutive_level(n, alpha)``: the rate at which both break the same way
+  with probability ``alpha`` (exact for normal noise without the ``MIN_CHANGE`` floor,
+  which only removes breaks; the history's mean and deviation integrated out).
+  ``suspicious`` still needs tonight beyond the ``alpha`` threshold, so neither label
+  fires more often than ``alpha``. The label's MDC (``consecutive_mdc``): the persistent
+  move seen on both nights with probability ``POWER``, the floor counted. With fewer
+  results (repeats against repeats) each night is tested at ``alpha``.
 """
 
 from __future__ import annotations
@@ -86,12 +80,14 @@ from dataclasses import dataclass
 import numpy as np
 from scipy import integrate, optimize, stats
 
+from harness.reporting import moderation
+
 __all__ = ["ALPHA", "BROKEN", "DRIFT_LEVEL", "HISTORY_RESULTS", "INTERVAL", "MIN_CHANGE",
-           "MIN_HISTORY", "ONE_NIGHT", "POWER", "SUITE_ALPHA", "TARGET_MDC", "TTA_ALPHA",
-           "Faster", "Test",
-           "centred", "consecutive_level", "consecutive_mdc", "faster", "interval",
+           "MIN_HISTORY", "ONE_NIGHT", "POWER", "SUITE_ALPHA", "TARGET_MDC",
+           "Test",
+           "by_results", "centred", "consecutive_level", "consecutive_mdc", "interval",
            "log_values", "mdc", "moved",
-           "night_label", "noise", "per_metric", "repeats_for", "rule_text", "test"]
+           "night_label", "noise", "per_metric", "repeats_for", "rule_text", "spread", "test"]
 
 ALPHA = 0.001  # the level per metric where a caller gives none; reports give per_metric's
 SUITE_ALPHA = 0.05  # false alarms per comparison of suite results, one-sided: the chance
@@ -104,12 +100,8 @@ MIN_HISTORY = 2  # earlier results needed for a verdict over nights
 BROKEN = ("regression", "improvement")  # the verdicts that break the rule: flags
 ONE_NIGHT = ("suspicious", "improvement (one night)")  # the labels of a night alone
 HISTORY_RESULTS = 3  # from this many baseline results on, results (not repeats) are units
-TTA_ALPHA = 0.05  # one claim per pair of systems ("a reaches the target faster"), not
-# hundreds of metrics a night: the conventional one-sided level
 INTERVAL = 0.95  # the confidence of a cell's interval (its error bar in MLflow and reports)
-# a cell's drift reference "moved" between baseline and current where a two-sided test of
-# its logs breaks at this level; the drift-cancelled figure is then judged (regressions)
-DRIFT_LEVEL = 0.05
+DRIFT_LEVEL = 0.05  # a cell's drift reference "moved" (two-sided; regressions.reference_moved)
 
 
 def per_metric(judged: int, rate: float = SUITE_ALPHA) -> float:
@@ -126,9 +118,11 @@ def rule_text(rate: float = SUITE_ALPHA, judged: int | None = None) -> str:
     return (f"one-sided t-test on log values at a false-alarm rate of {rate:g} per "
             f"comparison, split equally over its judged metrics (Bonferroni{each}): "
             f"repeats against repeats for one or two baseline results, the result against "
-            f"the prediction interval of {HISTORY_RESULTS} or more earlier results; MDC = "
-            f"the smallest change detected with {POWER:.0%} probability, from each cell's "
-            f"own noise; no move under {MIN_CHANGE:.0%} is flagged; of throughput and CPU "
+            f"the prediction interval of {HISTORY_RESULTS} or more earlier results; each "
+            f"cell's noise moderated by the same metric's over the comparison's cells "
+            f"(empirical Bayes, from {moderation.MIN_CELLS} cells); MDC = the smallest "
+            f"change detected with {POWER:.0%} probability, from that noise; no move under "
+            f"{MIN_CHANGE:.0%} is flagged; of throughput and CPU "
             f"time per sample, each raw and drift-cancelled, the drift-cancelled one where "
             f"the cell's drift reference moved (two-sided, at {DRIFT_LEVEL:g}), else the "
             f"one whose baseline was stabler")
@@ -140,7 +134,7 @@ class Test:
     t: float  # the statistic (signed: positive = current higher)
     critical: float  # |t| beyond this breaks the rule (at the rate it was tested at)
     sd: float  # pooled standard deviation of the logs (the cell's noise)
-    df: int
+    df: float  # its degrees of freedom (with a prior's: moderation)
     mdc: float  # minimum detectable relative change at POWER (two nights': consecutive)
     verdict: str  # regression | improvement | within-noise | too-few-repeats
     flag_at: float = math.nan  # the relative move at the critical value
@@ -188,49 +182,70 @@ def _detectable(se: float, df: int, alpha: float, power: float) -> float:
 
 
 def repeats_for(sd: float, target: float = TARGET_MDC, alpha: float = ALPHA,
-                most: int = 1000) -> int | None:
-    """The fewest repeats a side (two results of ``n`` repeats each, the pair test above)
-    at which noise ``sd`` (deviation of the logs) has an MDC of at most ``target``; None
-    beyond ``most`` or without a finite ``sd``."""
+                most: int = 1000, extra_df: float = 0.0) -> int | None:
+    """The fewest repeats a side (two results of ``n`` repeats each, the pair test above,
+    ``extra_df``: a prior's degrees of freedom) at which noise ``sd`` (deviation of the
+    logs) has an MDC of at most ``target``; None beyond ``most`` or without a finite ``sd``."""
     if not math.isfinite(sd):
         return None
     for n in range(2, most + 1):  # the MDC falls as n grows: the first n that reaches it
-        if mdc(sd, n, n, 2 * n - 2, alpha) <= target:
+        if mdc(sd, n, n, 2 * n - 2 + extra_df, alpha) <= target:
             return n
     return None
 
 
+def by_results(baseline: list[list[float]]) -> bool:
+    """Whether ``test`` takes the baseline's results as its units (``HISTORY_RESULTS`` or
+    more with values), not their repeats."""
+    return sum(bool(log_values(g)) for g in baseline) >= HISTORY_RESULTS
+
+
+def spread(baseline: list[list[float]], current: list[float]) -> tuple[float, int]:
+    """The sum of squares and degrees of freedom ``test`` measures a metric's noise by (of
+    the results' mean logs from ``HISTORY_RESULTS`` baseline results on, else of the
+    repeats' logs about each result's mean, the current result's too): what a
+    ``moderation.Prior`` is fitted on."""
+    return _units([g for g in (log_values(g) for g in baseline) if g],
+                  log_values(current))[1:3]
+
+
+def _units(base: list[list[float]], cur: list[float]) -> tuple[float, float, int, float]:
+    """The baseline's centre, the noise's sum of squares and degrees of freedom, and the
+    factor from the noise's deviation to the standard error of the move."""
+    if len(base) >= HISTORY_RESULTS:  # each result one value: its mean
+        means = [sum(g) / len(g) for g in base]
+        ss, df = centred([means])
+        return sum(means) / len(means), ss, df, math.sqrt(1 + 1 / len(means))
+    n_b, n_c = sum(len(g) for g in base), len(cur)
+    ss, df = centred([*base, cur]) if cur else centred(base)
+    return (sum(x for g in base for x in g) / n_b, ss, df,
+            math.sqrt(1 / n_b + 1 / n_c) if n_c else math.nan)
+
+
 def test(baseline: list[list[float]], current: list[float], higher_is_better: bool = True,
-         alpha: float = ALPHA, consecutive: bool = False) -> Test:
+         alpha: float = ALPHA, consecutive: bool = False,
+         prior: moderation.Prior = moderation.NONE) -> Test:
     """The rule above: ``baseline`` is one list of repeats per earlier result (oldest
     first); from ``HISTORY_RESULTS`` results on, the night-level test. ``consecutive``:
     this is one of two nights judged together against the same results (the over-nights
     label): from ``HISTORY_RESULTS`` results on, tested at ``consecutive_level`` and with
-    the two nights' MDC; with fewer, as a single comparison."""
+    the two nights' MDC; with fewer, as a single comparison. ``prior``: the metric's noise
+    over the comparison's cells (``moderation``); the cell's own noise is moderated by it
+    and its degrees of freedom grow by the prior's."""
     base = [g for g in (log_values(g) for g in baseline) if g]
     cur = log_values(current)
     if not base or not cur:
         return _too_few(math.nan)
     mean_c = sum(cur) / len(cur)
+    centre, ss, own_df, factor = _units(base, cur)
+    change = math.exp(mean_c - centre) - 1
+    if own_df < 1:
+        return _too_few(change)
+    var, df = prior.moderate(ss, own_df)
     nights = len(base) if consecutive and len(base) >= HISTORY_RESULTS else 0
     # each of two nights at the level that makes the pair's rate alpha
-    level = consecutive_level(nights, alpha) if nights else alpha
-    if len(base) >= HISTORY_RESULTS:  # each result one value: its mean
-        means = [sum(g) / len(g) for g in base]
-        n = len(means)
-        centre = sum(means) / n
-        ss, df = centred([means])
-        factor = math.sqrt(1 + 1 / n)  # a prediction interval for one more result
-        n_b, n_c = n, 1
-    else:  # repeats against repeats, each result's repeats about their own mean
-        n_b, n_c = sum(len(g) for g in base), len(cur)
-        centre = sum(x for g in base for x in g) / n_b
-        ss, df = centred([*base, cur])
-        factor = math.sqrt(1 / n_b + 1 / n_c)
-    change = math.exp(mean_c - centre) - 1
-    if df < 1:
-        return _too_few(change)
-    sd = math.sqrt(ss / df)
+    level = consecutive_level(nights, alpha, df) if nights else alpha
+    sd = math.sqrt(var)
     se = sd * factor
     diff = mean_c - centre
     t = diff / se if se > 0 else (0.0 if diff == 0 else math.copysign(math.inf, diff))
@@ -239,7 +254,8 @@ def test(baseline: list[list[float]], current: list[float], higher_is_better: bo
     worse = big and (t < -critical if higher_is_better else t > critical)
     better = big and (t > critical if higher_is_better else t < -critical)
     verdict = "regression" if worse else "improvement" if better else "within-noise"
-    seen = consecutive_mdc(sd, nights, alpha) if nights else _detectable(se, df, alpha, POWER)
+    seen = (consecutive_mdc(sd, nights, alpha, df=df) if nights
+            else _detectable(se, df, alpha, POWER))
     return Test(change, t, critical, sd, df, seen, verdict, _flag_at(se, df, level),
                 bool(nights))
 
@@ -260,10 +276,9 @@ def noise(baseline: list[list[float]]) -> float:
     on this, from the baseline alone, so that the choice does not look at the current
     result."""
     base = [g for g in (log_values(g) for g in baseline) if g]
-    if len(base) >= HISTORY_RESULTS:
-        ss, df = centred([[sum(g) / len(g) for g in base]])
-    else:
-        ss, df = centred(base)
+    if not base:
+        return math.nan
+    _, ss, df, _ = _units(base, [])
     return math.sqrt(ss / df) if df else math.nan
 
 
@@ -277,29 +292,6 @@ def interval(values, level: float = INTERVAL) -> tuple[float, float]:  # noqa: A
     m = sum(logs) / len(logs)
     half = stats.t.ppf(0.5 + level / 2, df) * math.sqrt(ss / df / len(logs))
     return math.exp(m - half), math.exp(m + half)
-
-
-@dataclass(frozen=True)
-class Faster:
-    ratio: float  # geometric mean of a / of b (below 1: a is faster)
-    low: float  # the ratio's INTERVAL confidence interval
-    high: float
-    p: float  # one-sided: the chance of a ratio this low if a were not faster
-    shown: bool  # p < alpha
-
-
-def faster(a, b, alpha: float = TTA_ALPHA) -> Faster:  # noqa: ANN001 - numbers
-    """Is ``a`` (e.g. one system's times to target over seeds) lower than ``b``? A
-    one-sided Welch t-test on the logs (MLPerf judges convergence over seeds, one-sided);
-    NaNs with fewer than two values on a side."""
-    la, lb = log_values(a), log_values(b)
-    if len(la) < 2 or len(lb) < 2:
-        return Faster(math.nan, math.nan, math.nan, math.nan, False)
-    r = stats.ttest_ind(la, lb, equal_var=False, alternative="less")
-    ci = stats.ttest_ind(la, lb, equal_var=False).confidence_interval(INTERVAL)
-    d = sum(la) / len(la) - sum(lb) / len(lb)
-    p = float(r.pvalue)
-    return Faster(math.exp(d), math.exp(ci.low), math.exp(ci.high), p, p < alpha)
 
 
 def _too_few(change: float) -> Test:
@@ -323,13 +315,15 @@ def night_label(nights: list[str], history: int, strict: str | None = None) -> s
     return ONE_NIGHT[0] if strict == "regression" else ONE_NIGHT[1]
 
 
-def _both_beyond(c: float, n: int, shift: float = 0.0, floor: float = -math.inf) -> float:
+def _both_beyond(c: float, n: int, shift: float = 0.0, floor: float = -math.inf,
+                 df: float | None = None) -> float:
     """P(two new results, each moved by ``shift`` noise deviations, both lie beyond ``c``
     on the night-level test's scale against the same ``n`` earlier results, and beyond
     ``floor`` deviations from their mean): the history's mean (normal, deviation
-    1/sqrt(n)) by Gauss-Hermite nodes, its deviation (chi with n - 1 degrees of freedom)
-    by adaptive quadrature; given both, the two results are independent."""
-    df, k = n - 1, math.sqrt(1 + 1 / n)
+    1/sqrt(n)) by Gauss-Hermite nodes, its deviation (chi with ``df`` degrees of freedom,
+    n - 1 where None; more with a prior's: ``moderation``) by adaptive quadrature over
+    all but 1e-14 of it at either end; given both, the two results are independent."""
+    df, k = (n - 1 if df is None else df), math.sqrt(1 + 1 / n)
     x, w = np.polynomial.hermite_e.hermegauss(60)
     means, w = x / math.sqrt(n), w / w.sum()
 
@@ -337,8 +331,8 @@ def _both_beyond(c: float, n: int, shift: float = 0.0, floor: float = -math.inf)
         both = float(np.sum(w * stats.norm.sf(means + max(c * s * k, floor) - shift) ** 2))
         return both * stats.chi.pdf(s * math.sqrt(df), df) * math.sqrt(df)
 
-    top = stats.chi.isf(1e-14, df) / math.sqrt(df)  # beyond it: nothing that counts
-    return integrate.quad(density, 0, top, limit=200)[0]
+    low, top = stats.chi.ppf(1e-14, df) / math.sqrt(df), stats.chi.isf(1e-14, df) / math.sqrt(df)
+    return integrate.quad(density, low, top, limit=200)[0]
 
 
 def _widen(holds, x: float) -> float:  # noqa: ANN001 - a predicate, monotone in x
@@ -352,46 +346,55 @@ def _widen(holds, x: float) -> float:  # noqa: ANN001 - a predicate, monotone in
 
 
 @functools.lru_cache(maxsize=256)
-def _consecutive_critical(n: int, alpha: float) -> float:
+def _consecutive_critical(n: int, alpha: float, df: float | None = None) -> float:
     """The critical t both nights must pass for the pair to break with probability
     ``alpha`` under no change (below zero for an ``alpha`` near 1/4, where even a
     critical value of zero breaks both nights less often)."""
     def excess(c: float) -> float:
-        return _both_beyond(c, n) - alpha
+        return _both_beyond(c, n, df=df) - alpha
 
     low = 1e-3 if excess(1e-3) > 0 else _widen(lambda c: excess(c) > 0, -1.0)
     return optimize.brentq(excess, low, _widen(lambda c: excess(c) < 0, 10.0))
 
 
-def consecutive_level(n: int, alpha: float = ALPHA) -> float:
+def consecutive_level(n: int, alpha: float = ALPHA, df: float | None = None) -> float:
     """The one-sided rate per night at which two nights tested against the same ``n``
     earlier results (``n >= HISTORY_RESULTS``: each result one value) both break the rule
     the same way with probability ``alpha`` (at most ``alpha`` with the ``MIN_CHANGE``
-    floor, which only removes breaks)."""
-    return float(stats.t.sf(_consecutive_critical(n, alpha), n - 1))
+    floor, which only removes breaks); ``df``: the noise estimate's degrees of freedom
+    (None: n - 1, the history's own)."""
+    df = n - 1 if df is None else df
+    return float(stats.t.sf(_consecutive_critical(n, alpha, df), df))
 
 
 @functools.lru_cache(maxsize=4096)
-def _consecutive_shift(n: int, alpha: float, power: float, floor: float) -> float:
+def _consecutive_shift(n: int, alpha: float, power: float, floor: float, df: float) -> float:
     """The persistent move, in noise deviations, that both nights flag with ``power``,
     the floor (in noise deviations) counted."""
-    c = _consecutive_critical(n, alpha)
-    return optimize.brentq(lambda d: _both_beyond(c, n, d, floor) - power, 0.0,
-                           _widen(lambda d: _both_beyond(c, n, d, floor) > power, 10.0))
+    c = _consecutive_critical(n, alpha, df)
+
+    def seen(d: float) -> float:
+        return _both_beyond(c, n, d, floor, df)
+
+    return optimize.brentq(lambda d: seen(d) - power, 0.0,
+                           _widen(lambda d: seen(d) > power, 10.0))
 
 
-def consecutive_mdc(sd: float, n: int, alpha: float = ALPHA, power: float = POWER) -> float:
+def consecutive_mdc(sd: float, n: int, alpha: float = ALPHA, power: float = POWER,
+                    df: float | None = None) -> float:
     """The smallest relative move lasting two nights that the two-night label flags with
     probability ``power``, for night-level noise ``sd`` (the deviation of the results'
-    mean logs) and ``n`` earlier results; the ``MIN_CHANGE`` floor is counted inside the
-    probability (each night must pass both it and the critical value), in noise
-    deviations to three figures (one computation serves many cells)."""
+    mean logs; ``df`` its degrees of freedom, None: n - 1) and ``n`` earlier results; the
+    ``MIN_CHANGE`` floor is counted inside the probability (each night must pass both it
+    and the critical value), in noise deviations to three figures (one computation
+    serves many cells)."""
     if n < HISTORY_RESULTS or not math.isfinite(sd):
         return math.inf
     if sd <= 0:
         return MIN_CHANGE
+    df = n - 1 if df is None else df
     floor = float(f"{math.log1p(MIN_CHANGE) / sd:.3g}")
-    lowest = stats.chi.ppf(1e-9, n - 1) / math.sqrt(n - 1)  # the smallest s that counts
-    if floor <= _consecutive_critical(n, alpha) * lowest * math.sqrt(1 + 1 / n):
+    lowest = stats.chi.ppf(1e-9, df) / math.sqrt(df)  # the smallest s that counts
+    if floor <= _consecutive_critical(n, alpha, df) * lowest * math.sqrt(1 + 1 / n):
         floor = -math.inf  # the critical value is beyond the floor wherever it matters
-    return math.expm1(_consecutive_shift(n, alpha, power, floor) * sd)
+    return math.expm1(_consecutive_shift(n, alpha, power, floor, df) * sd)

@@ -102,3 +102,42 @@ def test_pipedream_goal_shows_its_worst_verdict_over_the_flush_pipelines() -> No
     ((_, ok1, how1, interval),) = [g for g in checks({"gpipe": 96.0, "torch-gpipe": 100.0},
                                                      {"gpipe": [96.0], "torch-gpipe": [100.0]})]
     assert (ok1, how1, interval) == (True, "0.96x", False)
+
+
+def _steady_result(values: list[list[float]]) -> dict:
+    from harness import metrics
+    from harness.reporting.results import SCHEMA, summarise
+    cells = [{"key": f"w/tiny/w2/s{i}/throughput", "status": "ok", "note": "",
+              "metrics": {metrics.STEADY_THROUGHPUT: summarise(v).to_json()},
+              "counters": {}, "counters_consistent": True} for i, v in enumerate(values)]
+    return {"schema": SCHEMA, "created": "2026-01-01T00:00:00+00:00",
+            "suite": {"name": "t"}, "environment": {"machine": "m"}, "cells": cells}
+
+
+def test_bench_states_each_cell_s_mdc_as_a_comparison_would() -> None:
+    """bench's MDC column (``bench.mdcs``): one cell alone, the two-sample t test's MDC
+    against a result like it (its repeats' deviation by numpy, 3 + 3 repeats, the level
+    of one judged metric); among eight cells of like noise, their noise moderated by each
+    other's (``moderation``), the MDCs are lower for all but the cells whose own repeats
+    happened to vary least (pulled up toward the others), lower in the median."""
+    import math
+
+    import numpy as np
+
+    from harness.experiments.bench import mdcs
+    from harness.reporting import verdicts
+
+    rng = np.random.default_rng(3)
+    values = [list(1000 * np.exp(0.05 * rng.standard_normal(3))) for _ in range(8)]
+    seen, level, judged = mdcs(_steady_result(values[:1]))
+    sd = float(np.std(np.log(values[0]), ddof=1))
+    assert (judged, level) == (1, verdicts.SUITE_ALPHA)
+    alone = verdicts.mdc(sd, 3, 3, 4, verdicts.SUITE_ALPHA)
+    assert seen == {"w/tiny/w2/s0/throughput": pytest.approx(alone, rel=1e-9)}
+    together, level, judged = mdcs(_steady_result(values))
+    assert judged == 8 and math.isclose(level, verdicts.SUITE_ALPHA / 8)
+    own = [verdicts.mdc(float(np.std(np.log(v), ddof=1)), 3, 3, 4, level) for v in values]
+    moderated = [together[f"w/tiny/w2/s{i}/throughput"] for i in range(8)]
+    assert np.median(moderated) < np.median(own)
+    assert moderated[int(np.argmax(own))] < max(own)
+    assert max(moderated) / min(moderated) < max(own) / min(own)

@@ -175,21 +175,25 @@ def test_the_detectability_line_says_which_mdc_it_counts() -> None:
 
 
 
-def _both_beyond_exact(critical: float, n: int, shift: float = 0.0) -> float:
+def _both_beyond_exact(critical: float, n: int, shift: float = 0.0,
+                       df: float | None = None) -> float:
     """The same probability as ``_both_drop`` (no floor) without sampling, for rates too
     small to count: given the history's deviation s, the two nights' distances from the
     history's mean, over their deviation sqrt(1 + 1/n), are standard normals correlated
     1/(n + 1) (the shared mean), so both lie below -critical * s with the bivariate
     normal's probability, by Owen's T at equal limits: Phi2(h, h; r) = Phi(h) - 2 T(h, a),
     a = sqrt((1 - r) / (1 + r)); s (chi, n - 1 degrees of freedom, over sqrt(n - 1)) is
-    summed out on a fine grid by Simpson's rule."""
+    summed out on a fine grid by Simpson's rule. ``df``: the deviation's degrees of
+    freedom where a prior adds to them (``moderation``: the moderated variance over the
+    true one is a chi-square on d0 + n - 1 over its degrees of freedom, independent of
+    the means)."""
     from scipy import integrate, special
 
-    k, r = math.sqrt(1 + 1 / n), 1 / (n + 1)
-    s = np.linspace(0.0, stats.chi.isf(1e-15, n - 1) / math.sqrt(n - 1), 200_001)
+    k, r, df = math.sqrt(1 + 1 / n), 1 / (n + 1), n - 1 if df is None else df
+    s = np.linspace(0.0, stats.chi.isf(1e-15, df) / math.sqrt(df), 200_001)
     h = -critical * s + shift / k
     both = stats.norm.cdf(h) - 2 * special.owens_t(h, math.sqrt((1 - r) / (1 + r)))
-    density = stats.chi.pdf(s * math.sqrt(n - 1), n - 1) * math.sqrt(n - 1)
+    density = stats.chi.pdf(s * math.sqrt(df), df) * math.sqrt(df)
     return float(integrate.simpson(both * density, x=s))
 
 
@@ -214,3 +218,17 @@ def test_at_the_rates_the_nightly_uses(n: int, alpha: float) -> None:
     sd = 0.3
     shift = math.log1p(verdicts.consecutive_mdc(sd, n, alpha)) / sd
     assert _both_beyond_exact(critical, n, shift) == pytest.approx(verdicts.POWER, abs=1e-3)
+
+
+@pytest.mark.parametrize("df", [9.5, 40.0, 400.0])
+def test_with_a_prior_s_degrees_of_freedom(df: float) -> None:
+    """The history's deviation moderated (``moderation``: more degrees of freedom than its
+    n - 1): the level and the MDC against the exact reference on those."""
+    n, alpha, sd = 5, 1e-4, 0.3
+    level = verdicts.consecutive_level(n, alpha, df)
+    critical = stats.t.isf(level, df)
+    assert _both_beyond_exact(critical, n, df=df) == pytest.approx(alpha, rel=2e-3)
+    assert level > verdicts.consecutive_level(n, alpha)  # more known: a looser level
+    shift = math.log1p(verdicts.consecutive_mdc(sd, n, alpha, df=df)) / sd
+    assert _both_beyond_exact(critical, n, shift, df) == pytest.approx(verdicts.POWER,
+                                                                       abs=1e-3)

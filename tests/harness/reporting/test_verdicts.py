@@ -10,7 +10,7 @@ import random
 import pytest
 from scipy import stats
 
-from harness.reporting import verdicts
+from harness.reporting import seeds, verdicts
 
 TRIALS = 4000
 
@@ -174,17 +174,17 @@ def test_the_interval_covers_the_geometric_mean_at_its_level(n: int) -> None:
 
 
 def test_a_faster_claim_over_seeds_holds_its_level_and_sees_a_real_gap() -> None:
-    """``verdicts.faster`` (time to target over seeds, one-sided): equal systems are shown
+    """``seeds.faster`` (time to target over seeds, one-sided): equal systems are shown
     faster in TTA_ALPHA of the trials; a 30% gap with 5% noise over 5 seeds nearly always."""
     rng = random.Random(11)
     trials = 2000
-    same = sum(verdicts.faster(_sample(rng, 5, 0, 0.1), _sample(rng, 5, 0, 0.1)).shown
+    same = sum(seeds.faster(_sample(rng, 5, 0, 0.1), _sample(rng, 5, 0, 0.1)).shown
                for _ in range(trials)) / trials
-    assert abs(same - verdicts.TTA_ALPHA) < 4 * math.sqrt(0.05 * 0.95 / trials) + 0.01
-    gap = sum(verdicts.faster(_sample(rng, 5, math.log(0.7), 0.05),
+    assert abs(same - seeds.TTA_ALPHA) < 4 * math.sqrt(0.05 * 0.95 / trials) + 0.01
+    gap = sum(seeds.faster(_sample(rng, 5, math.log(0.7), 0.05),
                               _sample(rng, 5, 0, 0.05)).shown for _ in range(200)) / 200
     assert gap > 0.99
-    f = verdicts.faster([7.0, 7.0, 7.1], [10.0, 10.0, 10.1])
+    f = seeds.faster([7.0, 7.0, 7.1], [10.0, 10.0, 10.1])
     assert f.low < f.ratio < f.high < 1 and f.shown
 
 

@@ -1,0 +1,145 @@
+"""Moderated variances (harness/reporting/moderation.py) against simulation with known
+truth: the prior fitted to sample variances drawn from a known prior recovers it; the
+moderated test flags unchanged metrics at the rate it is run at (the t distribution on
+d0 + d degrees of freedom is the closed form); where every cell has the same noise it
+sees what a test knowing that noise would (the normal's closed form); and the reports'
+comparison uses it."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from scipy import special, stats
+
+from harness.reporting import moderation, verdicts
+from harness.reporting.regressions import compare_results
+from harness.reporting.results import SCHEMA, summarise
+
+
+def _variances(rng: np.random.Generator, cells: int, d0: float, s0sq: float, df: int
+               ) -> tuple[np.ndarray, np.ndarray]:
+    """True variances from the scaled inverse chi-square prior, and each cell's sample
+    variance on ``df`` degrees of freedom."""
+    true = d0 * s0sq / rng.chisquare(d0, cells) if math.isfinite(d0) else np.full(cells, s0sq)
+    return true, true * rng.chisquare(df, cells) / df
+
+
+def test_trigamma_inverse_inverts_scipy_s_trigamma() -> None:
+    for y in (0.01, 0.3, 1.0, 4.0, 50.0, 2000.0):
+        x = float(special.polygamma(1, y))
+        assert moderation.trigamma_inverse(x) == pytest.approx(y, rel=1e-6)
+
+
+@pytest.mark.parametrize("d0, df", [(4.0, 4), (10.0, 4), (8.0, 2)])
+def test_the_fit_recovers_a_known_prior(d0: float, df: int) -> None:
+    rng = np.random.default_rng(int(d0 * 10 + df))
+    s0sq = 0.08 ** 2
+    _, s2 = _variances(rng, 20_000, d0, s0sq, df)
+    prior = moderation.fit([(v, df) for v in s2])
+    assert prior.d0 == pytest.approx(d0, rel=0.15)
+    assert prior.s0sq == pytest.approx(s0sq, rel=0.05)
+    assert prior.cells == 20_000
+
+
+def test_equal_noise_gives_the_largest_prior_and_too_few_cells_none() -> None:
+    rng = np.random.default_rng(5)
+    _, s2 = _variances(rng, 5000, math.inf, 0.05 ** 2, 4)
+    prior = moderation.fit([(v, 4) for v in s2])
+    assert prior.d0 > 200 and prior.s0sq == pytest.approx(0.05 ** 2, rel=0.03)
+    few = [(v, 4) for v in s2[: moderation.MIN_CELLS - 1]]
+    assert moderation.fit(few) == moderation.NONE
+    assert moderation.fit([(0.0, 4)] * 10 + [(0.01, 0)] * 10) == moderation.NONE
+    assert moderation.NONE.moderate(0.08, 4) == (0.02, 4)
+
+
+def _family(rng: np.random.Generator, cells: int, true: np.ndarray, n: int,
+            shift: float = 0.0) -> list[tuple[list[float], list[float]]]:
+    """Each cell's baseline and current repeats (``n`` a side), in values (the rule takes
+    logs); the current ones moved by ``shift`` (a log ratio)."""
+    sd = np.sqrt(true)[:, None]
+    base = np.exp(7 + sd * rng.standard_normal((cells, n)))
+    cur = np.exp(7 + shift + sd * rng.standard_normal((cells, n)))
+    return [(list(b), list(c)) for b, c in zip(base, cur, strict=True)]
+
+
+def _judge(family: list, alpha: float) -> list[verdicts.Test]:
+    """Every cell tested at ``alpha`` with the prior fitted over the family, as the
+    reports fit it (``regressions.priors``)."""
+    spreads = [verdicts.spread([b], c) for b, c in family]
+    prior = moderation.fit([(ss / df, df) for ss, df in spreads])
+    return [verdicts.test([b], c, True, alpha, prior=prior) for b, c in family]
+
+
+def test_unchanged_metrics_flag_at_the_rate_set() -> None:
+    """40 cells a family (the nightly's order), 3 repeats a side, true variances from a
+    prior of 6 degrees of freedom, the prior fitted on each family itself: the share of
+    cells flagged is alpha (the moderated t is a t on d0 + 4 degrees of freedom), while
+    the degrees of freedom grew well beyond the cell's own 4."""
+    rng = np.random.default_rng(17)
+    alpha, families, cells = 0.01, 500, 40
+    flags, dfs = 0, []
+    for _ in range(families):
+        true, _ = _variances(rng, cells, 6.0, 0.3 ** 2, 1)  # noise large: no floor
+        tests = _judge(_family(rng, cells, true, 3), alpha)
+        flags += sum(t.verdict == "regression" for t in tests)
+        dfs.append(tests[0].df)
+    trials = families * cells
+    assert abs(flags / trials - alpha) < 4 * math.sqrt(alpha * (1 - alpha) / trials) + 1e-3
+    assert np.median(dfs) > 8
+
+
+def test_with_equal_noise_it_sees_what_a_test_that_knew_the_noise_sees() -> None:
+    """Every cell's noise the same: the prior takes it over, on as many degrees of freedom
+    as the family has (40 cells of 4: 160, not infinitely many, since its scale is
+    estimated from them); at 0.05 / 480 (the nightly's level) the MDC is near the
+    known-noise test's closed form, far under the cell-alone t test's; a move of the MDC
+    a test of that many degrees of freedom states is flagged at the stated power, and an
+    unchanged one at the rate set."""
+    rng = np.random.default_rng(23)
+    sd, n, cells, alpha = 0.05, 3, 40, verdicts.per_metric(480)
+    se = sd * math.sqrt(2 / n)
+    known = math.expm1((stats.norm.isf(alpha) + stats.norm.ppf(verdicts.POWER)) * se)
+    tests = _judge(_family(rng, cells, np.full(cells, sd ** 2), n), alpha)
+    assert max(t.df for t in tests) <= cells * (2 * n - 2) + 2 * n - 2
+    assert np.median([t.mdc for t in tests]) == pytest.approx(known, rel=0.1)
+    assert verdicts.mdc(sd, n, n, 2 * n - 2, alpha) > 2 * known  # each cell alone
+    df = float(np.median([t.df for t in tests]))
+    move = -math.log1p(verdicts.mdc(sd, n, n, df, alpha))
+    seen = sum(t.verdict == "regression" for _ in range(40) for t in _judge(
+        _family(rng, cells, np.full(cells, sd ** 2), n, move), alpha))
+    assert abs(seen / (40 * cells) - verdicts.POWER) < 0.04
+    level = 0.01  # countable: the equal-noise family at the rate set
+    flags = sum(t.verdict == "regression" for _ in range(300) for t in _judge(
+        _family(rng, cells, np.full(cells, 0.3 ** 2), n), level))
+    assert abs(flags / (300 * cells) - level) < 4 * math.sqrt(level / (300 * cells)) + 1e-3
+
+
+def _result(values: list[list[float]]) -> dict:
+    cells = [{"key": f"w/tiny/w2/s{i}/throughput", "status": "ok", "note": "",
+              "metrics": {"throughput_samples_per_s": summarise(v).to_json()},
+              "counters": {}, "counters_consistent": True} for i, v in enumerate(values)]
+    return {"schema": SCHEMA, "created": "2026-01-01T00:00:00+00:00",
+            "suite": {"name": "t"}, "environment": {"machine": "m"}, "cells": cells}
+
+
+def test_the_comparison_moderates_over_its_cells() -> None:
+    """Through ``compare_results``: 20 cells of equal noise, one slowed by 12%. Its own t
+    (scipy's pooled t-test) lies between the critical value on its own 4 degrees of
+    freedom and on those of the 20 cells together, at the level of 20 metrics: alone it
+    is not seen, moderated by the other cells' noise it is flagged, and nothing else is."""
+    rng = np.random.default_rng(29)
+    fam = _family(rng, 20, np.full(20, 0.04 ** 2), 3)
+    fam[7] = (fam[7][0], [v * 0.88 for v in fam[7][1]])
+    alpha = verdicts.per_metric(20)
+    t = stats.ttest_ind(np.log(fam[7][1]), np.log(fam[7][0])).statistic
+    assert stats.t.isf(alpha, 4) > -t > stats.t.isf(alpha, 20 * 4)
+    base, cur = _result([b for b, _ in fam]), _result([c for _, c in fam])
+
+    def flagged(moderate: bool) -> list[str]:
+        return [c.cell for c in compare_results([base], cur, alpha, moderate=moderate)
+                if c.verdict == "regression"]
+
+    assert flagged(True) == ["w/tiny/w2/s7/throughput"]
+    assert flagged(False) == []
