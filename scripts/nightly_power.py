@@ -96,14 +96,11 @@ def _judged(key: str, pairs: list[tuple[int, list[regressions.Change]]]
 
 
 def _priors(earlier: list[dict], last: dict) -> dict[str, moderation.Prior]:
-    """Each throughput figure's prior (``regressions.priors``) comparing ``last`` with the
-    results ``earlier``: over their repeats for one, over the results from
-    ``verdicts.HISTORY_RESULTS`` on."""
+    """Each throughput figure's prior (``regressions.priors``) of ``earlier`` judged with
+    ``last``: over repeats (one earlier result), over results (``HISTORY_RESULTS`` on)."""
     pooled: dict[str, list[dict]] = {}
-    for r in earlier:
-        for c in r["cells"]:
-            if c["status"] == "ok":
-                pooled.setdefault(c["key"], []).append(c)
+    for c in (c for r in earlier for c in r["cells"] if c["status"] == "ok"):
+        pooled.setdefault(c["key"], []).append(c)
     fitted = regressions.priors(pooled, {c["key"]: c for c in last["cells"]})
     history = len(earlier) >= verdicts.HISTORY_RESULTS
     return {n: fitted.get((n, history), moderation.NONE) for n in THROUGHPUTS}
@@ -112,8 +109,9 @@ def _priors(earlier: list[dict], last: dict) -> dict[str, moderation.Prior]:
 def _moderated(groups: list[list[float]], prior: moderation.Prior) -> tuple[float, float]:
     """The deviation ``test`` would use for ``groups`` and its prior's extra degrees of
     freedom (NaN, 0 without a noise estimate)."""
-    ss, df = verdicts.spread(groups, [])
-    return (math.sqrt(prior.moderate(ss, df)[0]), max(prior.d0, 0.0)) if df else (math.nan, 0)
+    dev, df = verdicts.spread(groups, [])
+    var = prior.moderate(sum(x * x for x in dev), df)[0]
+    return (math.sqrt(var), max(prior.d0, 0.0)) if df else (math.nan, 0)
 
 
 def _repeats_for(cell: dict, judged: list[str], level: float,
@@ -183,7 +181,7 @@ def _aa_section(base: dict, runs: list[dict]) -> list[str]:
     # the last run as the nightly judges it against the runs before: the level of a night
     night = regressions.night_alpha(runs[:-1], runs[-1], WINDOW)[0]
     labels, labelled = _nightly_labels(runs)
-    within, over_runs = _priors(runs[:1], runs[1]), _priors(runs[:-1], runs[-1])
+    within, over_runs = _priors(runs[:1], runs[1]), _priors(runs, runs[-1])
     rows, needs = [], []
     for cell in base["cells"]:
         key = cell["key"]
@@ -229,7 +227,9 @@ def _aa_section(base: dict, runs: list[dict]) -> list[str]:
             "per metric (the rule's rate per comparison over its judged metrics); the "
             f"repeats for {verdicts.TARGET_MDC:.0%} are at A1 vs A2's level, {level:.2g}, "
             f"and the two nights' MDC at the last run's against the runs before it, "
-            f"{night:.2g}.", "",
+            f"{night:.2g}. The MDCs and the repeats for {verdicts.TARGET_MDC:.0%} count "
+            "each cell's noise as the rule does, moderated by the same figure's over the "
+            "cells (`harness/reporting/moderation.py`); the spreads are the cells' own.", "",
             *markdown_table(("cell", "steady samples/s (A1)",
                              *(f"spread {n}" for n in THROUGHPUTS), "judged on", "MDC",
                              "two nights' MDC",

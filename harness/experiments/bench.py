@@ -33,7 +33,7 @@ import math
 from core.markdown import markdown_table
 from harness import metrics, systems
 from harness.experiments.suite import Cell, Suite
-from harness.reporting import regressions, seeds, verdicts
+from harness.reporting import moderation, regressions, seeds, verdicts
 from harness.reporting.results import cell_row, overhead_table
 from pipedream_impl.runtime import SPAWN_LAUNCHER, STAGE_EXECUTOR
 from pipedream_impl.schedule import registry as schedules
@@ -90,13 +90,27 @@ _WORST_FIRST = {False: 0, None: 1, True: 2}
 
 def mdcs(result: dict) -> tuple[dict[str, float], float, int]:
     """Each cell's MDC of its steady throughput (of the raw and drift-cancelled figures
-    the one the rule would judge) as ``pipebench regressions`` states it comparing another
-    result like this one with it (the same level per metric, each noise moderated over
-    the cells), that level, and how many metrics the comparison judges."""
+    the one the rule would judge) as ``pipebench regressions`` would state it comparing
+    another result like this one with it: at that comparison's level per metric, the
+    cell's noise (its repeats' variance, taken for both results) moderated by a prior
+    fitted on this result's cells alone (the same data twice is not twice the evidence;
+    the cap on its degrees of freedom counts a pair's);
+    that level and how many metrics the comparison judges."""
     changes, level, judged = regressions.compare_at_rate([result], result)
     steady = (metrics.STEADY_THROUGHPUT, metrics.STEADY_PER_REFERENCE)
-    return ({c.cell: c.mdc for c in regressions.judged(changes) if c.name in steady},
-            level, judged)
+    chosen = {c.cell: c.name for c in regressions.judged(changes) if c.name in steady}
+    own = {(c["key"], name): verdicts.spread([c["metrics"][name]["values"]], [])
+           for c in result["cells"] for name in steady if name in c.get("metrics", {})}
+    out = {}
+    for name in steady:
+        found = [(dev, df) for (_, n), (dev, df) in own.items() if n == name and df]
+        prior = moderation.fit([(sum(x * x for x in r) / df, df) for r, df in found],
+                               [r for r, _ in found], 2 * max((df for _, df in found), default=0))
+        for key in (k for k, n in chosen.items() if n == name):
+            dev, df = own[key, name]
+            var, pair_df = prior.moderate(2 * sum(x * x for x in dev), 2 * df)
+            out[key] = verdicts.mdc(math.sqrt(var), df + 1, df + 1, pair_df, level)
+    return out, level, judged
 
 
 def checks(rates: dict[str, float], values: dict[str, list[float]] | None = None

@@ -21,7 +21,8 @@ A pair test of two results' means then sees ``t = sqrt(ratio) * T`` with ``T`` S
 t on the repeats' degrees of freedom (the difference of two means varies by
 ``2 tau^2 + sigma^2 (1/n_a + 1/n_b)``, which is ``ratio`` times what the repeats predict
 where both have ``n`` repeats), so its one-sided false-alarm rate is
-``P(T > critical / sqrt(ratio))`` (``pair_rate``; the rule's 2% floor only lowers it).
+``P(T > critical / sqrt(ratio))`` (``pair_rate``; the rule's 2% floor only lowers it), on
+the test's own degrees of freedom (a moderated noise's are more: ``moderation``).
 
 ``report`` writes both into ``scripts/nightly_power.py``'s reports: each metric's ratio over
 an A/A series and in each pair, and each pair's flags beside the flags its ratios predict.
@@ -79,11 +80,15 @@ def inflation(results: list[dict], name: str) -> Inflation:
                      else 0)
 
 
-def pair_rate(ratio: float, repeats: int, alpha: float = verdicts.ALPHA) -> float:
+def pair_rate(ratio: float, repeats: int, alpha: float = verdicts.ALPHA,
+              df: float | None = None) -> float:
     """The pair test's one-sided false-alarm rate (``verdicts.test`` with one baseline of
     ``repeats`` against a current result of as many) when the results' means vary
-    ``ratio`` times as much as their repeats predict; ``alpha`` at a ratio of 1."""
-    df = 2 * repeats - 2
+    ``ratio`` times as much as their repeats predict; ``alpha`` at a ratio of 1. ``df``:
+    the test's degrees of freedom (None: the repeats', 2 x repeats - 2; more where a prior
+    moderates the noise, and then a ratio above 1 costs more: the critical value is lower,
+    and the t's tail thinner)."""
+    df = 2 * repeats - 2 if df is None else df
     if df < 1 or not math.isfinite(ratio) or ratio <= 0:
         return math.nan
     critical = stats.t.ppf(1 - alpha, df)
@@ -108,7 +113,7 @@ def report(runs: list[dict], pairs: list[tuple[int, list[Change]]],
     for i, ch in pairs:
         its = judged(ch)
         expect = sum(2 * pair_rate(max(1.0, ratio[i, c.name].ratio), ratio[i, c.name].repeats,
-                                   levels[i]) for c in its)
+                                   levels[i], c.df) for c in its)
         tally.append((f"A{i} vs A{i + 1}", str(len(its)), f"{levels[i]:.2g}",
                       str(sum(c.verdict in verdicts.BROKEN for c in its)),
                       f"{2 * levels[i] * len(its):.2f}", f"{expect:.2f}"))

@@ -19,15 +19,19 @@ chi-square on its ``d`` degrees of freedom over ``d``. Then the posterior varian
     s~^2 = (d0 s0^2 + d s^2) / (d0 + d)
 
 stands in for ``s^2``, and the t statistic with ``s~`` in place of ``s`` follows a t
-distribution on ``d0 + d`` degrees of freedom where nothing changed (exactly, under the
-model). Where the cells' variances differ a lot, ``d0`` comes out small and each cell
-keeps mostly its own; where they agree, ``d0`` is large and the cell's noise is the
-metric's. The false-alarm rate stays the one set (``tests/harness/reporting/
-test_moderation.py`` checks it and the power against simulation); what is gained is
-degrees of freedom, hence power. What it assumes beyond the plain t-test: that one
-metric's variances over the cells of a comparison are exchangeable (a very noisy cell
-among quiet ones is pulled toward them and flags more often than the rate says); it is
-fitted on the log scale of ``verdicts`` and only over cells with a non-zero variance.
+distribution on ``d0 + d`` degrees of freedom where nothing changed (under the model,
+with the prior known; fitted, nearly). Where the cells' variances differ a lot, ``d0``
+comes out small and each cell keeps mostly its own; where they agree, ``d0`` is large and
+the cell's noise is the metric's. The false-alarm rate stays the one set
+(``tests/harness/reporting/test_moderation.py`` checks it and the power against
+simulation); what is gained is degrees of freedom, hence power (not for every cell: one
+whose repeats happened to agree is pulled up). What it assumes beyond the plain t-test:
+that one metric's variances over a comparison's cells are exchangeable (a very noisy cell
+among quiet ones is pulled toward them and flags more often than the rate says), and that
+the cells' noise is independent; where it is not (the nights of raw throughput on this
+machine move together, one machine-wide shift a night) the cells know little more than
+one, and ``d0`` is capped by the cells' effective number (``fit``). Fitted on the log
+scale of ``verdicts``, over cells with a non-zero variance.
 
 ``Prior`` with ``d0 = 0`` is no moderation (each cell alone): what ``fit`` gives for too
 few cells (``MIN_CELLS``).
@@ -41,11 +45,12 @@ from dataclasses import dataclass
 import numpy as np
 from scipy import special
 
-__all__ = ["MAX_DF", "MIN_CELLS", "NONE", "Prior", "fit", "trigamma_inverse"]
+__all__ = ["MAX_DF", "MIN_CELLS", "NONE", "Prior", "effective_cells", "fit",
+           "trigamma_inverse"]
 
 MIN_CELLS = 5  # fewer cells with a noise estimate: no prior (each cell judged alone)
 MAX_DF = 10_000.0  # an infinite d0 (the variances agree beyond sampling) is capped here
-# (and at the cells' degrees of freedom together: ``fit``)
+# (and at what the other cells know: ``fit``)
 
 
 @dataclass(frozen=True)
@@ -82,24 +87,57 @@ def trigamma_inverse(x: float) -> float:
     raise ArithmeticError(f"trigamma_inverse({x:g}) did not converge")
 
 
-def fit(variances: list[tuple[float, float]]) -> Prior:
+def effective_cells(deviations: list[list[float]], df: float) -> float:
+    """How many independent cells ``deviations`` (each cell's deviations of the noise,
+    aligned: entry j of every cell from the same repeat round or night) are worth for
+    knowing the noise: Kish's design effect, ``G / (1 + (G - 1) r2)``, with ``r2`` the
+    correlation of the cells' variances (for normals correlated ``rho``: ``rho^2``), the
+    larger of two estimates from the cosines between their deviation vectors: the mean
+    cosine squared (``rho``, where the cells move one way: a machine-wide shift), and the
+    excess of the mean squared cosine over independent cells' ``1 / df``, scaled to 1
+    (either sign). Both err low on few degrees of freedom; the larger errs least. Only the
+    vectors of the commonest length take part; with fewer than two, their count."""
+    lengths = [len(v) for v in deviations if any(v)]
+    if not lengths:
+        return 0.0
+    common = max(set(lengths), key=lengths.count)
+    v = np.array([d for d in deviations if len(d) == common and any(d)], dtype=float)
+    if len(v) < 2 or df <= 1:
+        return float(len(v))
+    v /= np.linalg.norm(v, axis=1, keepdims=True)
+    cos = v @ v.T
+    pairs = len(v) * (len(v) - 1)
+    shared = (cos.sum() - len(v)) / pairs  # the cells' correlation, where one sign
+    squared = ((cos ** 2).sum() - len(v)) / pairs
+    r2 = min(1.0, max(shared ** 2, (squared - 1 / df) / (1 - 1 / df), 0.0))
+    return len(v) / (1 + (len(v) - 1) * r2)
+
+
+def fit(variances: list[tuple[float, float]], deviations: list[list[float]] | None = None,
+        cell_df: float | None = None) -> Prior:
     """The prior (``d0``, ``s0^2``) of one metric from its cells' (sample variance, degrees
     of freedom): the logs' mean and variance matched to those of a scaled F distribution
     (Smyth 2004, section 6.2); cells with no degree of freedom or a zero variance left out;
-    ``NONE`` for fewer than ``MIN_CELLS``. ``d0`` is at most the cells' degrees of freedom
-    together: where all share one variance, its estimate from all of them has that many
-    (limma would take it as known, and at 1e-4 a metric flag up to half as often again
-    as the rate says)."""
+    ``NONE`` for fewer than ``MIN_CELLS``. ``d0`` is at most what the other cells know:
+    their degrees of freedom together, counted as ``effective_cells`` of ``deviations``
+    (the cells' aligned deviations; None: independent cells). Where the cells' noise moves
+    together (a machine-wide shift on a night, a slow repeat round) they know little more
+    than one cell does, and limma's d0 would make each cell's t look like one on many
+    degrees of freedom while it is one on few: at 1e-4 a metric, flags on every cell at
+    once. ``cell_df``: each other cell's degrees of freedom in the comparison the prior is
+    for, where that is not the fitted variances' (None: their mean)."""
     kept = [(s2, d) for s2, d in variances if d >= 1 and s2 > 0 and math.isfinite(s2)]
     if len(kept) < MIN_CELLS:
         return NONE
     s2 = np.array([v for v, _ in kept])
     d = np.array([float(k) for _, k in kept])
+    cells = len(kept) if deviations is None else effective_cells(deviations, float(d.mean()))
+    cap = min(max(cells - 1, 0.0) * (cell_df or float(d.mean())), MAX_DF)
     e = np.log(s2) - special.digamma(d / 2) + np.log(d / 2)
     mean = float(e.mean())
     excess = float(e.var(ddof=1) - special.polygamma(1, d / 2).mean())
-    pooled = float(d.sum())  # the prior is known no better than from all cells together
     if excess <= 0:  # no more scatter than sampling makes: one variance for all
-        return Prior(min(pooled, MAX_DF), math.exp(mean), len(kept))
-    d0 = min(2 * trigamma_inverse(excess), pooled, MAX_DF)
-    return Prior(d0, math.exp(mean + special.digamma(d0 / 2) - math.log(d0 / 2)), len(kept))
+        return Prior(cap, math.exp(mean), len(kept))
+    d0 = 2 * trigamma_inverse(excess)  # the scale from the fitted d0, then d0 capped
+    return Prior(min(d0, cap), math.exp(mean + special.digamma(d0 / 2) - math.log(d0 / 2)),
+                 len(kept))

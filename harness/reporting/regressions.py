@@ -21,12 +21,10 @@ Rules (the cell key matches cells across results; see ``results`` for the statis
   (``mdc``); of a figure measured raw and cancelled for the machine's drift
   (``metrics.DRIFT_PAIRS``) only one
   is judged, the other is listed as not judged: the drift-cancelled one where the cell's
-  drift reference moved between the baseline and the current result (``verdicts.moved``:
-  the repeats of one night cannot show a shift of the whole machine between nights, the
-  reference can), flagged only where the raw figure broke the same way too (a choice made
-  on the reference's current values, from which the drift-cancelled figure is computed,
-  must not flag the reference's own move), else the one whose baseline was stabler; either
-  way a pair is flagged at a rate of at most ``alpha`` (``tests/.../test_regressions.py``);
+  drift reference moved between the baseline and the current result (``verdicts.moved``),
+  flagged only where the raw figure broke the same way too (the reference's own move must
+  not be flagged through it), else the one whose baseline was stabler; either way a pair
+  is flagged at a rate of at most ``alpha`` (``tests/.../test_regressions.py``);
 - a cell that ran before and now fails or is refused is a regression, and so is a
   time-to-target cell whose share of repeats reaching the target fell, or a metric that
   was measured before and no longer is; cells only in one result are listed (``missing``
@@ -72,6 +70,7 @@ class Change:
     mdc: float | None = None  # minimum detectable change (verdicts.POWER, alpha; over
     # nights, of a change lasting two nights where the history allows the night-level test)
     two_nights: bool = False  # mdc is the two nights' (verdicts.Test.two_nights)
+    df: float | None = None  # the noise estimate's degrees of freedom (a prior's counted)
 
 
 def _cells(result: dict) -> dict[str, dict]:
@@ -118,10 +117,11 @@ def compare_results(baselines: list[dict], current: dict, alpha: float = verdict
 
 def priors(pooled: dict[str, list[dict]], cur: dict[str, dict]
            ) -> dict[tuple[str, bool], moderation.Prior]:
-    """Each noisy metric's prior noise (``moderation.fit``) over the cells that ran in both
-    ``pooled`` (the baselines' cells by key) and ``cur``, fitted apart for cells judged by
-    repeats and by results (``verdicts.by_results``: the two noises differ)."""
-    found: dict[tuple[str, bool], list[tuple[float, int]]] = {}
+    """Each noisy metric's prior noise (``moderation.fit``, on the cells' deviations: their
+    variances and how much they move together) over the cells that ran in both ``pooled``
+    (the baselines' cells by key) and ``cur``, fitted apart for cells judged by repeats
+    and by results (``verdicts.by_results``: the two noises differ)."""
+    found: dict[tuple[str, bool], list[tuple[list[float], int]]] = {}
     for key, bases in pooled.items():
         c = cur.get(key, {})
         for name, higher_better in METRICS.items():
@@ -129,10 +129,11 @@ def priors(pooled: dict[str, list[dict]], cur: dict[str, dict]
             if c.get("status") != "ok" or higher_better is None or not groups or \
                     name not in c.get("metrics", {}):
                 continue
-            ss, df = verdicts.spread(groups, c["metrics"][name]["values"])
+            dev, df = verdicts.spread(groups, c["metrics"][name]["values"])
             if df:
-                found.setdefault((name, verdicts.by_results(groups)), []).append((ss / df, df))
-    return {k: moderation.fit(v) for k, v in found.items()}
+                found.setdefault((name, verdicts.by_results(groups)), []).append((dev, df))
+    return {k: moderation.fit([(sum(x * x for x in r) / df, df) for r, df in v],
+                              [r for r, _ in v]) for k, v in found.items()}
 
 
 def judged(changes: list[Change]) -> list[Change]:
@@ -331,7 +332,7 @@ def _metric_changes(key: str, base_cells: list[dict], cur: dict, alpha: float,
         if name in skip:  # the other twin is judged; this one is shown, not judged
             verdict = f"not judged ({skip[name]} {why})"
         out.append(Change(key, name, verdict, base.median, now.median, r.change,
-                          r.flag_at, r.mdc, r.two_nights))
+                          r.flag_at, r.mdc, r.two_nights, r.df))
     return out
 
 

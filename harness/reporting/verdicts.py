@@ -18,7 +18,8 @@ The rule (one metric of one cell; the values are its repeats, higher or lower be
   N - 1 degrees of freedom (exact for normal noise: this is where drift counts).
 - Either way, given a ``moderation.Prior`` (the reports fit one per metric over a
   comparison's cells), ``s^2`` is the cell's own variance moderated toward the metric's
-  over the cells, on ``d0`` more degrees of freedom: the same rate, more power.
+  over the cells, on ``d0`` more degrees of freedom (in either mode): the same rate, more
+  power for most cells (``moderation`` says which lose and when the cells count as few).
 - Pair mode's rate is its ``alpha`` where a result's repeats carry all of its noise; results
   run hours apart vary more than that (``between`` measures by how much from an A/A
   series, and ``between.pair_rate`` gives the rate of a pair test against one baseline
@@ -64,7 +65,7 @@ The rule (one metric of one cell; the values are its repeats, higher or lower be
   level ``alpha`` wasted power. So from ``HISTORY_RESULTS`` results on, each night is
   tested at ``consecutive_level(n, alpha)``: the rate at which both break the same way
   with probability ``alpha`` (exact for normal noise without the ``MIN_CHANGE`` floor,
-  which only removes breaks; the history's mean and deviation integrated out).
+  which only removes breaks; the shared history integrated out: ``shared_history``).
   ``suspicious`` still needs tonight beyond the ``alpha`` threshold, so neither label
   fires more often than ``alpha``. The label's MDC (``consecutive_mdc``): the persistent
   move seen on both nights with probability ``POWER``, the floor counted. With fewer
@@ -73,21 +74,20 @@ The rule (one metric of one cell; the values are its repeats, higher or lower be
 
 from __future__ import annotations
 
-import functools
 import math
 from dataclasses import dataclass
 
-import numpy as np
-from scipy import integrate, optimize, stats
+from scipy import stats
 
-from harness.reporting import moderation
+from harness.reporting import moderation, shared_history
 
 __all__ = ["ALPHA", "BROKEN", "DRIFT_LEVEL", "HISTORY_RESULTS", "INTERVAL", "MIN_CHANGE",
            "MIN_HISTORY", "ONE_NIGHT", "POWER", "SUITE_ALPHA", "TARGET_MDC",
            "Test",
            "by_results", "centred", "consecutive_level", "consecutive_mdc", "interval",
            "log_values", "mdc", "moved",
-           "night_label", "noise", "per_metric", "repeats_for", "rule_text", "spread", "test"]
+           "night_label", "noise", "per_metric", "repeats_for", "residuals", "rule_text",
+           "spread", "test"]
 
 ALPHA = 0.001  # the level per metric where a caller gives none; reports give per_metric's
 SUITE_ALPHA = 0.05  # false alarms per comparison of suite results, one-sided: the chance
@@ -150,15 +150,22 @@ def log_values(values) -> list[float]:  # noqa: ANN001 - numbers
     return [math.log(v) for v in values if v is not None and v > 0 and math.isfinite(v)]
 
 
-def centred(groups: list[list[float]]) -> tuple[float, int]:
-    """Sum of squares about each group's mean, and its degrees of freedom."""
-    ss, df = 0.0, 0
+def residuals(groups: list[list[float]]) -> tuple[list[float], int]:
+    """Each value's deviation from its group's mean (groups of one left out), and their
+    degrees of freedom."""
+    out, df = [], 0
     for g in groups:
         if len(g) > 1:
             m = sum(g) / len(g)
-            ss += sum((x - m) ** 2 for x in g)
+            out += [x - m for x in g]
             df += len(g) - 1
-    return ss, df
+    return out, df
+
+
+def centred(groups: list[list[float]]) -> tuple[float, int]:
+    """Sum of squares about each group's mean, and its degrees of freedom."""
+    r, df = residuals(groups)
+    return sum(x * x for x in r), df
 
 
 def mdc(sd: float, n_base: int, n_cur: int, df: int, alpha: float = ALPHA,
@@ -200,25 +207,26 @@ def by_results(baseline: list[list[float]]) -> bool:
     return sum(bool(log_values(g)) for g in baseline) >= HISTORY_RESULTS
 
 
-def spread(baseline: list[list[float]], current: list[float]) -> tuple[float, int]:
-    """The sum of squares and degrees of freedom ``test`` measures a metric's noise by (of
-    the results' mean logs from ``HISTORY_RESULTS`` baseline results on, else of the
-    repeats' logs about each result's mean, the current result's too): what a
-    ``moderation.Prior`` is fitted on."""
+def spread(baseline: list[list[float]], current: list[float]) -> tuple[list[float], int]:
+    """The deviations and degrees of freedom ``test`` measures a metric's noise by (of the
+    results' mean logs from ``HISTORY_RESULTS`` baseline results on, else of the repeats'
+    logs about each result's mean, the current result's too): a ``moderation.Prior`` is
+    fitted on their squares and on their correlation across cells."""
     return _units([g for g in (log_values(g) for g in baseline) if g],
                   log_values(current))[1:3]
 
 
-def _units(base: list[list[float]], cur: list[float]) -> tuple[float, float, int, float]:
-    """The baseline's centre, the noise's sum of squares and degrees of freedom, and the
+def _units(base: list[list[float]], cur: list[float]
+           ) -> tuple[float, list[float], int, float]:
+    """The baseline's centre, the noise's deviations and degrees of freedom, and the
     factor from the noise's deviation to the standard error of the move."""
     if len(base) >= HISTORY_RESULTS:  # each result one value: its mean
         means = [sum(g) / len(g) for g in base]
-        ss, df = centred([means])
-        return sum(means) / len(means), ss, df, math.sqrt(1 + 1 / len(means))
+        r, df = residuals([means])
+        return sum(means) / len(means), r, df, math.sqrt(1 + 1 / len(means))
     n_b, n_c = sum(len(g) for g in base), len(cur)
-    ss, df = centred([*base, cur]) if cur else centred(base)
-    return (sum(x for g in base for x in g) / n_b, ss, df,
+    r, df = residuals([*base, cur] if cur else base)
+    return (sum(x for g in base for x in g) / n_b, r, df,
             math.sqrt(1 / n_b + 1 / n_c) if n_c else math.nan)
 
 
@@ -237,11 +245,11 @@ def test(baseline: list[list[float]], current: list[float], higher_is_better: bo
     if not base or not cur:
         return _too_few(math.nan)
     mean_c = sum(cur) / len(cur)
-    centre, ss, own_df, factor = _units(base, cur)
+    centre, dev, own_df, factor = _units(base, cur)
     change = math.exp(mean_c - centre) - 1
     if own_df < 1:
         return _too_few(change)
-    var, df = prior.moderate(ss, own_df)
+    var, df = prior.moderate(sum(x * x for x in dev), own_df)
     nights = len(base) if consecutive and len(base) >= HISTORY_RESULTS else 0
     # each of two nights at the level that makes the pair's rate alpha
     level = consecutive_level(nights, alpha, df) if nights else alpha
@@ -278,8 +286,8 @@ def noise(baseline: list[list[float]]) -> float:
     base = [g for g in (log_values(g) for g in baseline) if g]
     if not base:
         return math.nan
-    _, ss, df, _ = _units(base, [])
-    return math.sqrt(ss / df) if df else math.nan
+    _, dev, df, _ = _units(base, [])
+    return math.sqrt(sum(x * x for x in dev) / df) if df else math.nan
 
 
 def interval(values, level: float = INTERVAL) -> tuple[float, float]:  # noqa: ANN001
@@ -315,48 +323,6 @@ def night_label(nights: list[str], history: int, strict: str | None = None) -> s
     return ONE_NIGHT[0] if strict == "regression" else ONE_NIGHT[1]
 
 
-def _both_beyond(c: float, n: int, shift: float = 0.0, floor: float = -math.inf,
-                 df: float | None = None) -> float:
-    """P(two new results, each moved by ``shift`` noise deviations, both lie beyond ``c``
-    on the night-level test's scale against the same ``n`` earlier results, and beyond
-    ``floor`` deviations from their mean): the history's mean (normal, deviation
-    1/sqrt(n)) by Gauss-Hermite nodes, its deviation (chi with ``df`` degrees of freedom,
-    n - 1 where None; more with a prior's: ``moderation``) by adaptive quadrature over
-    all but 1e-14 of it at either end; given both, the two results are independent."""
-    df, k = (n - 1 if df is None else df), math.sqrt(1 + 1 / n)
-    x, w = np.polynomial.hermite_e.hermegauss(60)
-    means, w = x / math.sqrt(n), w / w.sum()
-
-    def density(s: float) -> float:
-        both = float(np.sum(w * stats.norm.sf(means + max(c * s * k, floor) - shift) ** 2))
-        return both * stats.chi.pdf(s * math.sqrt(df), df) * math.sqrt(df)
-
-    low, top = stats.chi.ppf(1e-14, df) / math.sqrt(df), stats.chi.isf(1e-14, df) / math.sqrt(df)
-    return integrate.quad(density, low, top, limit=200)[0]
-
-
-def _widen(holds, x: float) -> float:  # noqa: ANN001 - a predicate, monotone in x
-    """A bracket's end for a root search: ``x`` doubled until ``holds`` there (a fixed,
-    far end would put the quadrature where the probability it measures is all ~0 or ~1)."""
-    for _ in range(64):
-        if holds(x):
-            return x
-        x *= 2
-    raise ValueError(f"no bracket up to {x:g}: a rate outside (0, 1)?")
-
-
-@functools.lru_cache(maxsize=256)
-def _consecutive_critical(n: int, alpha: float, df: float | None = None) -> float:
-    """The critical t both nights must pass for the pair to break with probability
-    ``alpha`` under no change (below zero for an ``alpha`` near 1/4, where even a
-    critical value of zero breaks both nights less often)."""
-    def excess(c: float) -> float:
-        return _both_beyond(c, n, df=df) - alpha
-
-    low = 1e-3 if excess(1e-3) > 0 else _widen(lambda c: excess(c) > 0, -1.0)
-    return optimize.brentq(excess, low, _widen(lambda c: excess(c) < 0, 10.0))
-
-
 def consecutive_level(n: int, alpha: float = ALPHA, df: float | None = None) -> float:
     """The one-sided rate per night at which two nights tested against the same ``n``
     earlier results (``n >= HISTORY_RESULTS``: each result one value) both break the rule
@@ -364,20 +330,7 @@ def consecutive_level(n: int, alpha: float = ALPHA, df: float | None = None) -> 
     floor, which only removes breaks); ``df``: the noise estimate's degrees of freedom
     (None: n - 1, the history's own)."""
     df = n - 1 if df is None else df
-    return float(stats.t.sf(_consecutive_critical(n, alpha, df), df))
-
-
-@functools.lru_cache(maxsize=4096)
-def _consecutive_shift(n: int, alpha: float, power: float, floor: float, df: float) -> float:
-    """The persistent move, in noise deviations, that both nights flag with ``power``,
-    the floor (in noise deviations) counted."""
-    c = _consecutive_critical(n, alpha, df)
-
-    def seen(d: float) -> float:
-        return _both_beyond(c, n, d, floor, df)
-
-    return optimize.brentq(lambda d: seen(d) - power, 0.0,
-                           _widen(lambda d: seen(d) > power, 10.0))
+    return float(stats.t.sf(shared_history.critical(n, alpha, df), df))
 
 
 def consecutive_mdc(sd: float, n: int, alpha: float = ALPHA, power: float = POWER,
@@ -395,6 +348,6 @@ def consecutive_mdc(sd: float, n: int, alpha: float = ALPHA, power: float = POWE
     df = n - 1 if df is None else df
     floor = float(f"{math.log1p(MIN_CHANGE) / sd:.3g}")
     lowest = stats.chi.ppf(1e-9, df) / math.sqrt(df)  # the smallest s that counts
-    if floor <= _consecutive_critical(n, alpha, df) * lowest * math.sqrt(1 + 1 / n):
+    if floor <= shared_history.critical(n, alpha, df) * lowest * math.sqrt(1 + 1 / n):
         floor = -math.inf  # the critical value is beyond the floor wherever it matters
-    return math.expm1(_consecutive_shift(n, alpha, power, floor, df) * sd)
+    return math.expm1(shared_history.persistent_shift(n, alpha, power, floor, df) * sd)

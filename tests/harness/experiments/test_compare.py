@@ -117,27 +117,33 @@ def _steady_result(values: list[list[float]]) -> dict:
 def test_bench_states_each_cell_s_mdc_as_a_comparison_would() -> None:
     """bench's MDC column (``bench.mdcs``): one cell alone, the two-sample t test's MDC
     against a result like it (its repeats' deviation by numpy, 3 + 3 repeats, the level
-    of one judged metric); among eight cells of like noise, their noise moderated by each
-    other's (``moderation``), the MDCs are lower for all but the cells whose own repeats
-    happened to vary least (pulled up toward the others), lower in the median."""
+    of one judged metric); eight cells of like noise: what ``pipebench regressions``
+    states comparing a second result drawn like the first with it (the comparison's own
+    MDC, its prior fitted on both results), in the median over trials."""
     import math
 
     import numpy as np
 
     from harness.experiments.bench import mdcs
-    from harness.reporting import verdicts
+    from harness.reporting import regressions, verdicts
 
     rng = np.random.default_rng(3)
-    values = [list(1000 * np.exp(0.05 * rng.standard_normal(3))) for _ in range(8)]
-    seen, level, judged = mdcs(_steady_result(values[:1]))
+
+    def draw(cells: int) -> list[list[float]]:
+        return [list(1000 * np.exp(0.05 * rng.standard_normal(3))) for _ in range(cells)]
+
+    values = draw(1)
+    seen, level, judged = mdcs(_steady_result(values))
     sd = float(np.std(np.log(values[0]), ddof=1))
     assert (judged, level) == (1, verdicts.SUITE_ALPHA)
     alone = verdicts.mdc(sd, 3, 3, 4, verdicts.SUITE_ALPHA)
     assert seen == {"w/tiny/w2/s0/throughput": pytest.approx(alone, rel=1e-9)}
-    together, level, judged = mdcs(_steady_result(values))
-    assert judged == 8 and math.isclose(level, verdicts.SUITE_ALPHA / 8)
-    own = [verdicts.mdc(float(np.std(np.log(v), ddof=1)), 3, 3, 4, level) for v in values]
-    moderated = [together[f"w/tiny/w2/s{i}/throughput"] for i in range(8)]
-    assert np.median(moderated) < np.median(own)
-    assert moderated[int(np.argmax(own))] < max(own)
-    assert max(moderated) / min(moderated) < max(own) / min(own)
+    ratios = []
+    for _ in range(30):
+        first, second = _steady_result(draw(8)), _steady_result(draw(8))
+        stated, level, judged = mdcs(first)
+        assert judged == 8 and math.isclose(level, verdicts.SUITE_ALPHA / 8)
+        changes, _, _ = regressions.compare_at_rate([first], second)
+        ratios += [stated[c.cell] / c.mdc for c in regressions.judged(changes)]
+    assert len(ratios) == 240
+    assert 0.85 < float(np.median(ratios)) < 1.15

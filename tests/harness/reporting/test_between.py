@@ -14,6 +14,7 @@ import math
 import random
 
 import pytest
+from scipy import stats
 
 from harness.reporting import between, verdicts
 
@@ -59,6 +60,16 @@ def test_pair_rate_is_alpha_without_between_noise() -> None:
     for n in (2, 3, 5):
         assert between.pair_rate(1.0, n, 0.01) == pytest.approx(0.01, rel=1e-9)
     assert math.isnan(between.pair_rate(2.0, 1))  # no degree of freedom
+
+
+def test_pair_rate_on_a_moderated_noise_s_degrees_of_freedom() -> None:
+    """With a prior's degrees of freedom the rate at ratio 1 is still alpha, and at ratio 2
+    it is the closed form on those degrees of freedom: at the nightly's 1e-4 a metric,
+    several times what 2 x 3 - 2 = 4 gave (a lower critical value, a thinner tail)."""
+    assert between.pair_rate(1.0, 3, 1e-4, df=104.0) == pytest.approx(1e-4, rel=1e-6)
+    closed = stats.t.sf(stats.t.isf(1e-4, 104.0) / math.sqrt(2), 104.0)
+    assert between.pair_rate(2.0, 3, 1e-4, df=104.0) == pytest.approx(closed, rel=1e-9)
+    assert closed > 3 * between.pair_rate(2.0, 3, 1e-4)
 
 
 @pytest.mark.parametrize("ratio", [1.0, 2.0, 4.0])

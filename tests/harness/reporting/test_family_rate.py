@@ -101,20 +101,22 @@ def _moved_pair(p: float, others: int) -> tuple[dict, dict]:
 def test_the_level_follows_the_count_of_judged_metrics() -> None:
     """A drop at one-sided p = 0.01 (15% here, above the 2% floor): alone (one judged
     metric, tested at 0.05) it is a regression; among 100 judged metrics (0.05 / 100 =
-    0.0005 each) it is not; at the old 0.001 per metric it was not even alone."""
+    0.0005 each) it is not; at the old 0.001 per metric it was not even alone. Each cell
+    judged on its own noise (``moderate=False``: the level is the point here; the prior
+    is ``test_moderation``'s)."""
     assert math.expm1(_at_p(0.01)) > 0.02
     base, cur = _moved_pair(0.01, 0)
     level, judged = family_alpha([base], cur)
     assert judged == 1 and level == pytest.approx(0.05)
-    assert has_regression(compare_results([base], cur, level))
-    assert not has_regression(compare_results([base], cur, 0.001))
+    assert has_regression(compare_results([base], cur, level, moderate=False))
+    assert not has_regression(compare_results([base], cur, 0.001, moderate=False))
     crowd = _moved_pair(0.01, 99)
     level, judged = family_alpha([crowd[0]], crowd[1])
     assert judged == 100 and level == pytest.approx(0.0005)
-    assert not has_regression(compare_results([crowd[0]], crowd[1], level))
+    assert not has_regression(compare_results([crowd[0]], crowd[1], level, moderate=False))
     # a drop at p = 1e-5 is seen in the crowd too, and in its own cell only
     crowd = _moved_pair(1e-5, 99)
-    flagged = {c.cell for c in compare_results([crowd[0]], crowd[1], level)
+    flagged = {c.cell for c in compare_results([crowd[0]], crowd[1], level, moderate=False)
                if c.verdict == "regression"}
     assert flagged == {"k/t/w2/s0/throughput"}
 

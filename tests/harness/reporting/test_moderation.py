@@ -36,18 +36,18 @@ def test_trigamma_inverse_inverts_scipy_s_trigamma() -> None:
 def test_the_fit_recovers_a_known_prior(d0: float, df: int) -> None:
     rng = np.random.default_rng(int(d0 * 10 + df))
     s0sq = 0.08 ** 2
-    _, s2 = _variances(rng, 20_000, d0, s0sq, df)
+    _, s2 = _variances(rng, 80_000, d0, s0sq, df)
     prior = moderation.fit([(v, df) for v in s2])
     assert prior.d0 == pytest.approx(d0, rel=0.15)
     assert prior.s0sq == pytest.approx(s0sq, rel=0.05)
-    assert prior.cells == 20_000
+    assert prior.cells == 80_000
 
 
 def test_equal_noise_gives_the_largest_prior_and_too_few_cells_none() -> None:
     rng = np.random.default_rng(5)
     _, s2 = _variances(rng, 5000, math.inf, 0.05 ** 2, 4)
     prior = moderation.fit([(v, 4) for v in s2])
-    assert prior.d0 > 200 and prior.s0sq == pytest.approx(0.05 ** 2, rel=0.03)
+    assert prior.d0 > 50 and prior.s0sq == pytest.approx(0.05 ** 2, rel=0.03)
     few = [(v, 4) for v in s2[: moderation.MIN_CELLS - 1]]
     assert moderation.fit(few) == moderation.NONE
     assert moderation.fit([(0.0, 4)] * 10 + [(0.01, 0)] * 10) == moderation.NONE
@@ -68,7 +68,8 @@ def _judge(family: list, alpha: float) -> list[verdicts.Test]:
     """Every cell tested at ``alpha`` with the prior fitted over the family, as the
     reports fit it (``regressions.priors``)."""
     spreads = [verdicts.spread([b], c) for b, c in family]
-    prior = moderation.fit([(ss / df, df) for ss, df in spreads])
+    prior = moderation.fit([(sum(x * x for x in r) / df, df) for r, df in spreads],
+                           [r for r, _ in spreads])
     return [verdicts.test([b], c, True, alpha, prior=prior) for b, c in family]
 
 
@@ -143,3 +144,66 @@ def test_the_comparison_moderates_over_its_cells() -> None:
 
     assert flagged(True) == ["w/tiny/w2/s7/throughput"]
     assert flagged(False) == []
+
+
+def _night_shifts(rng: np.random.Generator, cells: int, nights: int, rho: float
+                  ) -> np.ndarray:
+    """Each cell's shift on each night (deviation 1): a part ``rho`` of its variance shared
+    by every cell that night (the machine's), the rest its own."""
+    shared = rng.standard_normal(nights)[None, :]
+    return math.sqrt(rho) * shared + math.sqrt(1 - rho) * rng.standard_normal((cells, nights))
+
+
+def test_effective_cells_is_kish_s_design_effect() -> None:
+    """Independent cells count as themselves, cells that move as one as one, and cells
+    sharing a part rho of their noise as Kish's G / (1 + (G - 1) rho^2) (the variances of
+    normals correlated rho are correlated rho^2)."""
+    rng = np.random.default_rng(41)
+    cells, nights = 60, 5
+
+    def devs(rho: float) -> list[list[float]]:
+        x = _night_shifts(rng, cells, nights, rho)
+        return [list(r - r.mean()) for r in x]
+
+    assert moderation.effective_cells(devs(0.0), nights - 1) == pytest.approx(cells, rel=0.25)
+    same = [list(np.array([1.0, -2.0, 0.5, 0.5, 0.0]))] * cells
+    assert moderation.effective_cells(same, nights - 1) == pytest.approx(1.0)
+    got = np.median([moderation.effective_cells(devs(0.7), nights - 1) for _ in range(20)])
+    assert got == pytest.approx(cells / (1 + (cells - 1) * 0.49), rel=0.3)
+
+
+def _history_family(rng: np.random.Generator, rho: float, cells: int = 40) -> list:
+    """A family of cells judged over nights (5 earlier results of 3 repeats, tonight drawn
+    alike: nothing changed; night-to-night noise 10%, a part ``rho`` of it shared)."""
+    shift = 0.1 * _night_shifts(rng, cells, 6, rho)
+    logs = 7 + shift[:, :, None] + 0.01 * rng.standard_normal((cells, 6, 3))
+    return [([list(np.exp(r)) for r in g[:-1]], list(np.exp(g[-1]))) for g in logs]
+
+
+def _fitted(family: list, correlated: bool) -> moderation.Prior:
+    """The prior over the family, with the cells' deviations (as the reports fit it) or as
+    if the cells were independent."""
+    spreads = [verdicts.spread(b, c) for b, c in family]
+    return moderation.fit([(sum(x * x for x in r) / df, df) for r, df in spreads],
+                          [r for r, _ in spreads] if correlated else None)
+
+
+def test_cells_that_move_together_do_not_count_as_many() -> None:
+    """Nights on which the machine moves every cell alike (90% of the night-to-night noise
+    shared; raw throughput's nights on this machine move together so): the cells agree,
+    so as if independent the prior would take d0 near its cap and each cell's t a
+    critical value near the normal's, while each cell knows only its own few nights
+    (above the rate at small rates); counted by their deviations' correlation, d0 stays
+    small and unchanged cells flag at the rate (their flags move together: the tolerance
+    is over families)."""
+    rng, alpha = np.random.default_rng(43), 0.01
+    family = _history_family(rng, 0.9)
+    assert _fitted(family, False).d0 > 50
+    assert _fitted(family, True).d0 < 5
+    shares = []
+    for _ in range(300):
+        family = _history_family(rng, 0.9)
+        prior = _fitted(family, True)
+        shares.append(np.mean([verdicts.test(b, c, True, alpha, prior=prior).verdict
+                               == "regression" for b, c in family]))
+    assert np.mean(shares) < alpha + 4 * np.std(shares, ddof=1) / math.sqrt(len(shares))
