@@ -79,10 +79,6 @@ def _spread(cell: dict, name: str) -> str:
     return "-" if math.isnan(sd) else f"{100 * sd:.1f}%"
 
 
-def _system(key: str) -> str:
-    return key.split("/")[3]
-
-
 def _judged(key: str, pairs: list[tuple[int, list[regressions.Change]]]
             ) -> dict[str, list[float]]:
     """The throughput figures of cell ``key`` the rule judged in the pairs (not its noisier
@@ -95,13 +91,15 @@ def _judged(key: str, pairs: list[tuple[int, list[regressions.Change]]]
     return judged
 
 
-def _priors(earlier: list[dict], last: dict) -> dict[str, moderation.Prior]:
+def _priors(earlier: list[dict], last: dict, cell_df: float | None = None
+            ) -> dict[str, moderation.Prior]:
     """Each throughput figure's prior (``regressions.priors``) of ``earlier`` judged with
-    ``last``: over repeats (one earlier result), over results (``HISTORY_RESULTS`` on)."""
+    ``last``: over repeats (one earlier result), over results (``HISTORY_RESULTS`` on);
+    ``cell_df``: ``moderation.fit``'s."""
     pooled: dict[str, list[dict]] = {}
     for c in (c for r in earlier for c in r["cells"] if c["status"] == "ok"):
         pooled.setdefault(c["key"], []).append(c)
-    fitted = regressions.priors(pooled, {c["key"]: c for c in last["cells"]})
+    fitted = regressions.priors(pooled, {c["key"]: c for c in last["cells"]}, cell_df)
     history = len(earlier) >= verdicts.HISTORY_RESULTS
     return {n: fitted.get((n, history), moderation.NONE) for n in THROUGHPUTS}
 
@@ -181,7 +179,7 @@ def _aa_section(base: dict, runs: list[dict]) -> list[str]:
     # the last run as the nightly judges it against the runs before: the level of a night
     night = regressions.night_alpha(runs[:-1], runs[-1], WINDOW)[0]
     labels, labelled = _nightly_labels(runs)
-    within, over_runs = _priors(runs[:1], runs[1]), _priors(runs, runs[-1])
+    within, over_runs = _priors(runs[:1], runs[1]), _priors(runs, runs[-1], WINDOW - 1)
     rows, needs = [], []
     for cell in base["cells"]:
         key = cell["key"]
@@ -311,7 +309,7 @@ def _planted_section(base: dict, res: dict, systems: list[str], factor: float) -
     rows, hits = [], 0
     for cell in base["cells"]:
         key = cell["key"]
-        if _system(key) not in systems:
+        if key.split("/")[3] not in systems:  # the cell's system
             continue
         now = next(c for c in res["cells"] if c["key"] == key)
         hit = [c for c in flags if c.cell == key and c.verdict == "regression"
@@ -320,7 +318,7 @@ def _planted_section(base: dict, res: dict, systems: list[str], factor: float) -
         b, p = (_median(c, metrics.STEADY_THROUGHPUT) or 0 for c in (cell, now))
         rows.append((key, f"{b:.0f}", f"{p:.0f}", f"{100 * (p / (b or 1) - 1):+.1f}%",
                      ", ".join(c.name for c in hit) or "missed"))
-    other = [c for c in flags if _system(c.cell) not in systems]
+    other = [c for c in flags if c.cell.split("/")[3] not in systems]
     return [f"## Planted: every compute action of {', '.join(systems)} {factor:g}x as long",
             "", *markdown_table(("cell", "steady samples/s before", "planted", "change",
                                  "flagged on"), rows),

@@ -100,7 +100,8 @@ def mdcs(result: dict) -> tuple[dict[str, float], float, int]:
     steady = (metrics.STEADY_THROUGHPUT, metrics.STEADY_PER_REFERENCE)
     chosen = {c.cell: c.name for c in regressions.judged(changes) if c.name in steady}
     own = {(c["key"], name): verdicts.spread([c["metrics"][name]["values"]], [])
-           for c in result["cells"] for name in steady if name in c.get("metrics", {})}
+           for c in result["cells"] for name in steady
+           if c["status"] == "ok" and name in c.get("metrics", {})}
     out = {}
     for name in steady:
         found = [(dev, df) for (_, n), (dev, df) in own.items() if n == name and df]

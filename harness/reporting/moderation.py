@@ -87,30 +87,37 @@ def trigamma_inverse(x: float) -> float:
     raise ArithmeticError(f"trigamma_inverse({x:g}) did not converge")
 
 
-def effective_cells(deviations: list[list[float]], df: float) -> float:
-    """How many independent cells ``deviations`` (each cell's deviations of the noise,
-    aligned: entry j of every cell from the same repeat round or night) are worth for
-    knowing the noise: Kish's design effect, ``G / (1 + (G - 1) r2)``, with ``r2`` the
-    correlation of the cells' variances (for normals correlated ``rho``: ``rho^2``), the
-    larger of two estimates from the cosines between their deviation vectors: the mean
-    cosine squared (``rho``, where the cells move one way: a machine-wide shift), and the
-    excess of the mean squared cosine over independent cells' ``1 / df``, scaled to 1
-    (either sign). Both err low on few degrees of freedom; the larger errs least. Only the
-    vectors of the commonest length take part; with fewer than two, their count."""
-    lengths = [len(v) for v in deviations if any(v)]
-    if not lengths:
-        return 0.0
-    common = max(set(lengths), key=lengths.count)
-    v = np.array([d for d in deviations if len(d) == common and any(d)], dtype=float)
-    if len(v) < 2 or df <= 1:
-        return float(len(v))
+def effective_cells(deviations: list[list[float]], dfs: list[float]) -> float:
+    """How many independent cells the ``G`` cells of ``deviations`` (each cell's deviations
+    of the noise, on its ``dfs`` degrees of freedom; entry j of every cell from the same
+    repeat round or night) are worth for knowing the noise: Kish's design effect,
+    ``G / (1 + (G - 1) r2)``, with ``r2`` the correlation of the cells' variances (for
+    normals correlated ``rho``: ``rho^2``), the larger of two estimates from the cosines
+    between their deviation vectors: the mean cosine, squared (``rho`` where the cells move
+    one way: a machine-wide shift), and the excess of the mean squared cosine over
+    independent cells' ``1 / df``, scaled to 1 (either sign; with one degree of freedom
+    every cosine is +-1 and only the first tells). Both scatter above zero for independent
+    cells, so there the count errs low (the cap errs safe); for cells that share part of
+    their noise a sample correlation on few degrees of freedom errs low, so there the count
+    errs high (a third above Kish's at rho 0.7 on 4, in the tests). Only vectors of the longest
+    length that two or more share take part (a shorter one lost a repeat or a night, and
+    its entries no longer line up); with fewer than two, the cells count as one."""
+    lengths = [len(v) for v in deviations]
+    shared = [n for n in set(lengths) if n and lengths.count(n) >= 2]
+    if len(deviations) < 2 or not shared:
+        return float(min(len(deviations), 1))
+    full = max(shared)
+    kept = [i for i, v in enumerate(deviations) if len(v) == full and any(v)]
+    if len(kept) < 2:
+        return 1.0
+    v = np.array([deviations[i] for i in kept], dtype=float)
     v /= np.linalg.norm(v, axis=1, keepdims=True)
-    cos = v @ v.T
-    pairs = len(v) * (len(v) - 1)
-    shared = (cos.sum() - len(v)) / pairs  # the cells' correlation, where one sign
-    squared = ((cos ** 2).sum() - len(v)) / pairs
-    r2 = min(1.0, max(shared ** 2, (squared - 1 / df) / (1 - 1 / df), 0.0))
-    return len(v) / (1 + (len(v) - 1) * r2)
+    df, g, pairs = float(np.median([dfs[i] for i in kept])), len(v), len(v) * (len(v) - 1)
+    mean_cos = (float(np.sum(v.sum(axis=0) ** 2)) - g) / pairs  # sum of all cosines, less 1s
+    mean_cos2 = (float(np.sum((v.T @ v) ** 2)) - g) / pairs  # sum of squared cosines
+    r2 = mean_cos ** 2 if df <= 1 else max(mean_cos ** 2, (mean_cos2 - 1 / df) / (1 - 1 / df))
+    r2 = min(1.0, max(r2, 0.0))
+    return len(deviations) / (1 + (len(deviations) - 1) * r2)
 
 
 def fit(variances: list[tuple[float, float]], deviations: list[list[float]] | None = None,
@@ -120,24 +127,26 @@ def fit(variances: list[tuple[float, float]], deviations: list[list[float]] | No
     (Smyth 2004, section 6.2); cells with no degree of freedom or a zero variance left out;
     ``NONE`` for fewer than ``MIN_CELLS``. ``d0`` is at most what the other cells know:
     their degrees of freedom together, counted as ``effective_cells`` of ``deviations``
-    (the cells' aligned deviations; None: independent cells). Where the cells' noise moves
-    together (a machine-wide shift on a night, a slow repeat round) they know little more
-    than one cell does, and limma's d0 would make each cell's t look like one on many
-    degrees of freedom while it is one on few: at 1e-4 a metric, flags on every cell at
-    once. ``cell_df``: each other cell's degrees of freedom in the comparison the prior is
-    for, where that is not the fitted variances' (None: their mean)."""
-    kept = [(s2, d) for s2, d in variances if d >= 1 and s2 > 0 and math.isfinite(s2)]
-    if len(kept) < MIN_CELLS:
+    (the cells' aligned deviations, one per variance; None: independent cells). Where the
+    cells' noise moves together (a machine-wide shift on a night, a slow repeat round)
+    they know little more than one cell does, and limma's d0 would make each cell's t
+    look like one on many degrees of freedom while it is one on few: at 1e-4 a metric,
+    flags on every cell at once. ``cell_df``: each other cell's degrees of freedom in the
+    comparison the prior is for, where that is not the fitted variances' (None: their
+    mean)."""
+    keep = [i for i, (s2, d) in enumerate(variances) if d >= 1 and s2 > 0 and math.isfinite(s2)]
+    if len(keep) < MIN_CELLS:
         return NONE
-    s2 = np.array([v for v, _ in kept])
-    d = np.array([float(k) for _, k in kept])
-    cells = len(kept) if deviations is None else effective_cells(deviations, float(d.mean()))
+    s2 = np.array([variances[i][0] for i in keep])
+    d = np.array([float(variances[i][1]) for i in keep])
+    cells = len(keep) if deviations is None else effective_cells(
+        [deviations[i] for i in keep], list(d))
     cap = min(max(cells - 1, 0.0) * (cell_df or float(d.mean())), MAX_DF)
     e = np.log(s2) - special.digamma(d / 2) + np.log(d / 2)
     mean = float(e.mean())
     excess = float(e.var(ddof=1) - special.polygamma(1, d / 2).mean())
     if excess <= 0:  # no more scatter than sampling makes: one variance for all
-        return Prior(cap, math.exp(mean), len(kept))
+        return Prior(cap, math.exp(mean), len(keep))
     d0 = 2 * trigamma_inverse(excess)  # the scale from the fitted d0, then d0 capped
     return Prior(min(d0, cap), math.exp(mean + special.digamma(d0 / 2) - math.log(d0 / 2)),
-                 len(kept))
+                 len(keep))

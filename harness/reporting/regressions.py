@@ -67,9 +67,8 @@ class Change:
     current: float | str | None = None
     change: float | None = None  # relative, current / baseline - 1
     threshold: float | None = None  # the relative move the rule flags at (0: any)
-    mdc: float | None = None  # minimum detectable change (verdicts.POWER, alpha; over
-    # nights, of a change lasting two nights where the history allows the night-level test)
-    two_nights: bool = False  # mdc is the two nights' (verdicts.Test.two_nights)
+    mdc: float | None = None  # minimum detectable change (verdicts.POWER, alpha)
+    two_nights: bool = False  # mdc is a change lasting two nights' (verdicts.Test)
     df: float | None = None  # the noise estimate's degrees of freedom (a prior's counted)
 
 
@@ -115,12 +114,12 @@ def compare_results(baselines: list[dict], current: dict, alpha: float = verdict
     return out
 
 
-def priors(pooled: dict[str, list[dict]], cur: dict[str, dict]
+def priors(pooled: dict[str, list[dict]], cur: dict[str, dict], cell_df: float | None = None
            ) -> dict[tuple[str, bool], moderation.Prior]:
     """Each noisy metric's prior noise (``moderation.fit``, on the cells' deviations: their
-    variances and how much they move together) over the cells that ran in both ``pooled``
-    (the baselines' cells by key) and ``cur``, fitted apart for cells judged by repeats
-    and by results (``verdicts.by_results``: the two noises differ)."""
+    variances and how much they move together; ``cell_df`` its) over the cells that ran in
+    both ``pooled`` (the baselines' cells by key) and ``cur``, fitted apart for cells judged
+    by repeats and by results (``verdicts.by_results``: the two noises differ)."""
     found: dict[tuple[str, bool], list[tuple[list[float], int]]] = {}
     for key, bases in pooled.items():
         c = cur.get(key, {})
@@ -133,7 +132,7 @@ def priors(pooled: dict[str, list[dict]], cur: dict[str, dict]
             if df:
                 found.setdefault((name, verdicts.by_results(groups)), []).append((dev, df))
     return {k: moderation.fit([(sum(x * x for x in r) / df, df) for r, df in v],
-                              [r for r, _ in v]) for k, v in found.items()}
+                              [r for r, _ in v], cell_df) for k, v in found.items()}
 
 
 def judged(changes: list[Change]) -> list[Change]:

@@ -168,7 +168,7 @@ def centred(groups: list[list[float]]) -> tuple[float, int]:
     return sum(x * x for x in r), df
 
 
-def mdc(sd: float, n_base: int, n_cur: int, df: int, alpha: float = ALPHA,
+def mdc(sd: float, n_base: int, n_cur: int, df: float, alpha: float = ALPHA,
         power: float = POWER) -> float:
     """The smallest relative change flagged with probability ``power`` (normal-noise
     approximation to the noncentral t)."""
@@ -177,12 +177,12 @@ def mdc(sd: float, n_base: int, n_cur: int, df: int, alpha: float = ALPHA,
     return _detectable(sd * math.sqrt(1 / n_base + 1 / n_cur), df, alpha, power)
 
 
-def _flag_at(se: float, df: int, alpha: float) -> float:
+def _flag_at(se: float, df: float, alpha: float) -> float:
     """The relative move the rule flags at: the critical value, or the floor if larger."""
     return math.exp(max(stats.t.ppf(1 - alpha, df) * se, math.log1p(MIN_CHANGE))) - 1
 
 
-def _detectable(se: float, df: int, alpha: float, power: float) -> float:
+def _detectable(se: float, df: float, alpha: float, power: float) -> float:
     """The true move seen with probability ``power``: ``t_{power}`` standard errors beyond
     the point the rule flags at."""
     return (1 + _flag_at(se, df, alpha)) * math.exp(stats.t.ppf(power, df) * se) - 1

@@ -93,8 +93,8 @@ def test_unchanged_metrics_flag_at_the_rate_set() -> None:
 
 def test_with_equal_noise_it_sees_what_a_test_that_knew_the_noise_sees() -> None:
     """Every cell's noise the same: the prior takes it over, on as many degrees of freedom
-    as the family has (40 cells of 4: 160, not infinitely many, since its scale is
-    estimated from them); at 0.05 / 480 (the nightly's level) the MDC is near the
+    as the other cells have (39 cells of 4 at most, not infinitely many, since its scale
+    is estimated from them); at 0.05 / 480 (the nightly's level) the MDC is near the
     known-noise test's closed form, far under the cell-alone t test's; a move of the MDC
     a test of that many degrees of freedom states is flagged at the stated power, and an
     unchanged one at the rate set."""
@@ -155,21 +155,52 @@ def _night_shifts(rng: np.random.Generator, cells: int, nights: int, rho: float
 
 
 def test_effective_cells_is_kish_s_design_effect() -> None:
-    """Independent cells count as themselves, cells that move as one as one, and cells
-    sharing a part rho of their noise as Kish's G / (1 + (G - 1) rho^2) (the variances of
-    normals correlated rho are correlated rho^2)."""
+    """Independent cells count as about themselves (the estimate errs low), cells that move
+    as one as one, and cells sharing a part rho of their noise as about Kish's
+    G / (1 + (G - 1) rho^2) (the variances of normals correlated rho are correlated
+    rho^2), in the median over draws: on few nights a little more (errs high)."""
     rng = np.random.default_rng(41)
     cells, nights = 60, 5
+    df = [nights - 1.0] * cells
 
     def devs(rho: float) -> list[list[float]]:
         x = _night_shifts(rng, cells, nights, rho)
         return [list(r - r.mean()) for r in x]
 
-    assert moderation.effective_cells(devs(0.0), nights - 1) == pytest.approx(cells, rel=0.25)
-    same = [list(np.array([1.0, -2.0, 0.5, 0.5, 0.0]))] * cells
-    assert moderation.effective_cells(same, nights - 1) == pytest.approx(1.0)
-    got = np.median([moderation.effective_cells(devs(0.7), nights - 1) for _ in range(20)])
-    assert got == pytest.approx(cells / (1 + (cells - 1) * 0.49), rel=0.3)
+    alone = np.median([moderation.effective_cells(devs(0.0), df) for _ in range(20)])
+    assert cells / 2 < alone <= cells
+    same = [[1.0, -2.0, 0.5, 0.5, 0.0]] * cells
+    assert moderation.effective_cells(same, df) == pytest.approx(1.0)
+    got = np.median([moderation.effective_cells(devs(0.7), df) for _ in range(20)])
+    kish = cells / (1 + (cells - 1) * 0.49)  # 2.0: the estimate errs high on 4 df (a
+    assert kish <= got < 1.5 * kish  # sample correlation of 5 points errs low)
+
+
+def test_effective_cells_edges() -> None:
+    """A vector that lost an entry (a repeat or night) is left out of the correlation but
+    counted among the cells; with one degree of freedom (two repeats: every cosine +-1)
+    cells of random sign count as many and cells of one sign as one; with no two vectors
+    alike, the cells count as one; the cap follows the count and ``cell_df``, and the
+    scale does not move with the cap."""
+    rng = np.random.default_rng(47)
+    x = _night_shifts(rng, 30, 5, 0.0)
+    devs = [list(r - r.mean()) for r in x]
+    dfs = [4.0] * 30
+    full = moderation.effective_cells(devs, dfs)
+    shorter = [d[:4] if i < 3 else d for i, d in enumerate(devs)]
+    # the 27 aligned vectors estimate the correlation, all 30 cells are counted
+    assert moderation.effective_cells(shorter, dfs) == pytest.approx(full, rel=0.2)
+    pairs = [[a, -a] for a in rng.choice([-1.0, 1.0], 40) * rng.uniform(0.5, 2.0, 40)]
+    assert moderation.effective_cells(pairs, [1.0] * 40) > 10
+    assert moderation.effective_cells([[a, -a] for a in rng.uniform(0.5, 2.0, 40)],
+                                      [1.0] * 40) == pytest.approx(1.0)
+    assert moderation.effective_cells([[1.0, -1.0], [1.0, 0.0, -1.0]], [1.0, 2.0]) == 1.0
+    variances = [(float(np.var(d, ddof=1)), 4) for d in devs]
+    alone = moderation.fit(variances)
+    together = moderation.fit(variances, [devs[0]] * 30)  # every cell moving as one
+    assert together.d0 == 0 and together.s0sq == pytest.approx(alone.s0sq)
+    capped = moderation.fit(variances, devs, cell_df=1.0)
+    assert capped.d0 <= moderation.effective_cells(devs, dfs) - 1 + 1e-9
 
 
 def _history_family(rng: np.random.Generator, rho: float, cells: int = 40) -> list:
