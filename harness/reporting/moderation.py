@@ -58,6 +58,7 @@ class Prior:
     d0: float  # the prior's degrees of freedom (0: no prior)
     s0sq: float  # its scale: the typical variance of the metric's logs
     cells: int = 0  # the sample variances it was fitted on
+    effective: float = math.nan  # what those cells are worth (``effective_cells``)
 
     def moderate(self, ss: float, df: float) -> tuple[float, float]:
         """The posterior variance and its degrees of freedom for a cell whose own sum of
@@ -146,7 +147,7 @@ def fit(variances: list[tuple[float, float]], deviations: list[list[float]] | No
     mean = float(e.mean())
     excess = float(e.var(ddof=1) - special.polygamma(1, d / 2).mean())
     if excess <= 0:  # no more scatter than sampling makes: one variance for all
-        return Prior(cap, math.exp(mean), len(keep))
+        return Prior(cap, math.exp(mean), len(keep), cells)
     d0 = 2 * trigamma_inverse(excess)  # the scale from the fitted d0, then d0 capped
     return Prior(min(d0, cap), math.exp(mean + special.digamma(d0 / 2) - math.log(d0 / 2)),
-                 len(keep))
+                 len(keep), cells)

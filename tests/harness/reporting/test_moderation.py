@@ -238,3 +238,35 @@ def test_cells_that_move_together_do_not_count_as_many() -> None:
         shares.append(np.mean([verdicts.test(b, c, True, alpha, prior=prior).verdict
                                == "regression" for b, c in family]))
     assert np.mean(shares) < alpha + 4 * np.std(shares, ddof=1) / math.sqrt(len(shares))
+
+
+def test_the_gain_script_sets_both_rules_side_by_side(tmp_path, monkeypatch) -> None:  # noqa: ANN001
+    """``scripts/moderation_gain.py`` on three results of 12 cells of equal, independent
+    noise: both rules on each pair, the moderated median MDC the lower (the cells'
+    agreement is information each cell alone lacks), and the fitted priors listed."""
+    import importlib.util
+    import json
+    import sys
+    from pathlib import Path
+
+    spec = importlib.util.spec_from_file_location(
+        "moderation_gain", Path(__file__).parents[3] / "scripts" / "moderation_gain.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    rng = np.random.default_rng(53)
+    for i in range(3):
+        result = _result([list(1000 * np.exp(0.05 * rng.standard_normal(3)))
+                          for _ in range(12)])
+        result["environment"]["git_sha"] = f"sha{i}"
+        (tmp_path / f"r{i}.json").write_text(json.dumps(result))
+    out = tmp_path / "gain.md"
+    monkeypatch.setattr(sys, "argv", ["moderation_gain.py", "--runs",
+                                      str(tmp_path / "r*.json"), "-o", str(out)])
+    script.main()
+    rows = {tuple(cell.strip() for cell in line.split("|")[1:3]): line.split("|")[4].strip()
+            for line in out.read_text().splitlines() if line.startswith("| A")}
+    assert set(rows) == {(f"A{i} vs A{i + 1}", m) for i in (1, 2) for m in ("no", "yes")}
+    for i in (1, 2):
+        assert float(rows[f"A{i} vs A{i + 1}", "yes"].rstrip("%")) < float(
+            rows[f"A{i} vs A{i + 1}", "no"].rstrip("%"))
+    assert "| last pair | throughput_samples_per_s | repeats | 12 |" in out.read_text()
