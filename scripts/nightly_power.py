@@ -93,9 +93,8 @@ def _judged(key: str, pairs: list[tuple[int, list[regressions.Change]]]
 
 def _priors(earlier: list[dict], last: dict, cell_df: float | None = None
             ) -> dict[str, moderation.Prior]:
-    """Each throughput figure's prior (``regressions.priors``) of ``earlier`` judged with
-    ``last``: over repeats (one earlier result), over results (``HISTORY_RESULTS`` on);
-    ``cell_df``: ``moderation.fit``'s."""
+    """Each throughput figure's prior (``regressions.priors``, ``cell_df`` its) of ``earlier``
+    judged with ``last``: over repeats (one result), over results (``HISTORY_RESULTS`` on)."""
     pooled: dict[str, list[dict]] = {}
     for c in (c for r in earlier for c in r["cells"] if c["status"] == "ok"):
         pooled.setdefault(c["key"], []).append(c)
@@ -104,12 +103,15 @@ def _priors(earlier: list[dict], last: dict, cell_df: float | None = None
     return {n: fitted.get((n, history), moderation.NONE) for n in THROUGHPUTS}
 
 
-def _moderated(groups: list[list[float]], prior: moderation.Prior) -> tuple[float, float]:
-    """The deviation ``test`` would use for ``groups`` and its prior's extra degrees of
-    freedom (NaN, 0 without a noise estimate)."""
+def _moderated(groups: list[list[float]], prior: moderation.Prior, pair: bool = False
+               ) -> tuple[float, float]:
+    """The deviation ``test`` would use for ``groups`` (``pair``: one result's, taken for
+    both of a pair, as ``bench.mdcs``) and the degrees of freedom moderating added (NaN, 0
+    without a noise estimate)."""
     dev, df = verdicts.spread(groups, [])
-    var = prior.moderate(sum(x * x for x in dev), df)[0]
-    return (math.sqrt(var), max(prior.d0, 0.0)) if df else (math.nan, 0)
+    k = 2 if pair else 1
+    var, total = prior.moderate(k * sum(x * x for x in dev), k * df)
+    return (math.sqrt(var), total - k * df) if df else (math.nan, 0)
 
 
 def _repeats_for(cell: dict, judged: list[str], level: float,
@@ -118,8 +120,8 @@ def _repeats_for(cell: dict, judged: list[str], level: float,
     in this run, moderated by ``priors``: A1 vs A2's) would see a ``verdicts.TARGET_MDC`` change
     in a pair of results tested at ``level`` per metric (inf: over 1000; None: no noise
     estimate)."""
-    sds = [_moderated([cell["metrics"][n]["values"]], (priors or {}).get(n, moderation.NONE))
-           for n in judged if n in cell.get("metrics", {})]
+    sds = [_moderated([cell["metrics"][n]["values"]], (priors or {}).get(n, moderation.NONE),
+                      True) for n in judged if n in cell.get("metrics", {})]
     sds = [s for s in sds if math.isfinite(s[0])]
     if not sds:
         return None

@@ -26,8 +26,8 @@ the cell's noise is the metric's. The false-alarm rate stays the one set
 (``tests/harness/reporting/test_moderation.py`` checks it and the power against
 simulation); what is gained is degrees of freedom, hence power (not for every cell: one
 whose repeats happened to agree is pulled up). What it assumes beyond the plain t-test:
-that one metric's variances over a comparison's cells are exchangeable (a very noisy cell
-among quiet ones is pulled toward them and flags more often than the rate says), and that
+that one metric's variances over a comparison's cells are exchangeable (a cell far
+noisier than the prior allows keeps its own noise: ``Prior.moderate``), and that
 the cells' noise is independent; where it is not (the nights of raw throughput on this
 machine move together, one machine-wide shift a night) the cells know little more than
 one, and ``d0`` is capped by the cells' effective number (``fit``). Fitted on the log
@@ -43,12 +43,13 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
-from scipy import special
+from scipy import special, stats
 
-__all__ = ["MAX_DF", "MIN_CELLS", "NONE", "Prior", "effective_cells", "fit",
+__all__ = ["MAX_DF", "MIN_CELLS", "NONE", "OUTLIER", "Prior", "effective_cells", "fit",
            "trigamma_inverse"]
 
 MIN_CELLS = 5  # fewer cells with a noise estimate: no prior (each cell judged alone)
+OUTLIER = 0.01  # a cell whose variance the prior puts beyond this upper tail keeps its own
 MAX_DF = 10_000.0  # an infinite d0 (the variances agree beyond sampling) is capped here
 # (and at what the other cells know: ``fit``)
 
@@ -62,8 +63,13 @@ class Prior:
 
     def moderate(self, ss: float, df: float) -> tuple[float, float]:
         """The posterior variance and its degrees of freedom for a cell whose own sum of
-        squares is ``ss`` on ``df`` degrees of freedom."""
-        if self.d0 <= 0 or df < 1:
+        squares is ``ss`` on ``df`` degrees of freedom; its own alone where its variance
+        is beyond the prior's upper ``OUTLIER`` tail (the variance over ``s0^2`` is F on
+        ``df`` and ``d0`` degrees of freedom under the model): a cell that noisy is not
+        one of the cells the prior describes, and pulled toward them it would flag far
+        more often than the rate (after Phipson et al. 2016, who give such cells a
+        smaller d0)."""
+        if self.d0 <= 0 or df < 1 or ss / df > self.s0sq * stats.f.isf(OUTLIER, df, self.d0):
             return (ss / df if df else math.nan), df
         return (self.d0 * self.s0sq + ss) / (self.d0 + df), self.d0 + df
 
@@ -100,7 +106,7 @@ def effective_cells(deviations: list[list[float]], dfs: list[float]) -> float:
     every cosine is +-1 and only the first tells). Both scatter above zero for independent
     cells, so there the count errs low (the cap errs safe); for cells that share part of
     their noise a sample correlation on few degrees of freedom errs low, so there the count
-    errs high (a third above Kish's at rho 0.7 on 4, in the tests). Only vectors of the longest
+    errs high (``test_moderation`` bounds by how much). Only vectors of the longest
     length that two or more share take part (a shorter one lost a repeat or a night, and
     its entries no longer line up); with fewer than two, the cells count as one."""
     lengths = [len(v) for v in deviations]

@@ -49,7 +49,7 @@ The rule (one metric of one cell; the values are its repeats, higher or lower be
   The floor only lowers the false-alarm rate, and is far below ``TARGET_MDC``; where it
   binds, the MDC is the floor plus ``t_{POWER,df}`` standard errors.
 - Minimum detectable change (MDC): the smallest relative change this cell would flag
-  with probability ``POWER`` at its level ``alpha``, from its own measured noise:
+  with probability ``POWER`` at its level ``alpha``, from its measured noise (moderated):
   ``exp((t_{1-alpha,df} + t_{POWER,df}) * se) - 1``. A cell whose MDC exceeds
   ``TARGET_MDC`` says so: it cannot see a 10% regression, and ``repeats_for`` says how many
   repeats a side a pair of results of its noise would need to see it.

@@ -174,7 +174,6 @@ def test_the_detectability_line_says_which_mdc_it_counts() -> None:
     assert "two nights" not in detectability(pair)
 
 
-
 def _both_beyond_exact(critical: float, n: int, shift: float = 0.0,
                        df: float | None = None) -> float:
     """The same probability as ``_both_drop`` (no floor) without sampling, for rates too

@@ -244,15 +244,12 @@ def test_the_gain_script_sets_both_rules_side_by_side(tmp_path, monkeypatch) -> 
     """``scripts/moderation_gain.py`` on three results of 12 cells of equal, independent
     noise: both rules on each pair, the moderated median MDC the lower (the cells'
     agreement is information each cell alone lacks), and the fitted priors listed."""
-    import importlib.util
     import json
     import sys
-    from pathlib import Path
 
-    spec = importlib.util.spec_from_file_location(
-        "moderation_gain", Path(__file__).parents[3] / "scripts" / "moderation_gain.py")
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
+    from tests.scripts import load_script
+
+    script = load_script("moderation_gain")
     rng = np.random.default_rng(53)
     for i in range(3):
         result = _result([list(1000 * np.exp(0.05 * rng.standard_normal(3)))
@@ -270,3 +267,25 @@ def test_the_gain_script_sets_both_rules_side_by_side(tmp_path, monkeypatch) -> 
         assert float(rows[f"A{i} vs A{i + 1}", "yes"].rstrip("%")) < float(
             rows[f"A{i} vs A{i + 1}", "no"].rstrip("%"))
     assert "| last pair | throughput_samples_per_s | repeats | 12 |" in out.read_text()
+
+
+def _noisy_cell_flags(rng: np.random.Generator, trials: int, alpha: float) -> float:
+    """The share of trials in which the one cell 8 times noisier than 30 quiet ones (3
+    repeats a side, nothing changed) is flagged, the prior fitted over all 31."""
+    true = np.full(31, 0.05 ** 2)
+    true[0] = 0.4 ** 2
+    return float(np.mean([_judge(_family(rng, 31, true, 3), alpha)[0].verdict == "regression"
+                          for _ in range(trials)]))
+
+
+def test_a_cell_far_noisier_than_the_rest_keeps_its_own_noise(monkeypatch) -> None:  # noqa: ANN001
+    """Pulled toward quiet cells, a very noisy one would flag far above the rate; beyond
+    the prior's upper ``OUTLIER`` tail it is judged on its own noise, at the rate (its
+    own t test is exact whatever the other cells)."""
+    alpha, trials = 0.01, 400
+    tol = 4 * math.sqrt(alpha * (1 - alpha) / trials)
+    guarded = _noisy_cell_flags(np.random.default_rng(59), trials, alpha)
+    assert guarded < alpha + tol
+    monkeypatch.setattr(moderation, "OUTLIER", 0.0)  # never beyond: pulled in like the rest
+    pulled = _noisy_cell_flags(np.random.default_rng(59), trials, alpha)
+    assert pulled > alpha + tol
