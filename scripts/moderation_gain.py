@@ -32,10 +32,10 @@ sys.path.insert(0, str(ROOT))
 from core.markdown import markdown_table  # noqa: E402
 from harness import metrics  # noqa: E402
 from harness.reporting import regressions, verdicts  # noqa: E402
-from harness.reporting.results import load_result  # noqa: E402
+from harness.reporting.results import load_result, ok_cells  # noqa: E402
 from harness.reporting.tracking import git_sha  # noqa: E402
 
-THROUGHPUTS = {n for pair in metrics.THROUGHPUT_PAIRS.items() for n in pair}
+THROUGHPUTS = metrics.THROUGHPUT_FIGURES
 WINDOW = 5  # the nightly's history (`make nightly`: `regressions --history 5`)
 
 
@@ -70,10 +70,7 @@ def _priors(runs: list[dict], night: dict | None) -> list[tuple]:
         cases.append(("night", regressions.judged_against(runs, WINDOW), night))
     rows = []
     for what, base, cur in cases:
-        pooled: dict[str, list[dict]] = {}
-        for c in (c for r in base for c in r["cells"] if c["status"] == "ok"):
-            pooled.setdefault(c["key"], []).append(c)
-        fitted = regressions.priors(pooled, {c["key"]: c for c in cur["cells"]})
+        fitted = regressions.priors(ok_cells(base), {c["key"]: c for c in cur["cells"]})
         for (name, by_results), p in sorted(fitted.items()):
             if name in THROUGHPUTS:
                 rows.append((what, name, "results" if by_results else "repeats",

@@ -39,7 +39,7 @@ sys.path.insert(0, str(ROOT))
 from core.markdown import markdown_table  # noqa: E402
 from harness import metrics  # noqa: E402
 from harness.reporting import between, moderation, regressions, verdicts  # noqa: E402
-from harness.reporting.results import METRICS, load_result  # noqa: E402
+from harness.reporting.results import METRICS, load_result, ok_cells  # noqa: E402
 
 
 def _bench(suite: str, out: Path, plants: list[str], reuse: bool,
@@ -64,7 +64,7 @@ def _flags(base: dict, cur: dict) -> list[regressions.Change]:
 
 # the throughput figures: epoch-based and steady-state, each raw and drift-cancelled; the
 # regression rule judges one of each pair (``metrics.THROUGHPUT_PAIRS``, ``regressions``)
-THROUGHPUTS = tuple(n for pair in metrics.THROUGHPUT_PAIRS.items() for n in pair)
+THROUGHPUTS = metrics.THROUGHPUT_FIGURES
 WINDOW = 5  # the history `make nightly` judges a night against (`regressions --history 5`)
 
 
@@ -95,10 +95,7 @@ def _priors(earlier: list[dict], last: dict, cell_df: float | None = None
             ) -> dict[str, moderation.Prior]:
     """Each throughput figure's prior (``regressions.priors``, ``cell_df`` its) of ``earlier``
     judged with ``last``: over repeats (one result), over results (``HISTORY_RESULTS`` on)."""
-    pooled: dict[str, list[dict]] = {}
-    for c in (c for r in earlier for c in r["cells"] if c["status"] == "ok"):
-        pooled.setdefault(c["key"], []).append(c)
-    fitted = regressions.priors(pooled, {c["key"]: c for c in last["cells"]}, cell_df)
+    fitted = regressions.priors(ok_cells(earlier), {c["key"]: c for c in last["cells"]}, cell_df)
     history = len(earlier) >= verdicts.HISTORY_RESULTS
     return {n: fitted.get((n, history), moderation.NONE) for n in THROUGHPUTS}
 
@@ -309,10 +306,9 @@ def _by_label(labels: list[tuple[int, regressions.Change]], labelled: int,
 def _planted_section(base: dict, res: dict, systems: list[str], factor: float) -> list[str]:
     flags = _flags(base, res)
     rows, hits = [], 0
-    for cell in base["cells"]:
+    planted = [cell for cell in base["cells"] if cell["system"] in systems]
+    for cell in planted:
         key = cell["key"]
-        if key.split("/")[3] not in systems:  # the cell's system
-            continue
         now = next(c for c in res["cells"] if c["key"] == key)
         hit = [c for c in flags if c.cell == key and c.verdict == "regression"
                and c.name in THROUGHPUTS]
@@ -320,7 +316,8 @@ def _planted_section(base: dict, res: dict, systems: list[str], factor: float) -
         b, p = (_median(c, metrics.STEADY_THROUGHPUT) or 0 for c in (cell, now))
         rows.append((key, f"{b:.0f}", f"{p:.0f}", f"{100 * (p / (b or 1) - 1):+.1f}%",
                      ", ".join(c.name for c in hit) or "missed"))
-    other = [c for c in flags if c.cell.split("/")[3] not in systems]
+    keys = {cell["key"] for cell in planted}
+    other = [c for c in flags if c.cell not in keys]
     return [f"## Planted: every compute action of {', '.join(systems)} {factor:g}x as long",
             "", *markdown_table(("cell", "steady samples/s before", "planted", "change",
                                  "flagged on"), rows),

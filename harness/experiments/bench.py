@@ -105,8 +105,7 @@ def mdcs(result: dict) -> tuple[dict[str, float], float, int]:
     out = {}
     for name in steady:
         found = [(dev, df) for (_, n), (dev, df) in own.items() if n == name and df]
-        prior = moderation.fit([(sum(x * x for x in r) / df, df) for r, df in found],
-                               [r for r, _ in found], 2 * max((df for _, df in found), default=0))
+        prior = moderation.fit_spreads(found, 2 * max((df for _, df in found), default=0))
         for key in (k for k, n in chosen.items() if n == name):
             dev, df = own[key, name]
             var, pair_df = prior.moderate(2 * sum(x * x for x in dev), 2 * df)

@@ -46,7 +46,7 @@ import numpy as np
 from scipy import special, stats
 
 __all__ = ["MAX_DF", "MIN_CELLS", "NONE", "OUTLIER", "Prior", "effective_cells", "fit",
-           "trigamma_inverse"]
+           "fit_spreads", "trigamma_inverse"]
 
 MIN_CELLS = 5  # fewer cells with a noise estimate: no prior (each cell judged alone)
 OUTLIER = 0.01  # a cell whose variance the prior puts beyond this upper tail keeps its own
@@ -125,6 +125,14 @@ def effective_cells(deviations: list[list[float]], dfs: list[float]) -> float:
     r2 = mean_cos ** 2 if df <= 1 else max(mean_cos ** 2, (mean_cos2 - 1 / df) / (1 - 1 / df))
     r2 = min(1.0, max(r2, 0.0))
     return len(deviations) / (1 + (len(deviations) - 1) * r2)
+
+
+def fit_spreads(spreads: list[tuple[list[float], float]], cell_df: float | None = None
+                ) -> Prior:
+    """``fit`` on each cell's deviations and their degrees of freedom (``verdicts.spread``'s):
+    the variances and the correlation both come from them."""
+    return fit([(sum(x * x for x in r) / df, df) for r, df in spreads],
+               [r for r, _ in spreads], cell_df)
 
 
 def fit(variances: list[tuple[float, float]], deviations: list[list[float]] | None = None,

@@ -44,7 +44,7 @@ from dataclasses import dataclass, replace
 
 from harness import metrics
 from harness.reporting import moderation, verdicts
-from harness.reporting.results import COUNTERS, METRICS, summarise
+from harness.reporting.results import COUNTERS, METRICS, ok_cells, summarise
 
 __all__ = ["COLUMNS", "Change", "compare_at_rate", "compare_results", "compared",
            "detectability", "family_alpha", "has_regression", "judged", "judged_against",
@@ -86,11 +86,7 @@ def compare_results(baselines: list[dict], current: dict, alpha: float = verdict
     if not baselines:
         return []
     newest = _cells(baselines[-1])
-    pooled: dict[str, list[dict]] = {}
-    for b in baselines:
-        for key, c in _cells(b).items():
-            if c["status"] == "ok":
-                pooled.setdefault(key, []).append(c)
+    pooled = ok_cells(baselines)
     cur = _cells(current)
     prior = priors(pooled, cur) if moderate else {}
     out: list[Change] = []
@@ -131,8 +127,7 @@ def priors(pooled: dict[str, list[dict]], cur: dict[str, dict], cell_df: float |
             dev, df = verdicts.spread(groups, c["metrics"][name]["values"])
             if df:
                 found.setdefault((name, verdicts.by_results(groups)), []).append((dev, df))
-    return {k: moderation.fit([(sum(x * x for x in r) / df, df) for r, df in v],
-                              [r for r, _ in v], cell_df) for k, v in found.items()}
+    return {k: moderation.fit_spreads(v, cell_df) for k, v in found.items()}
 
 
 def judged(changes: list[Change]) -> list[Change]:
@@ -341,8 +336,7 @@ def detectability(changes: list[Change]) -> str:
     throughput cells cannot."""
     judged = [c for c in changes if c.mdc is not None
               and not c.verdict.startswith("not judged")]
-    throughput = {n for pair in metrics.THROUGHPUT_PAIRS.items() for n in pair}
-    blind = sorted({c.cell for c in judged if c.name in throughput
+    blind = sorted({c.cell for c in judged if c.name in metrics.THROUGHPUT_FIGURES
                     and not c.mdc <= verdicts.TARGET_MDC})
     can = sum(1 for c in judged if c.mdc <= verdicts.TARGET_MDC)
     line = (f"{can} of {len(judged)} judged metrics can detect a "

@@ -61,7 +61,7 @@ from harness.reporting import verdicts
 from harness.reporting.units import fmt_bytes
 
 __all__ = ["COUNTERS", "DROP_EXTREMES_FROM", "METRICS", "RULE", "SCHEMA", "STABILITY",
-           "Stat", "cell_row", "load_result", "overhead_rows", "overhead_table",
+           "Stat", "cell_row", "load_result", "ok_cells", "overhead_rows", "overhead_table",
            "parse_result", "summarise", "with_drift_cancelled", "write_result"]
 
 SCHEMA = "pipebench-suite/1"
@@ -179,6 +179,14 @@ def overhead_table(rows: list[dict]) -> tuple[tuple, list[tuple]]:
 def write_result(result: dict, path: str | Path) -> None:
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     Path(path).write_text(json.dumps(result, indent=1, sort_keys=False) + "\n")
+
+
+def ok_cells(results: list[dict]) -> dict[str, list[dict]]:
+    """Each cell key's cells that ran (status ok) over ``results``, in their order."""
+    out: dict[str, list[dict]] = {}
+    for c in (c for r in results for c in r["cells"] if c["status"] == "ok"):
+        out.setdefault(c["key"], []).append(c)
+    return out
 
 
 def load_result(path: str | Path) -> dict:

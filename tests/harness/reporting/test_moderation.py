@@ -67,9 +67,7 @@ def _family(rng: np.random.Generator, cells: int, true: np.ndarray, n: int,
 def _judge(family: list, alpha: float) -> list[verdicts.Test]:
     """Every cell tested at ``alpha`` with the prior fitted over the family, as the
     reports fit it (``regressions.priors``)."""
-    spreads = [verdicts.spread([b], c) for b, c in family]
-    prior = moderation.fit([(sum(x * x for x in r) / df, df) for r, df in spreads],
-                           [r for r, _ in spreads])
+    prior = moderation.fit_spreads([verdicts.spread([b], c) for b, c in family])
     return [verdicts.test([b], c, True, alpha, prior=prior) for b, c in family]
 
 
