@@ -43,25 +43,28 @@ test-fast: install
 	$(PY) -m pytest -m "not multiprocess and not cli and not browser"
 
 # the nightly benchmark (suites/nightly.toml, under 60 minutes here): the suite result, its
-# report, the dashboard of its history, then the regression check against the last 5
-# results of the suite on this machine (exit 1 on a regression). MLFLOW_TRACKING_URI picks
-# the store (default results/mlflow.db); PIPEBENCH_MACHINE names the machine on CI.
+# report, the dashboard of its history, then the regression check against the last
+# NIGHTLY_WINDOW results of the suite on this machine (exit 1 on a regression).
+# MLFLOW_TRACKING_URI picks the store (default results/mlflow.db); PIPEBENCH_MACHINE names
+# the machine on CI.
 # NIGHTLY_HISTORY=DIR keeps the nights as result files instead (a runner without a lasting
 # store): tonight's is copied there, and the dashboard and the regression check read the
 # directory (its suite results: the newest and those before it, by when each finished).
 NIGHTLY := results/nightly
+# the earlier nights a night is judged against: verdicts.NIGHTLY_WINDOW (a test keeps them equal)
+NIGHTLY_WINDOW := 5
 NIGHTLY_HISTORY ?=
 nightly: install
 	@mkdir -p $(NIGHTLY)
 	$(VENV)/bin/pipebench bench --suite nightly --json $(NIGHTLY)/nightly.json -o $(NIGHTLY)/nightly.md
 ifeq ($(NIGHTLY_HISTORY),)
 	$(VENV)/bin/pipebench dashboard --suite nightly -o $(NIGHTLY)/dashboard.html
-	$(VENV)/bin/pipebench regressions --current $(NIGHTLY)/nightly.json --history 5 -o $(NIGHTLY)/regressions.md
+	$(VENV)/bin/pipebench regressions --current $(NIGHTLY)/nightly.json --history $(NIGHTLY_WINDOW) -o $(NIGHTLY)/regressions.md
 else
 	@mkdir -p $(NIGHTLY_HISTORY)
 	cp $(NIGHTLY)/nightly.json "$(NIGHTLY_HISTORY)/nightly-$$(date -u +%Y%m%dT%H%M%S).json"
 	$(VENV)/bin/pipebench dashboard --suite nightly --history-dir "$(NIGHTLY_HISTORY)" -o $(NIGHTLY)/dashboard.html
-	$(VENV)/bin/pipebench regressions --current $(NIGHTLY)/nightly.json --history 5 --history-dir "$(NIGHTLY_HISTORY)" -o $(NIGHTLY)/regressions.md
+	$(VENV)/bin/pipebench regressions --current $(NIGHTLY)/nightly.json --history $(NIGHTLY_WINDOW) --history-dir "$(NIGHTLY_HISTORY)" -o $(NIGHTLY)/regressions.md
 endif
 
 lint: install

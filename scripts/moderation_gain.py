@@ -13,13 +13,13 @@ the raw figures' nights move together here, the drift-cancelled ones' hardly).
 
 Every consecutive pair of ``--runs`` (sorted by name) is judged as ``pipebench
 regressions --baseline A --current B`` would judge it; with ``--history``, that result is
-also judged as the nightly judges a night against ``--runs`` (``--history 5``).
+also judged as the nightly judges a night against ``--runs`` (``--history``
+``verdicts.NIGHTLY_WINDOW``).
 """
 
 from __future__ import annotations
 
 import argparse
-import functools
 import glob
 import shlex
 import statistics
@@ -36,7 +36,6 @@ from harness.reporting.results import load_result, ok_cells  # noqa: E402
 from harness.reporting.tracking import git_sha  # noqa: E402
 
 THROUGHPUTS = metrics.THROUGHPUT_FIGURES
-WINDOW = 5  # the nightly's history (`make nightly`: `regressions --history 5`)
 
 
 def _row(what: str, moderate: bool, changes: list[regressions.Change]) -> tuple:
@@ -49,17 +48,12 @@ def _row(what: str, moderate: bool, changes: list[regressions.Change]) -> tuple:
 
 def _judged(runs: list[dict], night: dict | None, moderate: bool) -> list[tuple]:
     """Each pair and the night, judged at the level the reports use, moderated or not."""
-    real = regressions.compare_results
-    regressions.compare_results = functools.partial(real, moderate=moderate)
-    try:
-        rows = [_row(f"A{i} vs A{i + 1}", moderate,
-                     regressions.compare_at_rate([runs[i - 1]], runs[i])[0])
-                for i in range(1, len(runs))]
-        if night is not None:
-            rows.append(_row("night vs the runs", moderate,
-                             regressions.over_nights_at_rate(runs, night, WINDOW)[0]))
-    finally:
-        regressions.compare_results = real
+    rows = [_row(f"A{i} vs A{i + 1}", moderate,
+                 regressions.compare_at_rate([runs[i - 1]], runs[i], moderate=moderate)[0])
+            for i in range(1, len(runs))]
+    if night is not None:
+        rows.append(_row("night vs the runs", moderate, regressions.over_nights_at_rate(
+            runs, night, verdicts.NIGHTLY_WINDOW, moderate=moderate)[0]))
     return rows
 
 
@@ -67,7 +61,7 @@ def _priors(runs: list[dict], night: dict | None) -> list[tuple]:
     """Each throughput figure's prior, in the last pair and (history mode) the night."""
     cases = [("last pair", [runs[-2]], runs[-1])]
     if night is not None:
-        cases.append(("night", regressions.judged_against(runs, WINDOW), night))
+        cases.append(("night", regressions.judged_against(runs, verdicts.NIGHTLY_WINDOW), night))
     rows = []
     for what, base, cur in cases:
         fitted = regressions.priors(ok_cells(base), {c["key"]: c for c in cur["cells"]})

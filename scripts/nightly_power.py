@@ -65,7 +65,7 @@ def _flags(base: dict, cur: dict) -> list[regressions.Change]:
 # the throughput figures: epoch-based and steady-state, each raw and drift-cancelled; the
 # regression rule judges one of each pair (``metrics.THROUGHPUT_PAIRS``, ``regressions``)
 THROUGHPUTS = metrics.THROUGHPUT_FIGURES
-WINDOW = 5  # the history `make nightly` judges a night against (`regressions --history 5`)
+WINDOW = verdicts.NIGHTLY_WINDOW  # the history `make nightly` judges a night against
 
 
 def _median(cell: dict, name: str) -> float | None:
@@ -106,9 +106,12 @@ def _moderated(groups: list[list[float]], prior: moderation.Prior, pair: bool = 
     both of a pair, as ``bench.mdcs``) and the degrees of freedom moderating added (NaN, 0
     without a noise estimate)."""
     dev, df = verdicts.spread(groups, [])
-    k = 2 if pair else 1
-    var, total = prior.moderate(k * sum(x * x for x in dev), k * df)
-    return (math.sqrt(var), total - k * df) if df else (math.nan, 0)
+    if not df:
+        return math.nan, 0
+    own = 2 * df if pair else df  # a pair: one result's repeats taken for both sides
+    var, total = prior.moderate_pair(dev, df) if pair else \
+        prior.moderate(sum(x * x for x in dev), df)
+    return math.sqrt(var), total - own
 
 
 def _repeats_for(cell: dict, judged: list[str], level: float,

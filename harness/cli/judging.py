@@ -42,6 +42,7 @@ def regressions(
 
     Exit code 1 on a regression."""
     from core.markdown import markdown_table
+    from harness.reporting import change_report as report
     from harness.reporting import regressions as reg
     from harness.reporting import verdicts
     from harness.reporting.store import load_result_or_run
@@ -63,14 +64,14 @@ def regressions(
                  "compare.\n", output)
             return
         changes, _, judged = reg.over_nights_at_rate(bases, cur, history, rate)
-    lines = [f"# Regressions: {current} against {against}", "", reg.compared(bases, cur),
+    lines = [f"# Regressions: {current} against {against}", "", report.compared(bases, cur),
              "", f"Rule: {verdicts.rule_text(rate, judged)}.", "",
-             *reg.switches_differ(bases, cur)]
-    table = reg.rows(changes, show_all)
-    lines += markdown_table(reg.COLUMNS, table) if table else ["Nothing moved beyond "
+             *report.switches_differ(bases, cur)]
+    table = report.rows(changes, show_all)
+    lines += markdown_table(report.COLUMNS, table) if table else ["Nothing moved beyond "
                                                                "the noise."]
     verdict = "REGRESSION" if reg.has_regression(changes) else "no regression"
-    lines += ["", reg.detectability(changes), "", f"Verdict: {verdict}."]
+    lines += ["", report.detectability(changes), "", f"Verdict: {verdict}."]
     emit("\n".join(lines) + "\n", output)
     if reg.has_regression(changes):
         raise typer.Exit(1)

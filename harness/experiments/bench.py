@@ -108,7 +108,7 @@ def mdcs(result: dict) -> tuple[dict[str, float], float, int]:
         prior = moderation.fit_spreads(found, 2 * max((df for _, df in found), default=0))
         for key in (k for k, n in chosen.items() if n == name):
             dev, df = own[key, name]
-            var, pair_df = prior.moderate(2 * sum(x * x for x in dev), 2 * df)
+            var, pair_df = prior.moderate_pair(dev, df)
             out[key] = verdicts.mdc(math.sqrt(var), df + 1, df + 1, pair_df, level)
     return out, level, judged
 

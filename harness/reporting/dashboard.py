@@ -25,7 +25,7 @@ import html
 import math
 
 from harness import metrics
-from harness.reporting import plots
+from harness.reporting import change_report, plots, verdicts
 from harness.reporting import regressions as reg
 from harness.reporting.results import overhead_table
 
@@ -190,13 +190,13 @@ def _histories(page: _Page, results: list[dict], window: int,
 def _flagged(results: list[dict], window: int, tonight: dict) -> list[str]:
     if len(results) < 2:
         return ["<p class='note'>One result: no history to judge yet.</p>"]
-    rows = [r[:6] for r in reg.rows(list(tonight.values()))
+    rows = [r[:6] for r in change_report.rows(list(tonight.values()))
             if r[0] in ("regression", "suspicious")]
     if not rows:
         return [f"<p class='note'>Nothing flagged tonight against up to {window} earlier "
                 "result(s).</p>"]
     return ['<p class="regression">Flagged tonight:</p>',
-            _table(reg.COLUMNS[:6], rows)]
+            _table(change_report.COLUMNS[:6], rows)]
 
 
 def _curves(page: _Page, cells: list[dict]) -> list[str]:
@@ -270,7 +270,7 @@ def _filters(cells: list[dict]) -> str:
             + select("f-system", "system", {c["system"] for c in cells}) + "</div>")
 
 
-def build_dashboard(results: list[dict], window: int = 5) -> str:
+def build_dashboard(results: list[dict], window: int = verdicts.NIGHTLY_WINDOW) -> str:
     """The page for ``results`` (oldest first; the last is shown in detail)."""
     if not results:
         from core.errors import UserInputError

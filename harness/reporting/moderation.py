@@ -73,6 +73,13 @@ class Prior:
             return (ss / df if df else math.nan), df
         return (self.d0 * self.s0sq + ss) / (self.d0 + df), self.d0 + df
 
+    def moderate_pair(self, deviations: list[float], df: float) -> tuple[float, float]:
+        """``moderate`` for a pair of results like one whose repeats deviate by
+        ``deviations`` on ``df`` degrees of freedom (``verdicts.spread``): its sum of
+        squares taken for both sides, on twice its degrees of freedom (what a comparison
+        with a second such result would pool)."""
+        return self.moderate(2 * sum(x * x for x in deviations), 2 * df)
+
 
 NONE = Prior(0.0, math.nan)
 

@@ -46,16 +46,12 @@ from harness import metrics
 from harness.reporting import moderation, verdicts
 from harness.reporting.results import COUNTERS, METRICS, ok_cells, summarise
 
-__all__ = ["COLUMNS", "Change", "compare_at_rate", "compare_results", "compared",
-           "detectability", "family_alpha", "has_regression", "judged", "judged_against",
-           "night_alpha", "not_judged", "over_nights", "over_nights_at_rate", "priors",
-           "reference_moved", "rows", "switches_differ"]
+__all__ = ["Change", "compare_at_rate", "compare_results", "family_alpha", "has_regression",
+           "judged", "judged_against", "night_alpha", "not_judged", "over_nights",
+           "over_nights_at_rate", "priors", "reference_moved"]
 
 # the counters that depend on the stages, their replicas and layer ranges
 LAYOUT_COUNTERS = ("bytes_per_sample", metrics.ACTIONS_PER_EPOCH)
-
-COLUMNS = ("verdict", "cell", "what", "baseline", "current", "change", "flagged beyond",
-           "MDC")
 
 
 @dataclass(frozen=True)
@@ -137,40 +133,42 @@ def judged(changes: list[Change]) -> list[Change]:
             and math.isfinite(c.mdc) and not c.verdict.startswith("not judged")]
 
 
-def family_alpha(baselines: list[dict], current: dict,
-                 rate: float = verdicts.SUITE_ALPHA) -> tuple[float, int]:
+def family_alpha(baselines: list[dict], current: dict, rate: float = verdicts.SUITE_ALPHA,
+                 moderate: bool = True) -> tuple[float, int]:
     """The level per metric at which comparing ``current`` with ``baselines`` flags falsely
     at ``rate`` at most (``verdicts.per_metric``), and how many metrics it judges (which
     metrics are judged does not depend on the level)."""
-    m = len(judged(compare_results(baselines, current)))
+    m = len(judged(compare_results(baselines, current, moderate=moderate)))
     return verdicts.per_metric(m, rate), m
 
 
 def night_alpha(history: list[dict], current: dict, window: int,
-                rate: float = verdicts.SUITE_ALPHA) -> tuple[float, int]:
+                rate: float = verdicts.SUITE_ALPHA, moderate: bool = True
+                ) -> tuple[float, int]:
     """``family_alpha`` of the comparison ``over_nights`` labels tonight's noisy metrics on:
     ``current`` against ``judged_against(history, window)``."""
-    return family_alpha(judged_against(history, window), current, rate)
+    return family_alpha(judged_against(history, window), current, rate, moderate)
 
 
-def compare_at_rate(baselines: list[dict], current: dict, rate: float = verdicts.SUITE_ALPHA
-                    ) -> tuple[list[Change], float, int]:
+def compare_at_rate(baselines: list[dict], current: dict, rate: float = verdicts.SUITE_ALPHA,
+                    moderate: bool = True) -> tuple[list[Change], float, int]:
     """``compare_results`` at the level ``family_alpha`` gives the comparison (false alarms
     at ``rate`` per comparison): its changes, that level and the metrics it judged."""
-    level, m = family_alpha(baselines, current, rate)
-    return compare_results(baselines, current, level), level, m
+    level, m = family_alpha(baselines, current, rate, moderate)
+    return compare_results(baselines, current, level, moderate=moderate), level, m
 
 
 def over_nights_at_rate(history: list[dict], current: dict, window: int,
-                        rate: float = verdicts.SUITE_ALPHA) -> tuple[list[Change], float, int]:
+                        rate: float = verdicts.SUITE_ALPHA, moderate: bool = True
+                        ) -> tuple[list[Change], float, int]:
     """``over_nights`` at the level ``night_alpha`` gives tonight (false alarms at ``rate``
     per night): its changes, that level and the metrics it judged."""
-    level, m = night_alpha(history, current, window, rate)
-    return over_nights(history, current, window, level), level, m
+    level, m = night_alpha(history, current, window, rate, moderate)
+    return over_nights(history, current, window, level, moderate), level, m
 
 
 def over_nights(history: list[dict], current: dict, window: int,
-                alpha: float = verdicts.ALPHA) -> list[Change]:
+                alpha: float = verdicts.ALPHA, moderate: bool = True) -> list[Change]:
     """``compare_results`` of ``current`` against the last ``window`` of ``history`` (oldest
     first), its noisy metrics judged over nights (``verdicts.night_label``): tonight and
     the night before (``history[-1]``) are each tested against the same ``window`` results
@@ -179,16 +177,19 @@ def over_nights(history: list[dict], current: dict, window: int,
     (its MDC the two nights'), tonight alone beyond the one night's threshold is
     ``suspicious`` (that threshold shown), fewer than ``verdicts.MIN_HISTORY`` such results
     ``insufficient data``.
-    Exact counters, failures and lost targets stay regressions on the first night."""
-    direct = compare_results(history[-window:], current, alpha)
+    Exact counters, failures and lost targets stay regressions on the first night.
+    ``moderate``: as ``compare_results``'."""
+    def compare(bases: list[dict], cur: dict, consecutive: bool = False) -> list[Change]:
+        return compare_results(bases, cur, alpha, consecutive, moderate)
+    direct = compare(history[-window:], current)
     base = judged_against(history, window)
-    now = {(c.cell, c.name): c for c in compare_results(base, current, alpha, True)}
+    now = {(c.cell, c.name): c for c in compare(base, current, True)}
     # last night's verdict per figure, a drift pair's under either twin: the twin judged
     # can differ between the nights (``reference_moved`` looks at each night's reference)
     before = {(c.cell, _twins(c.name)): c.verdict
-              for c in compare_results(base, history[-1], alpha, True)
+              for c in compare(base, history[-1], True)
               if not c.verdict.startswith("not judged")}
-    strict = {(c.cell, c.name): c for c in compare_results(base, current, alpha)}
+    strict = {(c.cell, c.name): c for c in compare(base, current)}
     out = []
     for c in direct:
         if c.name in METRICS:
@@ -330,64 +331,6 @@ def _metric_changes(key: str, base_cells: list[dict], cur: dict, alpha: float,
     return out
 
 
-def detectability(changes: list[Change]) -> str:
-    """One line: how many judged metrics can see a ``verdicts.TARGET_MDC`` change (and, where
-    some are judged over nights, how many of those MDCs are the two nights'), and which
-    throughput cells cannot."""
-    judged = [c for c in changes if c.mdc is not None
-              and not c.verdict.startswith("not judged")]
-    blind = sorted({c.cell for c in judged if c.name in metrics.THROUGHPUT_FIGURES
-                    and not c.mdc <= verdicts.TARGET_MDC})
-    can = sum(1 for c in judged if c.mdc <= verdicts.TARGET_MDC)
-    line = (f"{can} of {len(judged)} judged metrics can detect a "
-            f"{verdicts.TARGET_MDC:.0%} change")
-    paired = sum(c.two_nights for c in judged)
-    if paired:  # over nights the history decides which MDC a metric has: say which
-        line += (f" ({paired} of them by the MDC of a change lasting two nights, which "
-                 "the regression label needs, the rest by one comparison's)")
-    if blind:
-        line += (f"; throughput cells that cannot ({len(blind)}): " + ", ".join(blind))
-    return line + "."
-
-
-def compared(baselines: list[dict], current: dict) -> str:
-    """A report's line naming what it compared: each result's commit and the time its
-    suite run finished (``created``)."""
-    def one(r: dict) -> str:
-        return f"{r.get('environment', {}).get('git_sha', 'unknown')} ({r['created']})"
-    return f"Current: {one(current)}. Against: {', '.join(one(b) for b in baselines)}."
-
-
-def switches_differ(baselines: list[dict], current: dict) -> list[str]:
-    """A report's lines (the note and a blank) where the runtime switches set
-    (``environment.runtime_env``) differ between the baselines and the current result, so
-    that a move they cause is not read as the code's; none where they agree or a result
-    (from before they were recorded) lacks them."""
-    def env(result: dict) -> str | None:
-        return result.get("environment", {}).get("runtime_env")
-    now, before = env(current), {env(b) for b in baselines}
-    if now is None or None in before or before == {now}:
-        return []
-    return [f"Runtime switches differ: the baseline ran with {', '.join(sorted(before))}, "
-            f"the current result with {now}; what they change is in the comparison.", ""]
-
-
 def has_regression(changes: list[Change]) -> bool:
     """Whether any change is a regression (what fails a nightly)."""
     return any(c.verdict == "regression" for c in changes)
-
-
-def rows(changes: list[Change], everything: bool = False) -> list[tuple]:
-    """Report rows: what moved (``everything``: also the moves within the noise)."""
-    def fmt(v) -> str:  # noqa: ANN001
-        return f"{v:.4g}" if isinstance(v, float) else "" if v is None else str(v)
-
-    def pct(v: float | None, sign: str = "") -> str:
-        if v is None or math.isnan(v):
-            return ""
-        return "inf" if math.isinf(v) else f"{100 * v:{sign}.1f}%"
-    quiet = ("changed-within-noise", "too-few-repeats", "insufficient data")
-    return [(c.verdict, c.cell, c.name, fmt(c.baseline), fmt(c.current),
-             pct(c.change, "+"), pct(c.threshold), pct(c.mdc))
-            for c in changes if everything or not (
-                c.verdict in quiet or c.verdict.startswith("not judged"))]

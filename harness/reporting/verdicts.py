@@ -82,7 +82,7 @@ from scipy import stats
 from harness.reporting import moderation, shared_history
 
 __all__ = ["ALPHA", "BROKEN", "DRIFT_LEVEL", "HISTORY_RESULTS", "INTERVAL", "MIN_CHANGE",
-           "MIN_HISTORY", "ONE_NIGHT", "POWER", "SUITE_ALPHA", "TARGET_MDC",
+           "MIN_HISTORY", "NIGHTLY_WINDOW", "ONE_NIGHT", "POWER", "SUITE_ALPHA", "TARGET_MDC",
            "Test",
            "by_results", "centred", "consecutive_level", "consecutive_mdc", "interval",
            "log_values", "mdc", "moved",
@@ -97,6 +97,7 @@ POWER = 0.9  # the probability at which the minimum detectable change is stated
 TARGET_MDC = 0.10  # what every throughput cell should be able to see
 MIN_CHANGE = 0.02  # no move smaller than this is flagged, whatever the noise
 MIN_HISTORY = 2  # earlier results needed for a verdict over nights
+NIGHTLY_WINDOW = 5  # the earlier nights `make nightly` judges a night against (--history)
 BROKEN = ("regression", "improvement")  # the verdicts that break the rule: flags
 ONE_NIGHT = ("suspicious", "improvement (one night)")  # the labels of a night alone
 HISTORY_RESULTS = 3  # from this many baseline results on, results (not repeats) are units

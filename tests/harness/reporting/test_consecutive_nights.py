@@ -142,7 +142,8 @@ def test_the_detectability_line_says_which_mdc_it_counts() -> None:
     """Over nights a metric with enough history carries the two nights' MDC and one
     without carries a single comparison's; the line counts both, so it says how many are
     which. Against one baseline (no night-level test) it says nothing of nights."""
-    from harness.reporting.regressions import compare_results, detectability
+    from harness.reporting.change_report import detectability
+    from harness.reporting.regressions import compare_results
 
     history = [_night(i + 1, [v, v * 1.01]) for i, v in enumerate([100.0, 104.0, 97.0])]
     nightly = over_nights([*history, _night(4, [99.0, 99.5])], _night(5, [101.0, 100.5]),

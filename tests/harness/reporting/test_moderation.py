@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from scipy import special, stats
 
-from harness.reporting import moderation, verdicts
+from harness.reporting import moderation, regressions, verdicts
 from harness.reporting.regressions import compare_results
 from harness.reporting.results import SCHEMA, summarise
 
@@ -52,6 +52,19 @@ def test_equal_noise_gives_the_largest_prior_and_too_few_cells_none() -> None:
     assert moderation.fit(few) == moderation.NONE
     assert moderation.fit([(0.0, 4)] * 10 + [(0.01, 0)] * 10) == moderation.NONE
     assert moderation.NONE.moderate(0.08, 4) == (0.02, 4)
+
+
+def test_a_pair_of_one_result_pools_it_twice() -> None:
+    """``moderate_pair``: one result's repeats taken for both sides of a pair is the pooled
+    variance of two copies of them (numpy's, on 2 (n - 1) degrees of freedom), moderated
+    by the closed form (d0 s0^2 + ss) / (d0 + d)."""
+    logs = np.log([1000.0, 1040.0, 985.0])
+    dev, df = verdicts.spread([list(np.exp(logs))], [])
+    pooled = np.concatenate([logs - logs.mean()] * 2)
+    ss = float(np.sum(pooled ** 2))
+    assert moderation.NONE.moderate_pair(dev, df) == (pytest.approx(ss / 4), 4)
+    prior = moderation.Prior(6.0, 0.02 ** 2)
+    assert prior.moderate_pair(dev, df) == (pytest.approx((6 * 0.02 ** 2 + ss) / 10), 10)
 
 
 def _family(rng: np.random.Generator, cells: int, true: np.ndarray, n: int,
@@ -142,6 +155,27 @@ def test_the_comparison_moderates_over_its_cells() -> None:
 
     assert flagged(True) == ["w/tiny/w2/s7/throughput"]
     assert flagged(False) == []
+
+
+@pytest.mark.parametrize("nights", [False, True])
+def test_the_switch_reaches_the_reports_entry_points(nights: bool) -> None:
+    """``moderate=False`` through ``compare_at_rate`` and ``over_nights_at_rate`` (what
+    ``scripts/moderation_gain.py`` sets side by side): every judged metric is tested on
+    the cell's own degrees of freedom (3 repeats a side: 4; 5 earlier results as the
+    units: 4), moderated on more (20 cells of equal noise: all but the few whose variance
+    falls in the prior's outlier tail, which keep their own)."""
+    rng = np.random.default_rng(31)
+    results = [_result([list(1000 * np.exp(0.04 * rng.standard_normal(3))) for _ in range(20)])
+               for _ in range(7 if nights else 2)]
+
+    def dfs(moderate: bool) -> list[float]:
+        changes = (regressions.over_nights_at_rate(results[:-1], results[-1], 5,
+                                                   moderate=moderate) if nights else
+                   regressions.compare_at_rate(results[:1], results[1], moderate=moderate))[0]
+        return [c.df for c in regressions.judged(changes)]
+
+    assert dfs(False) == [4] * 20
+    assert sum(df > 4 for df in dfs(True)) >= 15
 
 
 def _night_shifts(rng: np.random.Generator, cells: int, nights: int, rho: float

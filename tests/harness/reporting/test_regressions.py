@@ -325,7 +325,7 @@ def test_over_nights_a_drop_on_two_nights_is_a_regression_whichever_twin_each_ju
 
 
 def test_results_run_with_other_runtime_switches_say_so() -> None:
-    from harness.reporting.regressions import switches_differ
+    from harness.reporting.change_report import switches_differ
 
     def ran_with(env: str | None) -> dict:
         return {"environment": {"machine": "m"} if env is None else
