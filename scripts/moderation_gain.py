@@ -13,8 +13,9 @@ the raw figures' nights move together here, the drift-cancelled ones' hardly).
 
 Every consecutive pair of ``--runs`` (sorted by name) is judged as ``pipebench
 regressions --baseline A --current B`` would judge it; with ``--history``, that result is
-also judged as the nightly judges a night against ``--runs`` (``--history``
-``verdicts.NIGHTLY_WINDOW``).
+also judged as the nightly judges a night against those of ``--runs`` made before it
+(``--history`` ``verdicts.NIGHTLY_WINDOW``; the result itself left out where it is one of
+them).
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from core.markdown import markdown_table  # noqa: E402
 from harness import metrics  # noqa: E402
 from harness.reporting import regressions, verdicts  # noqa: E402
 from harness.reporting.results import load_result, ok_cells  # noqa: E402
+from harness.reporting.store import file_history  # noqa: E402
 from harness.reporting.tracking import git_sha  # noqa: E402
 
 THROUGHPUTS = metrics.THROUGHPUT_FIGURES
@@ -46,22 +48,25 @@ def _row(what: str, moderate: bool, changes: list[regressions.Change]) -> tuple:
             str(sum(m <= 0.10 for m in mdcs)), str(sum(m <= 0.20 for m in mdcs)), str(flags))
 
 
-def _judged(runs: list[dict], night: dict | None, moderate: bool) -> list[tuple]:
-    """Each pair and the night, judged at the level the reports use, moderated or not."""
+def _judged(runs: list[dict], night: dict | None, history: list[dict], moderate: bool
+            ) -> list[tuple]:
+    """Each pair and the night (against ``history``), judged at the level the reports use,
+    moderated or not."""
     rows = [_row(f"A{i} vs A{i + 1}", moderate,
                  regressions.compare_at_rate([runs[i - 1]], runs[i], moderate=moderate)[0])
             for i in range(1, len(runs))]
     if night is not None:
         rows.append(_row("night vs the runs", moderate, regressions.over_nights_at_rate(
-            runs, night, verdicts.NIGHTLY_WINDOW, moderate=moderate)[0]))
+            history, night, verdicts.NIGHTLY_WINDOW, moderate=moderate)[0]))
     return rows
 
 
-def _priors(runs: list[dict], night: dict | None) -> list[tuple]:
+def _priors(runs: list[dict], night: dict | None, history: list[dict]) -> list[tuple]:
     """Each throughput figure's prior, in the last pair and (history mode) the night."""
     cases = [("last pair", [runs[-2]], runs[-1])]
     if night is not None:
-        cases.append(("night", regressions.judged_against(runs, verdicts.NIGHTLY_WINDOW), night))
+        cases.append(("night", regressions.judged_against(history, verdicts.NIGHTLY_WINDOW),
+                      night))
     rows = []
     for what, base, cur in cases:
         fitted = regressions.priors(ok_cells(base), {c["key"]: c for c in cur["cells"]})
@@ -84,7 +89,11 @@ def main() -> None:
         sys.exit(f"--runs {args.runs!r}: needs two or more results, found {len(paths)}")
     runs = [load_result(p) for p in paths]
     night = load_result(args.history) if args.history else None
-    rows = [r for pair in zip(_judged(runs, night, False), _judged(runs, night, True),
+    # the night's history: the runs made before it, itself left out where it is one of
+    # them (as `regressions --history-dir` reads a directory)
+    history = file_history(night, len(runs), "", runs) if night else []
+    rows = [r for pair in zip(_judged(runs, night, history, False),
+                              _judged(runs, night, history, True),
                               strict=True) for r in pair]
     lines = [
         "# Moderated noise against each cell's own, on kept results", "",
@@ -105,7 +114,7 @@ def main() -> None:
         "deviations), `d0` (capped at what the other cells know) and the typical noise "
         "`s0`.", "",
         *markdown_table(("comparison", "figure", "units", "cells", "worth", "d0", "s0"),
-                        _priors(runs, night)), ""]
+                        _priors(runs, night, history)), ""]
     Path(args.output).write_text("\n".join(lines))
     print(f"wrote {args.output}", file=sys.stderr)
 

@@ -301,6 +301,38 @@ def test_the_gain_script_sets_both_rules_side_by_side(tmp_path, monkeypatch) -> 
     assert "| last pair | throughput_samples_per_s | repeats | 12 |" in out.read_text()
 
 
+def test_the_gain_script_judges_a_night_on_the_runs_before_it(tmp_path, monkeypatch
+                                                               ) -> None:  # noqa: ANN001
+    """A night that is also one of ``--runs`` (the committed nightly is the last A run) is
+    judged on the runs made before it, not on itself: its rows equal those of the same
+    night given apart from runs that stop before it."""
+    import json
+    import sys
+
+    from tests.scripts import load_script
+
+    script = load_script("moderation_gain")
+    rng = np.random.default_rng(59)
+    for i in range(5):
+        result = _result([list(1000 * np.exp(0.05 * rng.standard_normal(3)))
+                          for _ in range(12)])
+        result["environment"]["git_sha"] = f"sha{i}"
+        result["created"] = f"2026-01-0{i + 1}T00:00:00+00:00"
+        (tmp_path / ("night.json" if i == 4 else f"r{i}.json")).write_text(json.dumps(result))
+
+    def night_rows(runs: str) -> list[str]:
+        out = tmp_path / "gain.md"
+        monkeypatch.setattr(sys, "argv", ["moderation_gain.py", "--runs", runs, "--history",
+                                          str(tmp_path / "night.json"), "-o", str(out)])
+        script.main()
+        return [line for line in out.read_text().splitlines()
+                if line.startswith(("| night", "| night vs"))]
+
+    apart = night_rows(str(tmp_path / "r*.json"))
+    assert len(apart) > 2  # both rules' rows and the night's priors
+    assert night_rows(str(tmp_path / "*.json")) == apart
+
+
 def _noisy_cell_flags(rng: np.random.Generator, trials: int, alpha: float) -> float:
     """The share of trials in which the one cell 8 times noisier than 30 quiet ones (3
     repeats a side, nothing changed) is flagged, the prior fitted over all 31."""
