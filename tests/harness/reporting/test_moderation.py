@@ -272,22 +272,30 @@ def test_cells_that_move_together_do_not_count_as_many() -> None:
     assert np.mean(shares) < alpha + 4 * np.std(shares, ddof=1) / math.sqrt(len(shares))
 
 
+def _gain_runs(tmp_path, seed: int, names: list[str]) -> None:  # noqa: ANN001
+    """One suite result file per name, a day apart, each of 12 cells of equal, independent
+    noise (3 repeats)."""
+    import json
+
+    rng = np.random.default_rng(seed)
+    for i, name in enumerate(names):
+        result = _result([list(1000 * np.exp(0.05 * rng.standard_normal(3)))
+                          for _ in range(12)])
+        result["environment"]["git_sha"] = f"sha{i}"
+        result["created"] = f"2026-01-{i + 1:02d}T00:00:00+00:00"
+        (tmp_path / name).write_text(json.dumps(result))
+
+
 def test_the_gain_script_sets_both_rules_side_by_side(tmp_path, monkeypatch) -> None:  # noqa: ANN001
     """``scripts/moderation_gain.py`` on three results of 12 cells of equal, independent
     noise: both rules on each pair, the moderated median MDC the lower (the cells'
     agreement is information each cell alone lacks), and the fitted priors listed."""
-    import json
     import sys
 
     from tests.scripts import load_script
 
     script = load_script("moderation_gain")
-    rng = np.random.default_rng(53)
-    for i in range(3):
-        result = _result([list(1000 * np.exp(0.05 * rng.standard_normal(3)))
-                          for _ in range(12)])
-        result["environment"]["git_sha"] = f"sha{i}"
-        (tmp_path / f"r{i}.json").write_text(json.dumps(result))
+    _gain_runs(tmp_path, 53, [f"r{i}.json" for i in range(3)])
     out = tmp_path / "gain.md"
     monkeypatch.setattr(sys, "argv", ["moderation_gain.py", "--runs",
                                       str(tmp_path / "r*.json"), "-o", str(out)])
@@ -306,19 +314,12 @@ def test_the_gain_script_judges_a_night_on_the_runs_before_it(tmp_path, monkeypa
     """A night that is also one of ``--runs`` (the committed nightly is the last A run) is
     judged on the runs made before it, not on itself: its rows equal those of the same
     night given apart from runs that stop before it."""
-    import json
     import sys
 
     from tests.scripts import load_script
 
     script = load_script("moderation_gain")
-    rng = np.random.default_rng(59)
-    for i in range(5):
-        result = _result([list(1000 * np.exp(0.05 * rng.standard_normal(3)))
-                          for _ in range(12)])
-        result["environment"]["git_sha"] = f"sha{i}"
-        result["created"] = f"2026-01-0{i + 1}T00:00:00+00:00"
-        (tmp_path / ("night.json" if i == 4 else f"r{i}.json")).write_text(json.dumps(result))
+    _gain_runs(tmp_path, 59, [f"r{i}.json" for i in range(4)] + ["night.json"])
 
     def night_rows(runs: str) -> list[str]:
         out = tmp_path / "gain.md"
