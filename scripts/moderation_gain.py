@@ -11,7 +11,7 @@ the raw figures' nights move together here, the drift-cancelled ones' hardly).
     python scripts/moderation_gain.py --runs 'results/power-runs-nightly/aa-*.json' \\
         --history results/nightly/nightly.json -o results/moderation-gain.md
 
-Every consecutive pair of ``--runs`` (sorted by name) is judged as ``pipebench
+Every consecutive pair of ``--runs`` (in the order they ran) is judged as ``pipebench
 regressions --baseline A --current B`` would judge it; with ``--history``, that result is
 also judged as the nightly judges a night against those of ``--runs`` made before it
 (``--history`` ``verdicts.NIGHTLY_WINDOW``; the result itself left out where it is one of
@@ -87,11 +87,15 @@ def main() -> None:
     paths = sorted(glob.glob(args.runs))
     if len(paths) < 2:
         sys.exit(f"--runs {args.runs!r}: needs two or more results, found {len(paths)}")
-    runs = [load_result(p) for p in paths]
+    loaded = sorted(zip((load_result(p) for p in paths), paths, strict=True),
+                    key=lambda rp: rp[0]["created"])  # A1, A2, ... in the order they ran
+    runs, paths = [r for r, _ in loaded], [p for _, p in loaded]
     night = load_result(args.history) if args.history else None
     # the night's history: the runs made before it, itself left out where it is one of
-    # them (as `regressions --history-dir` reads a directory)
+    # them (the rule `regressions --history-dir` reads a directory by)
     history = file_history(night, len(runs), "", runs) if night else []
+    if night and len(history) < 2:
+        sys.exit(f"--history {args.history}: fewer than two of --runs were made before it")
     rows = [r for pair in zip(_judged(runs, night, history, False),
                               _judged(runs, night, history, True),
                               strict=True) for r in pair]

@@ -334,6 +334,30 @@ def test_the_gain_script_judges_a_night_on_the_runs_before_it(tmp_path, monkeypa
     assert night_rows(str(tmp_path / "*.json")) == apart
 
 
+def test_the_gain_script_orders_the_runs_by_when_they_ran(tmp_path, monkeypatch
+                                                          ) -> None:  # noqa: ANN001
+    """The same four runs named so that their names sort as they ran (r1..r4) and not
+    (r9, r10, r11, r12: r10 sorts first) give the same report rows: A1 is the first run."""
+    import sys
+
+    from tests.scripts import load_script
+
+    script = load_script("moderation_gain")
+
+    def rows(names: list[str]) -> list[str]:
+        where = tmp_path / names[0].removesuffix(".json")
+        where.mkdir()
+        _gain_runs(where, 61, names)
+        out = where / "gain.md"
+        monkeypatch.setattr(sys, "argv", ["moderation_gain.py", "--runs",
+                                          str(where / "r*.json"), "-o", str(out)])
+        script.main()
+        return [line for line in out.read_text().splitlines() if line.startswith("| ")]
+
+    assert rows([f"r{i}.json" for i in (9, 10, 11, 12)]) == rows(
+        [f"r{i}.json" for i in (1, 2, 3, 4)])
+
+
 def _noisy_cell_flags(rng: np.random.Generator, trials: int, alpha: float) -> float:
     """The share of trials in which the one cell 8 times noisier than 30 quiet ones (3
     repeats a side, nothing changed) is flagged, the prior fitted over all 31."""
