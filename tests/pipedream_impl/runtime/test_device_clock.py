@@ -217,25 +217,27 @@ def test_torch_peers_time_their_chunks_by_the_device_clock_too(gpu: Device) -> N
 def test_minibatches_are_stamped_done_from_their_marks_at_the_close(gpu: Device) -> None:
     """The stamps come from the clock's marks when the epoch closes, not from the host's
     clock as each minibatch's update is queued: none exists before the close, and each is
-    its mark's device time on the wall clock. The stand-in device's clock runs at twice
-    the host's rate, so a stamp taken from the host clock would be off."""
-    base = time.perf_counter()
+    its mark's device time on the wall clock. The stand-in device's clock runs at ``rate``
+    times the host's, so a stamp taken from the host clock would be off; the last stamp
+    lies past the epoch's end unless the close takes 99 times as long as the epoch before
+    it (at twice the rate, a close longer than the epoch on a loaded machine failed it)."""
+    base, rate = time.perf_counter(), 100.0
 
-    class Twice(HostEvent):
+    class Fast(HostEvent):
         def record(self) -> None:
             super().record()
-            self.host, self.t = self.t, base + 2 * (self.t - base)
+            self.host, self.t = self.t, base + rate * (self.t - base)
 
     executors = local_executors(_spec())
     for ex in executors:
-        ex.event = lambda: Twice(gpu)
+        ex.event = lambda: Fast(gpu)
     play_epoch(executors, 0)
     last = executors[-1]
     assert last.report.done_at == [] and last.report.warm_done_at is None
     clock, marks = last.clock, list(last.clock.marks)
     reports = [ex.finish_epoch() for ex in executors]
     on_wall = last._wall0 - last._perf0 + clock.anchor_at
-    expected = [(k, on_wall + 2 * (ev.host - clock.anchor.host)) for k, ev in marks]
+    expected = [(k, on_wall + rate * (ev.host - clock.anchor.host)) for k, ev in marks]
     assert [k for k, _ in reports[-1].done_at] == [k for k, _ in expected] == list(range(4))
     assert [t for _, t in reports[-1].done_at] == pytest.approx(
         [t for _, t in expected], rel=0, abs=1e-6)
