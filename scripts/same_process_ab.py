@@ -34,7 +34,9 @@ minibatches of M x b in M microbatches of b (M = ``MICROBATCHES_PER_STAGE`` x st
 unless given), PipeDream minibatches of b; every engine processes the same samples per
 epoch. A system named
 ``NAME@VAR=value+VAR2=value`` is NAME built with those switches set (``SWITCHES``: the
-ones read when an engine is made; torch's engines read only the optimizer's): a setting
+ones read when an engine is made; torch's engines read only the optimizer's), and with
+``PIPEBENCH_TRANSPORT_YIELD`` set on gloo's threads before each of its epochs (any
+engine's, torch's too: it is the process's; putting them back needs root): a setting
 against the default, in the same processes. Switches set in the environment apply to
 every engine, the process-level ones (``PIPEBENCH_PIN``, ``PIPEBENCH_NO_HALT``) as a
 worker process takes them; the report names them. The split is a straight 2-stage split balanced on
@@ -67,10 +69,12 @@ from core.markdown import markdown_table as table  # noqa: E402
 from harness.reporting.tracking import git_sha  # noqa: E402
 from pipedream_impl.runtime.comm import RECV_AHEAD_ENV, SETTLE_ENV  # noqa: E402
 from pipedream_impl.runtime.grad_buckets import BUCKET_MB_ENV  # noqa: E402
+from pipedream_impl.runtime.transport_yield import TRANSPORT_YIELD_ENV  # noqa: E402
 from workloads.recipe import FUSED_OPTIMIZER_ENV  # noqa: E402
 
-# the switches an engine reads when it is made (``NAME@VAR=value``)
-SWITCHES = (RECV_AHEAD_ENV, SETTLE_ENV, BUCKET_MB_ENV, FUSED_OPTIMIZER_ENV)
+# the switches an engine reads when it is made (``NAME@VAR=value``), and gloo's threads'
+# priority, set before each of the engine's epochs (``transport_yield``)
+SWITCHES = (RECV_AHEAD_ENV, SETTLE_ENV, BUCKET_MB_ENV, FUSED_OPTIMIZER_ENV, TRANSPORT_YIELD_ENV)
 
 
 def _base(name: str) -> str:
@@ -160,7 +164,7 @@ def _worker(rank: int, args: argparse.Namespace, init: str, q) -> None:  # noqa:
     import torch
     import torch.distributed as dist
 
-    from pipedream_impl.runtime import no_halt
+    from pipedream_impl.runtime import no_halt, transport_yield
     from pipedream_impl.runtime.pinning import pin
 
     torch.set_num_threads(1)
@@ -172,6 +176,9 @@ def _worker(rank: int, args: argparse.Namespace, init: str, q) -> None:  # noqa:
     engines = {name: _build(s, _env(name)) for name, s in specs.items()}
     for rnd in range(args.rounds):
         for name in (args.systems if rnd % 2 == 0 else args.systems[::-1]):
+            # gloo's threads as this engine asks (PIPEBENCH_TRANSPORT_YIELD), before the
+            # barrier, so that the epoch runs under it from its start
+            transport_yield.apply(_env(name).get(TRANSPORT_YIELD_ENV, transport_yield.mode()))
             dist.barrier()
             t0, cpu0, main0 = time.perf_counter(), time.process_time(), time.thread_time()
             rep = engines[name].run_epoch(rnd)  # the same samples for every engine
@@ -294,11 +301,12 @@ def _check_switches(systems: list[str]) -> None:
     starts (the readers raise on a bad value)."""
     from pipedream_impl.runtime.comm import recv_ahead, settle_sends
     from pipedream_impl.runtime.grad_buckets import bucket_mb
+    from pipedream_impl.runtime.transport_yield import mode
     from workloads.recipe import fused_optimizer
 
     for name in systems:
         with _switched(_env(name)):
-            recv_ahead(), settle_sends(), bucket_mb(), fused_optimizer()
+            recv_ahead(), settle_sends(), bucket_mb(), fused_optimizer(), mode()
 
 
 def main() -> None:

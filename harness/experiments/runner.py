@@ -154,6 +154,7 @@ def runtime_env() -> str:
     from pipedream_impl.runtime.no_halt import NO_HALT_ENV
     from pipedream_impl.runtime.pinning import PIN_ENV
     from pipedream_impl.runtime.processes import FORKSERVER_ENV
+    from pipedream_impl.runtime.transport_yield import TRANSPORT_YIELD_ENV
     from workloads.recipe import FUSED_OPTIMIZER_ENV
 
     def entry(name: str) -> str:
@@ -163,7 +164,8 @@ def runtime_env() -> str:
         return f"{name}={value}"
 
     set_ = [entry(k) for k in (RECV_AHEAD_ENV, SETTLE_ENV, BUCKET_MB_ENV, PIN_ENV, NO_HALT_ENV,
-                               FORKSERVER_ENV, FUSED_OPTIMIZER_ENV) if k in os.environ]
+                               FORKSERVER_ENV, FUSED_OPTIMIZER_ENV, TRANSPORT_YIELD_ENV)
+            if k in os.environ]
     return ",".join(set_) or "defaults"
 
 

@@ -5,8 +5,9 @@ remote; across a Slurm allocation: srun), all ranks in one process (local) and t
 torchrun entry point.
 
 ``thread_use`` reads what each action costs the thread running it. ``switch`` reads the
-runtime's on/off environment switches (``PIPEBENCH_RECV_AHEAD``,
-``PIPEBENCH_PIN``, ``PIPEBENCH_NO_HALT``) by one rule (``core.switches``).
+runtime's on/off environment switches (``PIPEBENCH_SETTLE_SENDS``, ``PIPEBENCH_PIN``,
+``PIPEBENCH_NO_HALT``) by one rule (``core.switches``); ``PIPEBENCH_RECV_AHEAD`` is a count
+(``comm``) and ``PIPEBENCH_TRANSPORT_YIELD`` a mode (``transport_yield``).
 
 The two names below are how a registry or a spec refers to our executor and launcher
 without importing them (and torch): ``module:Class`` strings, loaded with

@@ -23,20 +23,13 @@ before; a switch for measuring it). Sends NCCL reports complete are also dropped
 front of each queue, whenever the number held doubles (gloo's never report completion).
 
 A replicated stage's gradients are averaged by the all-reduce the planner and the
-simulator model (``harness.sim.costs.Topology.ring_levels``): hierarchical, one level per
-machine boundary. ``Hierarchy`` groups a stage's replica ranks by host: inside each host
-the ranks reduce to their leader (the host's first rank), the leaders all-reduce among
-themselves, and each leader broadcasts the sum back inside its host; on one host that is
-the flat all-reduce over the replica group. Bytes are counted per level as the model
-charges them (``core.collectives``): inside a host ``2 (k-1)/k`` per byte for the host's
-``k`` ranks (the reduce and the broadcast), among hosts ``2 (h-1)/h`` per byte on each of
-the ``h`` leaders. Hosts are each rank's host name, exchanged once over the whole world
-when the first replicated stage's groups are made; ``PIPEBENCH_FAKE_HOSTS`` (a test hook:
-one comma-separated name per global rank) overrides them, to fake several hosts on one
-machine.
+simulator model, hierarchical, one level per machine boundary: ``hosts.Hierarchy`` groups
+the replica ranks by host (hosts are exchanged once over the whole world, when the first
+replicated stage's groups are made) and says what each level counts.
 
-Receives posted ahead (``recv(prefetch=)``) are on unless ``PIPEBENCH_RECV_AHEAD=0``, a switch
-for measuring them (``scripts/env_ab.py``; ``results/recv-ahead-ab-*.md``).
+Receives are posted ahead (``recv(prefetch=)``) for the next message of each link, or the
+next ``PIPEBENCH_RECV_AHEAD`` (``0``: none), a switch for measuring them
+(``scripts/same_process_ab.py``, ``scripts/env_ab.py``; ``results/*-ab-*.md``).
 
 ``allreduce_start`` starts one bucket's all-reduce and returns its wait, so a stage can
 reduce its gradients while its backward still runs (``grad_buckets``); ``allreduce_mean``
@@ -50,11 +43,10 @@ from __future__ import annotations
 import datetime
 import os
 import queue
-import socket
 import threading
 import time
 from collections import defaultdict, deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 
@@ -62,20 +54,18 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from core.collectives import ring_allreduce_bytes
 from pipedream_impl.runtime import switch
+from pipedream_impl.runtime.hosts import Hierarchy, host_name
 
-__all__ = ["FAKE_HOSTS_ENV", "HEADER", "RECV_AHEAD_ENV", "SETTLE_ENV", "TAGS", "Comm",
-           "CommTimeout", "Hierarchy", "LinkStats", "host_name", "recv_ahead", "settle_sends"]
+__all__ = ["HEADER", "RECV_AHEAD_ENV", "SETTLE_ENV", "TAGS", "Comm", "CommTimeout",
+           "LinkStats", "recv_ahead", "settle_sends"]
 
 HEADER = 64  # int64 slots: enough for 8 tensors of up to 5 dimensions
 _DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64,
            torch.int32, torch.bool, torch.uint8]
 TAGS = {"F": 1, "B": 2, "T": 3}  # T: tied gradients (ties.py)
-FAKE_HOSTS_ENV = "PIPEBENCH_FAKE_HOSTS"  # test hook: "a,a,b,b" = host of each global rank
 RECV_AHEAD_ENV = "PIPEBENCH_RECV_AHEAD"  # "0": post each receive only when it is due
 SETTLE_ENV = "PIPEBENCH_SETTLE_SENDS"  # "0": hold every send until the epoch's end
-HOST, AMONG_HOSTS = 0, 1  # the all-reduce's levels: inside a host, between hosts
 _PRUNE_MIN = 64  # pending sends before the first check for completed ones
 
 
@@ -114,11 +104,16 @@ def _shapes(h: Tensor) -> list[tuple[torch.dtype, tuple[int, ...]]]:
     return out
 
 
-def recv_ahead() -> bool:
-    """Whether receives may be posted ahead: ``PIPEBENCH_RECV_AHEAD`` is ``1`` (the default,
-    also when unset) or ``0``; anything else is an error, not a silent default."""
-    return switch(RECV_AHEAD_ENV, "1", "post receives ahead, the default",
-                  "post each receive when it is due")
+def recv_ahead() -> int:
+    """How many messages of a link may have their receives posted ahead:
+    ``PIPEBENCH_RECV_AHEAD``, a count (``1``, the default, also when unset: the next one;
+    ``0``: none, each posted when due); anything else is an error, not a silent default."""
+    value = os.environ.get(RECV_AHEAD_ENV, "1")
+    if not value.isdigit():
+        raise ValueError(f"{RECV_AHEAD_ENV}={value!r}: give how many messages of a link to "
+                         "post receives for ahead (1: the next, the default; 0: each when "
+                         "due)")
+    return int(value)
 
 
 def settle_sends() -> bool:
@@ -126,63 +121,6 @@ def settle_sends() -> bool:
     it (``PIPEBENCH_SETTLE_SENDS``, ``1`` by default) or only at the epoch's end (``0``)."""
     return switch(SETTLE_ENV, "1", "drop each send once the schedule shows it arrived, the "
                   "default", "hold every send until the epoch's end")
-
-
-def host_name(rank: int) -> str:
-    """This rank's host: its entry of ``PIPEBENCH_FAKE_HOSTS`` if set, else the hostname."""
-    fake = os.environ.get(FAKE_HOSTS_ENV, "")
-    if fake:
-        names = fake.split(",")
-        if rank >= len(names):
-            raise ValueError(f"{FAKE_HOSTS_ENV}={fake!r} names {len(names)} hosts, but this "
-                             f"is rank {rank}: give one host per rank")
-        return names[rank]
-    return socket.gethostname()
-
-
-@dataclass(frozen=True)
-class Hierarchy:
-    """A replica group's all-reduce, level by level: ``local`` holds the ranks of each host
-    (hosts in order of their first rank, ranks in the group's order), ``leaders`` the first
-    rank of each host."""
-    local: tuple[tuple[int, ...], ...]
-    leaders: tuple[int, ...]
-
-    @classmethod
-    def of(cls, ranks: Sequence[int], hosts: Sequence[str]) -> Hierarchy:
-        """Group ``ranks`` by ``hosts[rank]`` (hosts: one name per global rank)."""
-        by_host: dict[str, list[int]] = {}
-        for r in ranks:
-            by_host.setdefault(hosts[r], []).append(r)
-        local = tuple(tuple(g) for g in by_host.values())
-        return cls(local, tuple(g[0] for g in local))
-
-    def groups(self) -> list[tuple[int, ...]]:
-        """The process groups it needs, in creation order: each host's ranks (where more
-        than one), then the leaders (where more than one host). One host: the flat group."""
-        out = [g for g in self.local if len(g) > 1]
-        return out + ([self.leaders] if len(self.leaders) > 1 else [])
-
-    def ring_levels(self) -> list[tuple[int, int]]:
-        """(level, k) of each ring, as ``Topology.ring_levels`` gives them: inside a host
-        (k: the most ranks on one host), then among the hosts (k: the hosts)."""
-        out = []
-        if max(len(g) for g in self.local) > 1:
-            out.append((HOST, max(len(g) for g in self.local)))
-        if len(self.leaders) > 1:
-            out.append((AMONG_HOSTS, len(self.leaders)))
-        return out
-
-    def host_of(self, rank: int) -> tuple[int, ...]:
-        return next(g for g in self.local if rank in g)
-
-    def bytes_sent(self, rank: int, nbytes: int) -> dict[int, int]:
-        """Bytes ``rank`` sends at each level to all-reduce ``nbytes``, as the model counts
-        them: a ring inside its host, and (leaders) a ring among the hosts."""
-        out = {HOST: int(ring_allreduce_bytes(nbytes, len(self.host_of(rank))))}
-        if rank in self.leaders:
-            out[AMONG_HOSTS] = int(ring_allreduce_bytes(nbytes, len(self.leaders)))
-        return {lv: b for lv, b in out.items() if b}
 
 
 class Comm:
@@ -201,8 +139,9 @@ class Comm:
         self._dropped: dict[tuple[int, int], int] = defaultdict(int)
         self._held = 0  # messages in _sent
         self._prune_at = _PRUNE_MIN  # the next count at which completed sends are dropped
-        # (src, tag) -> receives posted ahead for the next message (``recv(prefetch=)``)
-        self._posted: dict[tuple[int, int], list[tuple[dist.Work, Tensor]]] = {}
+        # (src, tag) -> receives posted ahead for the next messages, in order
+        # (``recv(prefetch=)``)
+        self._posted: dict[tuple[int, int], deque[list]] = defaultdict(deque)
         self._groups: dict[tuple[int, ...], dist.ProcessGroup] = {}
         self._hierarchies: dict[tuple[int, ...], Hierarchy] = {}
         self.hosts: list[str] | None = None  # each global rank's host, once exchanged
@@ -259,19 +198,22 @@ class Comm:
             self._dropped[link] += 1
             self._held -= 1
 
-    def recv(self, src: int, kind: str, prefetch: bool = False) -> tuple[Tensor, ...]:
-        """The next message of ``kind`` from ``src``. ``prefetch``: another such message
-        follows in this epoch; on gloo with static shapes its receive is posted now, so
-        it moves as soon as it is sent, while this rank computes (gloo moves a message
-        only once its receive is posted; ``PIPEBENCH_RECV_AHEAD=0`` turns this off). Not on
-        NCCL, which matches point-to-point messages by order regardless of tags (a posted
-        receive could take a tie message)."""
+    def recv(self, src: int, kind: str, prefetch: int = 0) -> tuple[Tensor, ...]:
+        """The next message of ``kind`` from ``src``. ``prefetch``: how many more such
+        messages follow in this epoch; on gloo with static shapes the receives of up to
+        ``PIPEBENCH_RECV_AHEAD`` of them (1 by default) are kept posted, so each moves as
+        soon as it is sent, while this rank computes (gloo moves a message only once its
+        receive is posted; ``0`` turns this off). Not on NCCL, which matches
+        point-to-point messages by order regardless of tags (a posted receive could take
+        a tie message)."""
         tag = TAGS[kind]
-        posted = self._posted.pop((src, tag), None)
-        out = self._recv_posted(posted, src, kind) if posted else self._recv_now(src, tag, kind)
+        posted = self._posted[(src, tag)]
+        out = (self._recv_posted(posted.popleft(), src, kind) if posted
+               else self._recv_now(src, tag, kind))
         shapes = self._recv_shapes.get((src, tag))
-        if prefetch and self.ahead and shapes is not None and self._wire_device().type == "cpu":
-            self._posted[(src, tag)] = self._post(src, tag, shapes)
+        if shapes is not None and self._wire_device().type == "cpu":
+            while len(posted) < min(prefetch, self.ahead):
+                posted.append(self._post(src, tag, shapes))
         return out
 
     def _post(self, src: int, tag: int, shapes: list) -> list[tuple[dist.Work, Tensor]]:

@@ -50,7 +50,7 @@ class LocalComm:
     def ready(self, src: int, kind: str) -> bool:
         return bool(self.mailbox[(src, self.rank, kind)])
 
-    def recv(self, src: int, kind: str, prefetch: bool = False) -> tuple[Tensor, ...]:
+    def recv(self, src: int, kind: str, prefetch: int = 0) -> tuple[Tensor, ...]:
         return self.mailbox[(src, self.rank, kind)].pop(0)
 
     def allreduce_mean(self, tensors: list[Tensor], ranks: tuple[int, ...]) -> None:

@@ -132,7 +132,7 @@ class StageExecutor(Executor):
         self.pending: dict[int, dict] = {}  # snapshots holding not yet gathered gradients
         self.act_bytes_peak = 0
         self.overlap_at = last_backwards(acts) if self.buckets is not None else set()
-        self.more_to_come = receives_followed(acts)  # their next receive is posted early
+        self.more_to_come = receives_followed(acts)  # receives that may be posted early
         # after these positions' receives, sends known to have arrived are dropped
         self.delivered = delivered(sched.actions, self.rank) if self.settle else {}
         return acts
@@ -184,14 +184,14 @@ class StageExecutor(Executor):
 
     # Each handler returns True when its time was spent waiting on others (idle).
     def _recv_forward(self, act: Action, pos: int) -> bool:
-        inputs = self.comm.recv(act.peer, "F", prefetch=pos in self.more_to_come)
+        inputs = self.comm.recv(act.peer, "F", prefetch=self.more_to_come[pos])
         self.inflight[act.mb] = {"x": tuple(t.requires_grad_(t.is_floating_point())
                                             for t in inputs)}
         return True
 
     def _recv_backward(self, act: Action, pos: int) -> bool:
         self.inflight[act.mb]["g"] = self.comm.recv(act.peer, "B",
-                                                    prefetch=pos in self.more_to_come)
+                                                    prefetch=self.more_to_come[pos])
         return True
 
     @staticmethod

@@ -5,7 +5,8 @@ executor does each epoch; this is the process around it, the same for every syst
 every way of starting workers (``launcher``'s spawned processes, ``remote``'s workers that
 connect back, ``torchrun_worker`` across machines): the machine settings it takes before
 the process group starts its threads (``torch`` threads, ``no_halt``, ``pinning``), the
-process group, one epoch per control message, and how it ends.
+process group, one epoch per control message (each after ``transport_yield`` on gloo's
+threads started so far), and how it ends.
 
 A worker that raises reports its traceback on the results queue and exits non-zero; the
 launcher (``pipedream_impl.runtime.launcher``) then stops every worker. Workers ignore
@@ -26,7 +27,7 @@ import torch
 import torch.distributed as dist
 
 from core.imports import load
-from pipedream_impl.runtime import no_halt
+from pipedream_impl.runtime import no_halt, transport_yield
 from pipedream_impl.runtime.contract import WorkerPieces, WorkerSpec
 from pipedream_impl.runtime.pinning import pin
 
@@ -91,6 +92,8 @@ def _serve(spec: WorkerSpec, control, results) -> None:  # noqa: ANN001
         if msg[0] == "restore":
             executor.load_checkpoint(msg[1])
             continue
+        transport_yield.apply()  # PIPEBENCH_TRANSPORT_YIELD (off by default): on every
+        # gloo thread started so far, groups made in earlier epochs included
         report = executor.run_epoch(msg[1])
         if spec.run.checkpoint:
             report.checkpoint = executor.checkpoint_state()

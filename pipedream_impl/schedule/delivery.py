@@ -79,15 +79,14 @@ def delivered(actions: Sequence[Sequence[Action]], rank: int) \
     return out
 
 
-def receives_followed(acts: Sequence[Action]) -> set[int]:
-    """The positions of forward and gradient receives in ``acts`` (one rank's list) that
-    another receive of the same kind from the same peer follows later in the epoch: the
-    runtime posts that next receive early (``Comm.recv(prefetch=)``)."""
-    out: set[int] = set()
-    seen: set[tuple[str, int]] = set()
+def receives_followed(acts: Sequence[Action]) -> dict[int, int]:
+    """For each forward and gradient receive in ``acts`` (one rank's list), how many
+    receives of the same kind from the same peer follow it later in the epoch: the runtime
+    may post theirs early (``Comm.recv(prefetch=)``)."""
+    out: dict[int, int] = {}
+    seen: Counter = Counter()
     for pos in range(len(acts) - 1, -1, -1):
         if acts[pos].kind in ("RF", "RB"):
-            if (acts[pos].kind, acts[pos].peer) in seen:
-                out.add(pos)
-            seen.add((acts[pos].kind, acts[pos].peer))
+            out[pos] = seen[(acts[pos].kind, acts[pos].peer)]
+            seen[(acts[pos].kind, acts[pos].peer)] += 1
     return out

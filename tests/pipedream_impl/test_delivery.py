@@ -128,7 +128,8 @@ def test_a_receive_the_peer_never_sends_is_an_error() -> None:
         delivered(broken, 1)
 
 
-def test_receives_followed_marks_all_but_each_peer_s_last_receive_of_a_kind() -> None:
+def test_receives_followed_counts_the_later_receives_of_each_peer_and_kind() -> None:
     acts = tuple(Action(k, mb, peer=p) for k, mb, p in
-                 [("RF", 0, 0), ("RB", 0, 2), ("RF", 1, 0), ("RF", 2, 5), ("RB", 1, 2)])
-    assert receives_followed(acts) == {0, 1}
+                 [("RF", 0, 0), ("RB", 0, 2), ("RF", 1, 0), ("RF", 2, 5), ("RB", 1, 2),
+                  ("SF", 0, 3), ("RF", 3, 0)])
+    assert receives_followed(acts) == {0: 2, 1: 1, 2: 1, 3: 0, 4: 0, 6: 0}

@@ -19,7 +19,8 @@ from harness.experiments.pipeline_trainer import PipelineTrainer
 from harness.reporting.progress import quiet
 from harness.sim.costs import Topology, sync_levels
 from pipedream_impl.planner.cluster import parse_cluster
-from pipedream_impl.runtime.comm import AMONG_HOSTS, FAKE_HOSTS_ENV, HOST, Comm, Hierarchy
+from pipedream_impl.runtime.comm import Comm
+from pipedream_impl.runtime.hosts import AMONG_HOSTS, FAKE_HOSTS_ENV, HOST, Hierarchy
 from pipedream_impl.schedule import Layout, one_f_one_b
 from tests.gloo_ranks import run_ranks
 from tests.pipeline_reference import simulate_pipedream

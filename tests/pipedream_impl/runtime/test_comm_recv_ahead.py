@@ -1,7 +1,7 @@
 """pipedream_impl/runtime/comm.py's receives posted ahead, on two real gloo processes: the
 messages a receiver takes are the ones sent, in order, whether their receives were posted
-ahead or not (``PIPEBENCH_RECV_AHEAD``), and the switch decides whether any is posted
-ahead; a value other than 0 or 1 is refused. A message received when due posts every
+ahead or not (``PIPEBENCH_RECV_AHEAD``), and the switch decides how many are kept posted
+ahead; a value that is not a count is refused. A message received when due posts every
 tensor's receive before waiting for any."""
 
 from __future__ import annotations
@@ -34,12 +34,12 @@ def _worker(rank: int, world: int, port: int, ahead: str, out) -> None:  # noqa:
         for i in range(N):
             comm.send(_message("F", i), 1, "F")
         for i in range(N):
-            got.append(comm.recv(1, "B", prefetch=i < N - 1))
-            posted += bool(comm._posted)
+            got.append(comm.recv(1, "B", prefetch=N - 1 - i))
+            posted += len(comm._posted[(1, 2)])
     else:  # takes each F message, answers with a B message
         for i in range(N):
-            got.append(comm.recv(0, "F", prefetch=i < N - 1))
-            posted += bool(comm._posted)
+            got.append(comm.recv(0, "F", prefetch=N - 1 - i))
+            posted += len(comm._posted[(0, 1)])
             comm.send(_message("B", i), 0, "B")
     comm.flush()
     dist.destroy_process_group()
@@ -47,25 +47,27 @@ def _worker(rank: int, world: int, port: int, ahead: str, out) -> None:  # noqa:
 
 
 @pytest.mark.multiprocess
-@pytest.mark.parametrize("ahead", ["1", "0"])
+@pytest.mark.parametrize("ahead", ["1", "0", "3"])
 def test_messages_arrive_in_order_with_and_without_receives_posted_ahead(ahead: str) -> None:
     results = {rank: (got, posted) for rank, got, posted in run_ranks(_worker, 2, ahead)}
     for rank, kind in ((1, "F"), (0, "B")):
         got, posted = results[rank]
         assert got == [[t.tolist() for t in _message(kind, i)] for i in range(N)]
-        # every receive but the last posts the next one ahead (the first once its header
-        # has given the shapes)
-        assert posted == (N - 1 if ahead == "1" else 0)
+        # after the message i, the receives of the next min(N - 1 - i, ahead) are posted
+        # (from the first on: its header gives the shapes)
+        assert posted == sum(min(k, int(ahead)) for k in range(N))
 
 
 def test_the_switch_refuses_other_values(monkeypatch) -> None:
     monkeypatch.delenv(RECV_AHEAD_ENV, raising=False)
-    assert recv_ahead()
-    monkeypatch.setenv(RECV_AHEAD_ENV, "0")
-    assert not recv_ahead()
-    monkeypatch.setenv(RECV_AHEAD_ENV, "off")
-    with pytest.raises(ValueError, match="PIPEBENCH_RECV_AHEAD"):
-        recv_ahead()
+    assert recv_ahead() == 1
+    for value in ("0", "4"):
+        monkeypatch.setenv(RECV_AHEAD_ENV, value)
+        assert recv_ahead() == int(value)
+    for value in ("off", "-1", "1.5"):
+        monkeypatch.setenv(RECV_AHEAD_ENV, value)
+        with pytest.raises(ValueError, match="PIPEBENCH_RECV_AHEAD"):
+            recv_ahead()
 
 
 def test_a_message_posts_every_receive_before_waiting_for_any(monkeypatch) -> None:

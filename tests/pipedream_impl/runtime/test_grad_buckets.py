@@ -16,7 +16,7 @@ import torch.distributed as dist
 from harness.config import RunConfig
 from harness.experiments.pipeline_trainer import PipelineTrainer
 from harness.reporting.progress import quiet
-from pipedream_impl.runtime.comm import FAKE_HOSTS_ENV, Comm
+from pipedream_impl.runtime.comm import Comm
 from pipedream_impl.runtime.faults import Fault
 from pipedream_impl.runtime.grad_buckets import (
     BUCKET_MB_ENV,
@@ -24,6 +24,7 @@ from pipedream_impl.runtime.grad_buckets import (
     last_backwards,
     plan_buckets,
 )
+from pipedream_impl.runtime.hosts import FAKE_HOSTS_ENV
 from pipedream_impl.runtime.launcher import PipelineFailure
 from pipedream_impl.schedule import Layout, one_f_one_b
 from tests.gloo_ranks import run_ranks

@@ -1,0 +1,108 @@
+"""gloo's transport threads yield the CPU to the worker's compute: ``PIPEBENCH_TRANSPORT_YIELD``.
+
+Why: gloo's TCP transport reads and writes on an event-loop thread per device
+(``gloo_tcp_loop``). Its handler takes the connection's mutex with a *try*-lock and, when
+another thread holds it, returns and lets the level-triggered epoll wake it again at once.
+The worker's main thread holds that mutex while it posts a receive or writes a send. When
+the main thread is preempted inside such a call (on this machine: 2 workers of 1 thread on
+2 cores, so every wake-up of some thread preempts a computing one), the loop thread spins
+on epoll until the holder runs again: milliseconds of a core, taken from the compute of
+one of the two workers, the holder's included. Measured on tiny VGG-16 at 4 samples a
+microbatch (pipedream-flush, receives posted ahead): epoll returned an event about 36
+times per socket read (10 with each receive posted when due), in spins of 2.6 ms median,
+almost all starting within 0.2 ms of a send by the main thread (``perf record`` of the
+syscalls and the scheduler's switches; issue 24's note has the commands). That is the
+receives-ahead gap of issue 24: the extra CPU of the workers' other threads.
+
+What, with ``PIPEBENCH_TRANSPORT_YIELD``:
+- ``idle``: each transport thread runs under ``SCHED_IDLE``: only on a core nothing else
+  wants, so a spinning one takes nothing from compute and a waking one never preempts it;
+  a worker that waits for a message leaves its core to the thread that reads it.
+- ``nice``: each transport thread at nice 19 (a weight of 15 against the main thread's
+  1024): it still runs beside compute, but a spin costs a sliver of a core.
+- ``0`` (the default): gloo's threads as the kernel schedules them.
+
+The threads are found by name in ``/proc/self/task`` after the process group (and any
+group made later: ``Comm.group``) has started them; ``apply`` is cheap and idempotent, so
+callers run it after every group they make. Linux only; elsewhere (or where the call is
+refused) the worker says so on stderr once and runs as without the switch. NCCL's threads
+are left alone (GPU workers wait on the device, not on a core).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+__all__ = ["THREAD_NAME", "TRANSPORT_YIELD_ENV", "apply", "mode"]
+
+TRANSPORT_YIELD_ENV = "PIPEBENCH_TRANSPORT_YIELD"
+THREAD_NAME = "gloo_tcp_loop"  # gloo's transport loop (gloo/transport/tcp/loop.cc)
+_MODES = ("0", "idle", "nice")
+_NICE = 19
+_state: dict[int, str] = {}  # each thread set so far, and how
+_warned = [False]
+
+
+def mode() -> str:
+    """``PIPEBENCH_TRANSPORT_YIELD``: ``0`` (the default, also when unset), ``idle`` or
+    ``nice``; anything else is an error, not a silent default."""
+    value = os.environ.get(TRANSPORT_YIELD_ENV, "0") or "0"
+    if value not in _MODES:
+        raise ValueError(f"{TRANSPORT_YIELD_ENV}={value!r}: give one of {', '.join(_MODES)} "
+                         "(0: gloo's threads as the kernel schedules them, the default; "
+                         "idle: SCHED_IDLE; nice: nice 19)")
+    return value
+
+
+def _threads() -> list[int]:
+    out = []
+    try:
+        tids = os.listdir("/proc/self/task")
+    except OSError:
+        return out
+    for tid in tids:
+        try:
+            with open(f"/proc/self/task/{tid}/comm") as f:
+                if f.read().strip() == THREAD_NAME:
+                    out.append(int(tid))
+        except OSError:  # the thread ended meanwhile
+            continue
+    return out
+
+
+def _set(tid: int, how: str) -> None:
+    if how == "idle":
+        os.sched_setscheduler(tid, os.SCHED_IDLE, os.sched_param(0))
+        return
+    if os.sched_getscheduler(tid) != os.SCHED_OTHER:
+        os.sched_setscheduler(tid, os.SCHED_OTHER, os.sched_param(0))
+    # "0": back to the calling thread's nice (the process's, as it was started)
+    os.setpriority(os.PRIO_PROCESS, tid, _NICE if how == "nice" else os.getpriority(
+        os.PRIO_PROCESS, 0))
+
+
+def apply(how: str | None = None) -> int:
+    """Put every transport thread under ``how`` (default: the switch's ``mode()``); the
+    number of threads changed. Threads never set are left alone under ``0``; one set
+    before goes back to the calling thread's policy and nice (which needs
+    ``CAP_SYS_NICE``: ``scripts/same_process_ab.py``, run as root, switches it epoch by
+    epoch)."""
+    how = mode() if how is None else how
+    if how not in _MODES:
+        raise ValueError(f"{how!r}: not one of {', '.join(_MODES)}")
+    n = 0
+    for tid in _threads():
+        if _state.get(tid, "0") == how:
+            continue
+        try:
+            _set(tid, how)
+        except (OSError, AttributeError) as e:  # not Linux, or refused
+            if not _warned[0]:
+                print(f"pipebench: {TRANSPORT_YIELD_ENV}={how} not applied ({e}); gloo's "
+                      "threads run as the kernel schedules them", file=sys.stderr)
+                _warned[0] = True
+            return n
+        _state[tid] = how
+        n += 1
+    return n

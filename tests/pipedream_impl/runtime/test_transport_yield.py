@@ -1,0 +1,87 @@
+"""pipedream_impl/runtime/transport_yield.py on real gloo processes: the switch puts gloo's
+transport threads, and only them, at nice 19 or under ``SCHED_IDLE``, as the kernel then
+reports for each thread, and back to the kernel's default; a value it does not know is
+refused. Without the switch nothing is touched."""
+
+from __future__ import annotations
+
+import datetime
+import os
+
+import pytest
+import torch.distributed as dist
+
+from pipedream_impl.runtime import transport_yield
+from pipedream_impl.runtime.transport_yield import THREAD_NAME, TRANSPORT_YIELD_ENV
+from tests.gloo_ranks import run_ranks
+
+
+def _threads() -> dict[int, tuple[str, int, int]]:
+    """Every thread of this process: its name, scheduling policy and nice, as the kernel
+    reports them (the main thread's id is the process's, the smallest)."""
+    out = {}
+    for tid in map(int, os.listdir("/proc/self/task")):
+        with open(f"/proc/self/task/{tid}/comm") as f:
+            name = f.read().strip()
+        out[tid] = (name, os.sched_getscheduler(tid), os.getpriority(os.PRIO_PROCESS, tid))
+    return out
+
+
+def _worker(rank: int, world: int, port: int, out) -> None:  # noqa: ANN001
+    os.environ.pop(TRANSPORT_YIELD_ENV, None)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=world, timeout=datetime.timedelta(seconds=60))
+    seen = {"before": _threads(), "unset": (transport_yield.apply(), _threads())}
+    os.environ[TRANSPORT_YIELD_ENV] = "nice"
+    seen["nice"] = (transport_yield.apply(), _threads())
+    seen["idle"] = (transport_yield.apply("idle"), _threads())
+    seen["idle again"] = (transport_yield.apply("idle"), _threads())
+    seen["0"] = (transport_yield.apply("0"), _threads())
+    dist.barrier()
+    dist.destroy_process_group()
+    out.put((rank, seen, os.geteuid()))
+
+
+def _sched(threads: dict) -> dict[int, tuple[int, int]]:
+    return {tid: (pol, nice) for tid, (_, pol, nice) in threads.items()}
+
+
+@pytest.mark.multiprocess
+def test_the_switch_sets_gloo_s_transport_threads_and_no_other() -> None:
+    for _rank, seen, euid in run_ranks(_worker, 2):
+        before = seen["before"]
+        loops = {tid for tid, (name, _, _) in before.items() if name == THREAD_NAME}
+        assert loops, "gloo started no transport thread"
+        base = before[min(before)][2]  # the main thread's nice (the process's)
+        normal = {tid: (os.SCHED_OTHER, base) for tid in before}
+        assert _sched(before) == normal
+        n, now = seen["unset"]  # the switch unset: nothing touched
+        assert n == 0 and {t: v for t, v in _sched(now).items() if t in before} == normal
+        for how in ("nice", "idle"):
+            n, now = seen[how]
+            assert n == len(loops)
+            for tid, (pol, nice) in _sched(now).items():
+                if tid not in loops:  # the process's other threads keep what they had
+                    assert (pol, nice) == (os.SCHED_OTHER, base), (how, now[tid][0])
+                elif how == "nice":
+                    assert (pol, nice) == (os.SCHED_OTHER, 19)
+                else:  # under SCHED_IDLE a thread's nice means nothing (it keeps its own)
+                    assert pol == os.SCHED_IDLE
+        assert seen["idle again"][0] == 0  # already so: nothing to change
+        if euid == 0:  # back to the default needs CAP_SYS_NICE
+            n, now = seen["0"]
+            assert n == len(loops)
+            assert {t: v for t, v in _sched(now).items() if t in before} == normal
+
+
+def test_the_switch_refuses_other_values(monkeypatch) -> None:
+    monkeypatch.delenv(TRANSPORT_YIELD_ENV, raising=False)
+    assert transport_yield.mode() == "0"
+    for value in ("nice", "idle", "0"):
+        monkeypatch.setenv(TRANSPORT_YIELD_ENV, value)
+        assert transport_yield.mode() == value
+    monkeypatch.setenv(TRANSPORT_YIELD_ENV, "1")
+    with pytest.raises(ValueError, match=TRANSPORT_YIELD_ENV):
+        transport_yield.mode()
+    with pytest.raises(ValueError, match="not one of"):
+        transport_yield.apply("19")
