@@ -140,7 +140,7 @@ def render(rows: dict[str, dict[str, float]], command: str) -> str:
         "(`writev`: gloo's handler returns at once while another thread holds the "
         "connection's mutex, and the level-triggered epoll wakes it again). "
         "Why: `scripts/transport_spins.py`'s docstring.", "",
-        table(COLUMNS, body), ""])
+        *table(COLUMNS, body), ""])
 
 
 def main() -> None:

@@ -51,3 +51,10 @@ def test_perf_script_lines_are_read(tmp_path, monkeypatch) -> None:
     assert got == [(LOOP, 13141, 13149, 65588.430857, EV, "0x1"),
                    ("python", 13141, 13141, 65588.437837, WRITE, "0x00000002"),
                    (LOOP, 13141, 13149, 65588.5, EV, "0x0")]
+
+
+def test_the_report_has_a_row_per_setting_in_the_columns_order() -> None:
+    figures = ts.spins([(LOOP, 1, 2, 0.0, EV, "0x1"), (LOOP, 1, 2, 1e-3, READ, "0x0")])
+    text = ts.render({"PIPEBENCH_RECV_AHEAD=0": figures}, "cmd")
+    assert "| " + " | ".join(ts.COLUMNS) + " |" in text
+    assert "| PIPEBENCH_RECV_AHEAD=0 | 1 | 1 | 0 | 1 | 1.0 | 0 | 0.000 | 0.00 | 0 |" in text
