@@ -64,7 +64,7 @@ HEADER = 64  # int64 slots: enough for 8 tensors of up to 5 dimensions
 _DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64,
            torch.int32, torch.bool, torch.uint8]
 TAGS = {"F": 1, "B": 2, "T": 3}  # T: tied gradients (ties.py)
-RECV_AHEAD_ENV = "PIPEBENCH_RECV_AHEAD"  # "0": post each receive only when it is due
+RECV_AHEAD_ENV = "PIPEBENCH_RECV_AHEAD"  # messages of a link posted ahead ("0": when due)
 SETTLE_ENV = "PIPEBENCH_SETTLE_SENDS"  # "0": hold every send until the epoch's end
 _PRUNE_MIN = 64  # pending sends before the first check for completed ones
 
