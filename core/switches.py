@@ -1,7 +1,7 @@
 """On/off environment switches, read by one rule.
 
 Why: the runtime and the training recipe each have switches for measuring what a feature
-is worth (``PIPEBENCH_RECV_AHEAD``, ``PIPEBENCH_FUSED_OPTIMIZER``, ...), set per run with
+is worth (``PIPEBENCH_SETTLE_SENDS``, ``PIPEBENCH_FUSED_OPTIMIZER``, ...), set per run with
 ``scripts/env_ab.py``. A typo must not silently fall back to a default, and a lower layer
 (``workloads``) must read its switch the same way as the runtime, so the rule lives here.
 """

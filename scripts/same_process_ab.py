@@ -178,7 +178,8 @@ def _worker(rank: int, args: argparse.Namespace, init: str, q) -> None:  # noqa:
         for name in (args.systems if rnd % 2 == 0 else args.systems[::-1]):
             # gloo's threads as this engine asks (PIPEBENCH_TRANSPORT_YIELD), before the
             # barrier, so that the epoch runs under it from its start
-            transport_yield.apply(_env(name).get(TRANSPORT_YIELD_ENV, transport_yield.mode()))
+            transport_yield.apply(_env(name).get(TRANSPORT_YIELD_ENV, transport_yield.mode()),
+                                  strict=True)
             dist.barrier()
             t0, cpu0, main0 = time.perf_counter(), time.process_time(), time.thread_time()
             rep = engines[name].run_epoch(rnd)  # the same samples for every engine

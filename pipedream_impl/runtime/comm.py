@@ -29,7 +29,8 @@ replicated stage's groups are made) and says what each level counts.
 
 Receives are posted ahead (``recv(prefetch=)``) for the next message of each link, or the
 next ``PIPEBENCH_RECV_AHEAD`` (``0``: none), a switch for measuring them
-(``scripts/same_process_ab.py``, ``scripts/env_ab.py``; ``results/*-ab-*.md``).
+(``scripts/same_process_ab.py``, ``scripts/env_ab.py``; ``results/recv-ahead-ab-*.md``,
+``results/same-process-ab-*.md``, ``results/transport-*-ab-*.md``).
 
 ``allreduce_start`` starts one bucket's all-reduce and returns its wait, so a stage can
 reduce its gradients while its backward still runs (``grad_buckets``); ``allreduce_mean``

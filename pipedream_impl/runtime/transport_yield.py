@@ -7,12 +7,10 @@ The worker's main thread holds that mutex while it posts a receive or writes a s
 the main thread is preempted inside such a call (on this machine: 2 workers of 1 thread on
 2 cores, so every wake-up of some thread preempts a computing one), the loop thread spins
 on epoll until the holder runs again: milliseconds of a core, taken from the compute of
-one of the two workers, the holder's included. Measured on tiny VGG-16 at 4 samples a
-microbatch (pipedream-flush, receives posted ahead): epoll returned an event about 36
-times per socket read (10 with each receive posted when due), in spins of 2.6 ms median,
-almost all starting within 0.2 ms of a send by the main thread (``perf record`` of the
-syscalls and the scheduler's switches; issue 24's note has the commands). That is the
-receives-ahead gap of issue 24: the extra CPU of the workers' other threads.
+one of the two workers, the holder's included. How often, per setting:
+``results/transport-spins-vgg16-b4.md`` (``scripts/transport_spins.py``, ``perf``'s
+system-call tracepoints). That is the receives-ahead gap of issue 24: the extra CPU of the
+workers' other threads.
 
 What, with ``PIPEBENCH_TRANSPORT_YIELD``:
 - ``idle``: each transport thread runs under ``SCHED_IDLE``: only on a core nothing else
@@ -22,11 +20,13 @@ What, with ``PIPEBENCH_TRANSPORT_YIELD``:
   1024): it still runs beside compute, but a spin costs a sliver of a core.
 - ``0`` (the default): gloo's threads as the kernel schedules them.
 
-The threads are found by name in ``/proc/self/task`` after the process group (and any
-group made later: ``Comm.group``) has started them; ``apply`` is cheap and idempotent, so
-callers run it after every group they make. Linux only; elsewhere (or where the call is
-refused) the worker says so on stderr once and runs as without the switch. NCCL's threads
-are left alone (GPU workers wait on the device, not on a core).
+The threads are found by name in ``/proc/self/task``; ``apply`` is cheap and idempotent,
+so every worker runs it before each epoch (``worker._serve``), which reaches the threads
+of groups made during earlier epochs too. Linux only; where the kernel refuses (or on
+another system) a worker says so on stderr once and its threads stay as they are; the A/B
+script, which switches the setting epoch by epoch, stops instead (``strict``): a side
+that did not get its setting would measure nothing. NCCL's threads are left alone (GPU
+workers wait on the device, not on a core).
 """
 
 from __future__ import annotations
@@ -82,25 +82,33 @@ def _set(tid: int, how: str) -> None:
         os.PRIO_PROCESS, 0))
 
 
-def apply(how: str | None = None) -> int:
+def apply(how: str | None = None, strict: bool = False) -> int:
     """Put every transport thread under ``how`` (default: the switch's ``mode()``); the
     number of threads changed. Threads never set are left alone under ``0``; one set
-    before goes back to the calling thread's policy and nice (which needs
+    before goes back to ``SCHED_OTHER`` at the calling thread's nice (which needs
     ``CAP_SYS_NICE``: ``scripts/same_process_ab.py``, run as root, switches it epoch by
-    epoch)."""
+    epoch). A refusal raises with ``strict``, else is said on stderr once."""
     how = mode() if how is None else how
     if how not in _MODES:
         raise ValueError(f"{how!r}: not one of {', '.join(_MODES)}")
+    tids = _threads()
+    for gone in set(_state) - set(tids):  # ended: a new thread may reuse the id
+        del _state[gone]
     n = 0
-    for tid in _threads():
+    for tid in tids:
         if _state.get(tid, "0") == how:
             continue
         try:
             _set(tid, how)
+        except ProcessLookupError:  # the thread ended meanwhile
+            continue
         except (OSError, AttributeError) as e:  # not Linux, or refused
+            if strict:
+                raise RuntimeError(f"{TRANSPORT_YIELD_ENV}={how}: the kernel refused "
+                                   f"({e}); run as root to switch it back") from e
             if not _warned[0]:
                 print(f"pipebench: {TRANSPORT_YIELD_ENV}={how} not applied ({e}); gloo's "
-                      "threads run as the kernel schedules them", file=sys.stderr)
+                      "threads stay as they are", file=sys.stderr)
                 _warned[0] = True
             return n
         _state[tid] = how

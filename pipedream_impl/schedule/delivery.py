@@ -18,8 +18,8 @@ could settle a few sends sooner, but every pipeline schedule sends back along it
 whatever is never settled this way is still waited for at the epoch's end.
 
 ``receives_followed`` is the other thing the runtime reads about its messages from the
-list: which receives another of the same kind from the same peer follows, so that the
-next one's receive can be posted early (``Comm.recv(prefetch=)``).
+list: how many receives of the same kind from the same peer follow each receive, so that
+theirs can be posted early (``Comm.recv(prefetch=)``).
 """
 
 from __future__ import annotations

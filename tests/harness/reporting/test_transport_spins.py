@@ -37,6 +37,15 @@ def test_spins_are_counted_and_timed_and_tied_to_the_main_thread_s_writes() -> N
     assert got["spins after a main-thread write"] == 1
 
 
+def test_the_thread_s_own_writes_end_a_run_and_interrupted_waits_are_not_events() -> None:
+    calls = [(LOOP, 1, 2, i * 1e-6, EV, "0x1") for i in range(4)]
+    calls += [(LOOP, 1, 2, 5e-6, EV, "0xfffffffffffffffc")]  # -EINTR
+    calls += [(LOOP, 1, 2, 6e-6, WRITE, "0x2")]  # EPOLLOUT: it writes a queued send
+    calls += [(LOOP, 1, 2, 1e-5 + i * 1e-6, EV, "0x1") for i in range(4)]
+    got = ts.spins(calls)
+    assert (got["epoll events"], got["epoll timeouts"], got["spins"]) == (8, 0, 0)
+
+
 def test_perf_script_lines_are_read(tmp_path, monkeypatch) -> None:
     text = ("   gloo_tcp_loop 13141/13149 65588.430857:     syscalls:sys_exit_epoll_wait: 0x1\n"
             "          python 13141/13141 65588.437837:     syscalls:sys_enter_writev: "

@@ -90,7 +90,7 @@ def test_the_report_names_the_runtime_switches_its_runs_had(monkeypatch) -> None
     """Runs under a switch (e.g. PIPEBENCH_NO_HALT) are not the defaults' runs: the header
     says so; with the defaults it says nothing of switches."""
     for name in ("PIPEBENCH_RECV_AHEAD", "PIPEBENCH_SETTLE_SENDS", "PIPEBENCH_ALLREDUCE_BUCKET_MB",
-                 "PIPEBENCH_PIN", "PIPEBENCH_NO_HALT"):
+                 "PIPEBENCH_PIN", "PIPEBENCH_NO_HALT", "PIPEBENCH_TRANSPORT_YIELD"):
         monkeypatch.delenv(name, raising=False)
     machine = {"latency_s": 5e-5, "bandwidth_Bps": 3e9, "cores": 2}
     dp = ValidationRow("vgg16", "ddp", 2, "2", measured=500.0, simulated=520.0)

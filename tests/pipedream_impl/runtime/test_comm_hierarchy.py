@@ -1,5 +1,5 @@
-"""pipedream_impl/runtime/comm.py's hierarchical all-reduce: the grouping as a pure function
-against the planner/simulator's ``Topology.ring_levels``; on real gloo processes with
+"""pipedream_impl/runtime/comm.py's hierarchical all-reduce: the grouping (hosts.py) as a
+pure function against the planner/simulator's ``Topology.ring_levels``; on real gloo processes with
 faked hosts (``PIPEBENCH_FAKE_HOSTS``), the average equal to a flat all-reduce's and the
 bytes per level equal to the ring formula; a replicated pipeline across two faked hosts
 equal to the single-process reference."""

@@ -68,7 +68,8 @@ def test_a_request_that_cannot_be_made_is_said(fresh, tmp_path: Path,  # noqa: A
 
 def test_runs_record_the_switch_and_whether_it_applied(
         fresh, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: ANN001
-    for name in ("PIPEBENCH_RECV_AHEAD", "PIPEBENCH_ALLREDUCE_BUCKET_MB", "PIPEBENCH_PIN"):
+    for name in ("PIPEBENCH_RECV_AHEAD", "PIPEBENCH_ALLREDUCE_BUCKET_MB", "PIPEBENCH_PIN",
+                 "PIPEBENCH_TRANSPORT_YIELD"):
         monkeypatch.delenv(name, raising=False)
     assert runtime_env() == "defaults"
     monkeypatch.setenv(NO_HALT_ENV, "1")

@@ -85,3 +85,30 @@ def test_the_switch_refuses_other_values(monkeypatch) -> None:
         transport_yield.mode()
     with pytest.raises(ValueError, match="not one of"):
         transport_yield.apply("19")
+
+
+def test_a_refusal_stops_a_strict_caller_and_is_said_once_otherwise(monkeypatch, capsys) \
+        -> None:  # noqa: ANN001
+    """A thread that ended meanwhile is skipped; the kernel's refusal raises for the A/B
+    script (``strict``: a side without its setting would measure nothing) and is said on
+    stderr once, the threads left as they are, for a worker."""
+    monkeypatch.setattr(transport_yield, "_state", {})
+    monkeypatch.setattr(transport_yield, "_warned", [False])
+    monkeypatch.setattr(transport_yield, "_threads", lambda: [1, 2, 3])
+    refused: set[int] = set()
+
+    def fake_set(tid: int, how: str) -> None:
+        if tid == 1:
+            raise ProcessLookupError(tid)
+        if tid in refused:
+            raise PermissionError(1, "Operation not permitted")
+
+    monkeypatch.setattr(transport_yield, "_set", fake_set)
+    assert transport_yield.apply("nice") == 2  # thread 1 ended
+    refused.update({2, 3})
+    with pytest.raises(RuntimeError, match="refused"):
+        transport_yield.apply("0", strict=True)
+    assert transport_yield.apply("0") == 0
+    assert transport_yield.apply("0") == 0
+    assert capsys.readouterr().err.count("not applied") == 1
+    assert transport_yield._state == {2: "nice", 3: "nice"}  # as they were left
