@@ -64,12 +64,12 @@ from core.markdown import write_report  # noqa: E402
 from harness.metrics import PEAK_MEMORY_MAX, STEADY_PER_REFERENCE, STEADY_THROUGHPUT  # noqa: E402
 from harness.reporting.action_costs import GROUPS, grouped  # noqa: E402
 from harness.reporting.tracking import git_sha  # noqa: E402
+from pipedream_impl.runtime.transport_yield import THREAD_NAME as GLOO_LOOP  # noqa: E402
 
 METRIC = STEADY_THROUGHPUT
 CANCELLED = STEADY_PER_REFERENCE  # METRIC over the fixed reference loop's speed
 PAIRED = (METRIC, CANCELLED)
 OWN_FLAGS = ("--repeats", "--json", "-o", "--output", "--quiet")
-GLOO_LOOP = "gloo_tcp_loop"  # the name gloo gives its transport's event-loop threads
 THREAD_FIGURES = ("gloo loop threads' CPU s", "all threads' CPU s",
                   "s runnable, waiting for a core")
 SAMPLE_S = 0.2  # how often the run's threads are read (a thread's last reading counts)

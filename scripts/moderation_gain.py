@@ -69,7 +69,7 @@ def _priors(runs: list[dict], night: dict | None, history: list[dict]) -> list[t
                       night))
     rows = []
     for what, base, cur in cases:
-        fitted = regressions.priors(ok_cells(base), {c["key"]: c for c in cur["cells"]})
+        fitted = regressions.priors(ok_cells(base), regressions.cells_by_key(cur))
         for (name, by_results), p in sorted(fitted.items()):
             if name in THROUGHPUTS:
                 rows.append((what, name, "results" if by_results else "repeats",

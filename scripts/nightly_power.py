@@ -95,7 +95,7 @@ def _priors(earlier: list[dict], last: dict, cell_df: float | None = None
             ) -> dict[str, moderation.Prior]:
     """Each throughput figure's prior (``regressions.priors``, ``cell_df`` its) of ``earlier``
     judged with ``last``: over repeats (one result), over results (``HISTORY_RESULTS`` on)."""
-    fitted = regressions.priors(ok_cells(earlier), {c["key"]: c for c in last["cells"]}, cell_df)
+    fitted = regressions.priors(ok_cells(earlier), regressions.cells_by_key(last), cell_df)
     history = len(earlier) >= verdicts.HISTORY_RESULTS
     return {n: fitted.get((n, history), moderation.NONE) for n in THROUGHPUTS}
 

@@ -46,8 +46,8 @@ from harness import metrics
 from harness.reporting import moderation, verdicts
 from harness.reporting.results import COUNTERS, METRICS, ok_cells, summarise
 
-__all__ = ["Change", "compare_at_rate", "compare_results", "family_alpha", "has_regression",
-           "judged", "judged_against", "night_alpha", "not_judged", "over_nights",
+__all__ = ["Change", "cells_by_key", "compare_at_rate", "compare_results", "family_alpha",
+           "has_regression", "judged", "judged_against", "night_alpha", "not_judged", "over_nights",
            "over_nights_at_rate", "priors", "reference_moved"]
 
 # the counters that depend on the stages, their replicas and layer ranges
@@ -68,7 +68,8 @@ class Change:
     df: float | None = None  # the noise estimate's degrees of freedom (a prior's counted)
 
 
-def _cells(result: dict) -> dict[str, dict]:
+def cells_by_key(result: dict) -> dict[str, dict]:
+    """A result's cells by key (``priors``' ``cur``)."""
     return {c["key"]: c for c in result["cells"]}
 
 
@@ -81,9 +82,9 @@ def compare_results(baselines: list[dict], current: dict, alpha: float = verdict
     (``priors``); False: each cell's own alone."""
     if not baselines:
         return []
-    newest = _cells(baselines[-1])
+    newest = cells_by_key(baselines[-1])
     pooled = ok_cells(baselines)
-    cur = _cells(current)
+    cur = cells_by_key(current)
     prior = priors(pooled, cur) if moderate else {}
     out: list[Change] = []
     for key in sorted(set(newest) | set(pooled)):

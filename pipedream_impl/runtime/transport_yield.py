@@ -91,6 +91,8 @@ def apply(how: str | None = None, strict: bool = False) -> int:
     how = mode() if how is None else how
     if how not in _MODES:
         raise ValueError(f"{how!r}: not one of {', '.join(_MODES)}")
+    if how == "0" and not _state:  # the default, nothing ever set: nothing to look at
+        return 0
     tids = _threads()
     for gone in set(_state) - set(tids):  # ended: a new thread may reuse the id
         del _state[gone]
