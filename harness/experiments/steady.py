@@ -12,10 +12,20 @@ completions, in time order, are cut into non-overlapping windows of ``window`` i
 (``window`` = how many ranks take turns completing minibatches: the last stage's replicas
 under 1F1B-RR, 1 when every rank completes every minibatch), so each window spans whole
 rounds. A window's rate is its minibatches x batch / its span; the run's figure is the
-median over all windows of all epochs (the run's first ``warmup_steps`` minibatches
-excluded). Fill is outside by construction (the first window starts at the first
-completion); the last stage's completions end before the drain; evaluation lies between
-epochs. The spread is the windows' interquartile range over their median.
+windows' samples over their spans summed, over all windows of all epochs (the run's first
+``warmup_steps`` minibatches excluded): the rate of the steady part, every interval of it
+counted at its length. Fill is outside by construction (the first window starts at the
+first completion); the last stage's completions end before the drain; evaluation lies
+between epochs. The spread is the windows' interquartile range over their median rate.
+
+Why the sum and not the windows' median (this figure's first definition, version 1 in
+``metrics.DEFINITIONS``): the intervals between completions are skewed (most near the
+period, some longer: a transfer's wait, a preempted thread), so the median window rate
+left out a regular part of every run's time. Measured over fresh launches of tiny VGG-16
+(``scripts/steady_statistic.py``, ``results/steady-statistic-vgg16.md``), the median stood
+above the steady part's own rate, by different amounts for different systems, and moved
+more from launch to launch than the sum. A rare long stall now counts at its length; the
+median over a cell's repeats is what keeps one bad run out of a verdict.
 """
 
 from __future__ import annotations
@@ -29,7 +39,7 @@ __all__ = ["SteadyState", "completions", "steady_state", "window_of", "window_ra
 
 @dataclass(frozen=True)
 class SteadyState:
-    samples_per_s: float  # median window rate (NaN without a window)
+    samples_per_s: float  # the windows' samples over their spans (NaN without a window)
     spread: float  # interquartile range / median of the window rates (NaN under 4 windows)
     windows: int
 
@@ -69,14 +79,21 @@ def window_rates(times: Sequence[float], window: int, batch_size: int) -> list[f
 
 
 def steady_state(epochs: Iterable[tuple[Sequence[float], int]], batch_size: int) -> SteadyState:
-    """The run's figure from each epoch's (completion times, window)."""
-    rates = [r for times, w in epochs for r in window_rates(times, w, batch_size)]
-    if not rates:
+    """The run's figure from each epoch's (completion times, window): the windows' samples
+    over their summed spans; their spread from the window rates."""
+    rates: list[float] = []
+    samples = span = 0.0
+    for times, w in epochs:
+        rates += window_rates(times, w, batch_size)
+        whole = max(0, len(times) - 1) // w * w  # the intervals its full windows hold
+        if whole:
+            samples += whole * batch_size
+            span += times[whole] - times[0]
+    if not rates or span <= 0:
         return SteadyState(float("nan"), float("nan"), 0)
-    med = statistics.median(rates)
     spread = float("nan")
     if len(rates) >= 4:
         q = statistics.quantiles(rates, n=4)
-        spread = (q[2] - q[0]) / med
-    return SteadyState(med, spread, len(rates))
+        spread = (q[2] - q[0]) / statistics.median(rates)
+    return SteadyState(samples / span, spread, len(rates))
 

@@ -40,6 +40,7 @@ from harness.reporting.action_costs import median_costs, per_action
 from harness.reporting.progress import Progress
 from harness.reporting.results import (
     COUNTERS,
+    DEFINITIONS,
     METRICS,
     RULE,
     SCHEMA,
@@ -289,7 +290,7 @@ def run_suite(suite: Suite, progress: Progress, experiment: str = "pipebench-sui
                             "layout_profiles": suite.layout_profiles,
                             "layout_bandwidth": suite.layout_bandwidth,
                             "plant": {k: str(v) for k, v in plant.items()}},
-                  "environment": env, "rule": RULE,
+                  "environment": env, "rule": RULE, "definitions": dict(DEFINITIONS),
                   "mlflow": parent.describe(), "cells": out_cells,
                   # untracked cells measure nothing when tracking is off everywhere
                   "overhead": overhead_rows(out_cells) if tracking.enabled() else []}

@@ -44,7 +44,7 @@ from dataclasses import dataclass, replace
 
 from harness import metrics
 from harness.reporting import moderation, verdicts
-from harness.reporting.results import COUNTERS, METRICS, ok_cells, summarise
+from harness.reporting.results import COUNTERS, METRICS, comparable, ok_cells, summarise
 
 __all__ = ["Change", "cells_by_key", "compare_at_rate", "compare_results", "family_alpha",
            "has_regression", "judged", "judged_against", "night_alpha", "not_judged", "over_nights",
@@ -82,6 +82,7 @@ def compare_results(baselines: list[dict], current: dict, alpha: float = verdict
     (``priors``); False: each cell's own alone."""
     if not baselines:
         return []
+    baselines = comparable(baselines, current)  # no figure across a changed definition
     newest = cells_by_key(baselines[-1])
     pooled = ok_cells(baselines)
     cur = cells_by_key(current)

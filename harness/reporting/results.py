@@ -23,6 +23,7 @@ Schema ``pipebench-suite/1`` (``SCHEMA``)::
                      "mlflow", "hardware", "machine", "cpu_count", "threads_per_worker",
                      "device", "platform", "runtime_env"},
      "rule": {"centre", "spread", "drop_extremes_from", "stability"},
+     "definitions": {NAME: version} (``DEFINITIONS``; absent in results made before),
      "mlflow": {"tracking_uri", "experiment", "parent_run_id"} or null,
      "cells": [{"key", "workload", "scale", "workers", "system", "mode", "tracking",
                 "status": "ok" | "failed" | "unsupported", "note", "config", "batch",
@@ -44,7 +45,10 @@ Schema ``pipebench-suite/1`` (``SCHEMA``)::
      "overhead": [{"cell", "tracked", "untracked", "overhead"}]}
 
 ``METRICS`` are noisy (judged by ``verdicts.test``), ``COUNTERS`` must not move at all; the
-metrics' names and meanings are ``harness.metrics``'s (``SUITE_METRICS``).
+metrics' names and meanings are ``harness.metrics``'s (``SUITE_METRICS``). A figure whose
+definition changed after the schema began carries a version in ``DEFINITIONS``, which each
+result records; figures measured under different versions are never compared
+(``comparable``): a changed definition is not a regression.
 """
 
 from __future__ import annotations
@@ -60,11 +64,15 @@ from harness import metrics
 from harness.reporting import verdicts
 from harness.reporting.units import fmt_bytes
 
-__all__ = ["COUNTERS", "DROP_EXTREMES_FROM", "METRICS", "RULE", "SCHEMA", "STABILITY",
-           "Stat", "cell_row", "load_result", "ok_cells", "overhead_rows", "overhead_table",
-           "parse_result", "summarise", "with_drift_cancelled", "write_result"]
+__all__ = ["COUNTERS", "DEFINITIONS", "DROP_EXTREMES_FROM", "METRICS", "RULE", "SCHEMA",
+           "STABILITY", "Stat", "cell_row", "comparable", "definition", "load_result",
+           "ok_cells", "overhead_rows", "overhead_table", "parse_result", "summarise",
+           "with_drift_cancelled", "write_result"]
 
 SCHEMA = "pipebench-suite/1"
+# each figure's definition where it changed after the schema began (else version 1): the
+# steady throughput became the windows' summed rate (``harness.experiments.steady``)
+DEFINITIONS = {metrics.STEADY_THROUGHPUT: 2, metrics.STEADY_PER_REFERENCE: 2}
 STABILITY = 0.10
 DROP_EXTREMES_FROM = 5
 # noisy metrics: name -> True when higher is better
@@ -186,6 +194,24 @@ def ok_cells(results: list[dict]) -> dict[str, list[dict]]:
     out: dict[str, list[dict]] = {}
     for c in (c for r in results for c in r["cells"] if c["status"] == "ok"):
         out.setdefault(c["key"], []).append(c)
+    return out
+
+
+def definition(result: dict, name: str) -> int:
+    """The version of ``name``'s definition ``result`` was measured under."""
+    return (result.get("definitions") or {}).get(name, 1)
+
+
+def comparable(baselines: list[dict], current: dict) -> list[dict]:
+    """``baselines``, each without the figures it measured under another definition than
+    ``current`` (``DEFINITIONS``), so that no comparison spans a changed definition."""
+    out = []
+    for b in baselines:
+        names = {*DEFINITIONS, *(b.get("definitions") or {}), *(current.get("definitions") or {})}
+        other = {n for n in names if definition(b, n) != definition(current, n)}
+        out.append({**b, "cells": [{**c, "metrics": {k: v for k, v in c["metrics"].items()
+                                                    if k not in other}}
+                                   for c in b["cells"]]} if other else b)
     return out
 
 

@@ -110,6 +110,8 @@ def test_the_server_received_every_run_of_the_suite(server: str, suite_result: d
     pid = parent[0].info.run_id
     assert parent[0].data.tags["pipebench.suite"] == "test-tiny"
     assert parent[0].data.tags["pipebench.machine"] == suite_result["environment"]["machine"]
+    from harness.reporting.results import DEFINITIONS  # the figures' definitions it ran
+    assert suite_result["definitions"] == DEFINITIONS
     cells = [r for r in runs if r.data.tags.get("pipebench.kind") == "cell"]
     assert {r.data.tags["mlflow.parentRunId"] for r in cells} == {pid}
     assert sorted(r.data.tags["pipebench.cell"] for r in cells) == sorted(

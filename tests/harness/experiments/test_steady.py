@@ -1,10 +1,12 @@
 """The steady-state throughput (``harness.experiments.steady``) against hand-built
 completion times: closed forms for a pipeline's fill, a round-robin last stage, data
-parallelism's every-rank completions, a one-off hiccup and the warm-up."""
+parallelism's every-rank completions, skewed intervals, a one-off hiccup, epochs apart
+and the warm-up."""
 
 from __future__ import annotations
 
 import math
+import statistics
 
 import pytest
 
@@ -45,13 +47,26 @@ def test_data_parallel_minibatch_completes_at_the_last_rank() -> None:
         pytest.approx(2.0)
 
 
-def test_one_hiccup_moves_the_median_not() -> None:
+def test_skewed_intervals_count_at_their_length() -> None:
+    # three intervals of 0.1 s then one of 0.3 s, repeated: most windows run at 10/s, but
+    # the steady part delivers 4 minibatches every 0.6 s (the windows' median said 10)
+    gaps = [0.1, 0.1, 0.1, 0.3] * 5
+    times = [sum(gaps[:k]) for k in range(len(gaps) + 1)]
+    s = steady.steady_state([(times, 1)], 1)
+    assert s.samples_per_s == pytest.approx(4 / 0.6)
+    assert s.samples_per_s < statistics.median(steady.window_rates(times, 1, 1))
+
+
+def test_one_hiccup_counts_at_its_length_and_epochs_sum() -> None:
     times = [0.1 * k for k in range(21)]
     times[10:] = [t + 2.0 for t in times[10:]]  # one step took 2.1 s instead of 0.1
     s = steady.steady_state([(times, 1)], 1)
-    assert s.samples_per_s == pytest.approx(10.0)
-    mean_rate = 20 / (times[-1] - times[0])
-    assert mean_rate < 6  # what an epoch mean would say
+    assert s.samples_per_s == pytest.approx(20 / 4.0)
+    # a second epoch after a pause (evaluation): the pause is not a window's
+    later = [100.0 + 0.1 * k for k in range(11)]
+    two = steady.steady_state([(times, 1), (later, 1)], 1)
+    assert two.samples_per_s == pytest.approx(30 / 5.0)
+    assert two.windows == 30
 
 
 def test_warm_up_minibatches_are_dropped_but_anchor_the_first_window() -> None:

@@ -336,3 +336,32 @@ def test_results_run_with_other_runtime_switches_say_so() -> None:
     assert "the baseline ran with defaults, the current result with PIPEBENCH_PIN=1" in line
     assert blank == ""
     assert switches_differ([ran_with(None)], ran_with("PIPEBENCH_PIN=1")) == []  # older
+
+
+def test_a_figure_is_not_compared_across_a_changed_definition() -> None:
+    # the steady throughput's definition changed (results.DEFINITIONS): a baseline made
+    # before, 20% above tonight's, is no regression of it, and is judged again once both
+    # sides record the same version
+    from harness.reporting.results import DEFINITIONS, comparable
+    name = "steady_samples_per_s"
+    assert DEFINITIONS[name] == 2
+
+    def with_steady(result: dict, values: list[float], definitions: dict | None) -> dict:
+        out = copy.deepcopy(result)
+        for c in out["cells"]:
+            c["metrics"][name] = summarise(values).to_json()
+        if definitions is not None:
+            out["definitions"] = definitions
+        return out
+
+    old = with_steady(BASE, [120.0, 121.0, 119.0], None)  # made before the field existed
+    cur = with_steady(BASE, [100.0, 101.0, 99.0], dict(DEFINITIONS))
+    assert all(name not in c["metrics"] for c in comparable([old], cur)[0]["cells"])
+    assert all("throughput_samples_per_s" in c["metrics"]
+               for c in comparable([old], cur)[0]["cells"])
+    changes = compare_results([old], cur)
+    assert not has_regression(changes)
+    assert not [c for c in changes if c.name == name]
+    same = with_steady(BASE, [120.0, 121.0, 119.0], dict(DEFINITIONS))
+    assert _verdicts(compare_results([same], cur))[("pipedream", name)] == "regression"
+    assert comparable([same], cur)[0] is same  # nothing to leave out: the result itself
