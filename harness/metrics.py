@@ -195,10 +195,11 @@ SCHEMA: tuple[Metric, ...] = (
     # at the end, every training run
     Metric(THROUGHPUT, "samples/s", "Median over epochs of `samples_per_s`.",
            higher_is_better=True),
-    Metric(STEADY_THROUGHPUT, "samples/s", "Steady-state throughput: the median over "
+    Metric(STEADY_THROUGHPUT, "samples/s", "Steady-state throughput: the samples of the "
            "windows of consecutive minibatch completions (one round of the ranks that "
-           "complete minibatches) of samples/s, the run's warm-up excluded; fill, drain and "
-           "evaluation fall outside the windows (`harness.experiments.steady`).",
+           "complete minibatches each) over their summed spans, the run's warm-up excluded; "
+           "fill, drain and evaluation fall outside the windows "
+           "(`harness.experiments.steady`; definition 2, before: the windows' median rate).",
            higher_is_better=True),
     Metric(STEADY_SPREAD, "fraction", "Interquartile range over median of those windows' "
            "rates (NaN under 4 windows): the run's own noise."),

@@ -32,6 +32,7 @@ import argparse
 import math
 import multiprocessing as mp
 import os
+import queue
 import random
 import statistics
 import sys
@@ -51,13 +52,15 @@ def _launch(system: str, args: argparse.Namespace, out) -> None:  # noqa: ANN001
     """One run in this (fresh) process: each epoch's completions and window, the batch
     size, and the run's throughput over epochs."""
     os.environ["PIPEBENCH_TRACKING"] = "off"
+    from harness import systems
     from harness.config import RunConfig
     from harness.experiments.runner import run
     from harness.reporting.progress import quiet
 
+    straight = None if systems.get(system).kind == "data-parallel" else "1-1"
     cfg = RunConfig.from_flags(system=system, workload=args.workload, scale="tiny",
                                epochs=args.epochs, target=1e9, threads=1, workers=2,
-                               experiment="pipebench-steady-statistic", config="1-1")
+                               experiment="pipebench-steady-statistic", config=straight)
     s = run(cfg, quiet())
     out.put(([(list(e.completions), e.window) for e in s.epochs], s.batch_size, s.throughput))
 
@@ -134,7 +137,13 @@ def main() -> None:
             q = ctx.Queue()
             p = ctx.Process(target=_launch, args=(system, args, q))
             p.start()
-            got = q.get(timeout=1800)  # a launch that died never answers: stop here
+            got = None
+            while got is None:  # read before joining: a queued result holds its process
+                try:
+                    got = q.get(timeout=5)
+                except queue.Empty:
+                    if not p.is_alive():
+                        sys.exit(f"the launch of {system} failed (exit code {p.exitcode})")
             p.join()
             runs[system].append(statistics_of(*got))
             print(f"launch {i + 1}/{args.launches} {system}: "

@@ -10,7 +10,7 @@ microbatches of ``b``, so every pipeline moves units of the same size; data para
 and ``single`` use global minibatches of ``b``. Every system trains the same samples per
 epoch: K flush minibatches (K = ``steps``, at most what the training set holds) or
 K x M minibatches of ``b``; a repeat's throughput is the median over its epochs, warm-up
-steps excluded, and its steady-state throughput the median over windows of minibatch
+steps excluded, and its steady-state throughput the summed rate of windows of minibatch
 completions (``harness.experiments.steady``: fill, drain and evaluation excluded); a
 cell's is the median over repeats (``harness.reporting.results``), shown with the
 interval of the repeats' geometric mean and the cell's minimum detectable change
