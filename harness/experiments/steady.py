@@ -23,8 +23,9 @@ Why the sum and not the windows' median (this figure's first definition, version
 period, some longer: a transfer's wait, a preempted thread), so the median window rate
 left out a regular part of every run's time. Measured over fresh launches of tiny VGG-16
 (``scripts/steady_statistic.py``, ``results/steady-statistic-vgg16.md``), the median stood
-above the steady part's own rate, by different amounts for different systems, and moved
-more from launch to launch than the sum. A rare long stall now counts at its length; the
+above the steady part's own rate by amounts that differed between systems (from 2% for
+DDP to 14% for PipeDream), so it favoured some systems over others; its launch-to-launch
+spread was not smaller than the sum's. A rare long stall now counts at its length; the
 median over a cell's repeats is what keeps one bad run out of a verdict.
 """
 

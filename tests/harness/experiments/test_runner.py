@@ -46,7 +46,8 @@ def test_a_pipeline_run_logs_the_schemas_keys(reports_idle: bool) -> None:
     idle = {"idle_s_worker_0": 0.5, "bubble_fraction_worker_0": 0.25} if reports_idle else {}
     idle1 = {"idle_s_worker_1": 1.0, "bubble_fraction_worker_1": 0.25} if reports_idle else {}
     assert list(final.items()) == list({
-        "throughput_samples_per_s": 32.0, "steady_samples_per_s": 64.0,
+        # steady: the windows' samples over their spans, (3 + 4) x 16 / (1.5 + 1.0) s
+        "throughput_samples_per_s": 32.0, "steady_samples_per_s": 112 / 2.5,
         "steady_window_spread": 0.5, "steady_windows": 7, "cpu_s_per_sample": 10 / 128,
         "final_quality": 0.3, "best_quality": 0.6,
         "total_time_s": 5.5, "epochs_run": 2, "bytes_communicated_per_sample": 100.0,
