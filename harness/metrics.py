@@ -203,8 +203,8 @@ SCHEMA: tuple[Metric, ...] = (
            higher_is_better=True),
     Metric(STEADY_SPREAD, "fraction", "Interquartile range over median of those windows' "
            "rates (NaN under 4 windows): the run's own noise."),
-    Metric(STEADY_WINDOWS, "count", "How many windows `steady_samples_per_s` is the "
-           "median of."),
+    Metric(STEADY_WINDOWS, "count", "How many windows `steady_samples_per_s` sums "
+           "over."),
     Metric(CPU_PER_SAMPLE, "s", "User + system CPU seconds of every process training "
            "(all workers; evaluation excluded) per training sample.",
            higher_is_better=False),

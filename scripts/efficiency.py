@@ -238,8 +238,8 @@ def _report(args: argparse.Namespace, got: dict[str, list]) -> str:
              "(min-max) over repeats). Over epochs: "
              "the median of the epochs' rates (each epoch's samples over its time, the "
              "warm-up excluded; a pipeline's fill and drain in every epoch counted); the "
-             "goal's figure. Steady state: the median "
-             "rate over windows of minibatch completions (`harness.experiments.steady`: "
+             "goal's figure. Steady state: the summed "
+             "rate of windows of minibatch completions (`harness.experiments.steady`: "
              "fill, drain and evaluation excluded), what the suites judge; it shows how "
              "much of the gap is these short epochs' fill and drain.",
              "", "| measurement | samples/s over epochs | of 2 x single | steady samples/s "

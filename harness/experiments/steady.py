@@ -1,9 +1,9 @@
 """Throughput in the steady state, from the minibatches' completion times inside a run.
 
-Why: an epoch's samples/s mixes three things a benchmark verdict must not: the pipeline's
-fill and drain (fixed per epoch, so short epochs look slow), the warm-up, and the machine's
-hiccups (one slow step moves an epoch's mean). The paper's epoch time keeps its own metric
-(``metrics.THROUGHPUT``); suites judge this one.
+Why: an epoch's samples/s mixes in what is not the schedule's steady state: the
+pipeline's fill and drain (fixed per epoch, so short epochs look slow), the warm-up and the
+epoch's start. The paper's epoch time keeps its own metric (``metrics.THROUGHPUT``);
+suites judge both.
 
 What is measured: every rank that completes minibatches (the last stage's replicas; every
 rank of data parallelism) stamps each completion (``Executor.mark_done``). Per epoch, a
@@ -19,14 +19,17 @@ first completion); the last stage's completions end before the drain; evaluation
 between epochs. The spread is the windows' interquartile range over their median rate.
 
 Why the sum and not the windows' median (this figure's first definition, version 1 in
-``metrics.DEFINITIONS``): the intervals between completions are skewed (most near the
-period, some longer: a transfer's wait, a preempted thread), so the median window rate
-left out a regular part of every run's time. Measured over fresh launches of tiny VGG-16
+``harness.reporting.results.DEFINITIONS``): the intervals between completions are skewed
+(most near the period, some much longer), so the median window rate left out a regular
+part of every run's time. Measured over fresh launches of tiny VGG-16
 (``scripts/steady_statistic.py``, ``results/steady-statistic-vgg16.md``), the median stood
 above the steady part's own rate by amounts that differed between systems (from 2% for
 DDP to 14% for PipeDream), so it favoured some systems over others; its launch-to-launch
-spread was not smaller than the sum's. A rare long stall now counts at its length; the
-median over a cell's repeats is what keeps one bad run out of a verdict.
+spread was larger in four of the five systems, within the intervals. The median over
+windows of four rounds stood 1-3% above the sum, but it still drops the longer intervals
+and the nightly's flush cells hold too few minibatches an epoch for such windows. Robust
+to a one-off stall the figure is not: it counts at its length, and the median over a
+cell's repeats is what keeps one bad run out of a verdict.
 """
 
 from __future__ import annotations

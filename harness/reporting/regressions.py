@@ -44,7 +44,7 @@ from dataclasses import dataclass, replace
 
 from harness import metrics
 from harness.reporting import moderation, verdicts
-from harness.reporting.results import COUNTERS, METRICS, comparable, ok_cells, summarise
+from harness.reporting.results import COUNTERS, METRICS, comparable, ok_cells, redefined, summarise
 
 __all__ = ["Change", "cells_by_key", "compare_at_rate", "compare_results", "family_alpha",
            "has_regression", "judged", "judged_against", "night_alpha", "not_judged", "over_nights",
@@ -82,6 +82,7 @@ def compare_results(baselines: list[dict], current: dict, alpha: float = verdict
     (``priors``); False: each cell's own alone."""
     if not baselines:
         return []
+    changed = {n for b in baselines for n in redefined(b, current)}
     baselines = comparable(baselines, current)  # no figure across a changed definition
     newest = cells_by_key(baselines[-1])
     pooled = ok_cells(baselines)
@@ -102,7 +103,11 @@ def compare_results(baselines: list[dict], current: dict, alpha: float = verdict
         if not ran_before:
             continue
         out += _counter_changes(key, pooled[key][-1], c)  # the newest baseline that ran
-        out += _metric_changes(key, pooled[key], c, alpha, consecutive, prior)
+        found = _metric_changes(key, pooled[key], c, alpha, consecutive, prior)
+        seen = {f.name for f in found}
+        out += found + [Change(key, n, "not judged (its definition changed)", None,
+                               c["metrics"][n]["median"])
+                        for n in sorted(changed) if n in c["metrics"] and n not in seen]
         out += _reach_changes(key, pooled[key], c)
     out += [Change(k, "cell", "new") for k in sorted(set(cur) - set(newest) - set(pooled))]
     return out
@@ -178,6 +183,7 @@ def over_nights(history: list[dict], current: dict, window: int,
     threshold; both beyond the two nights' threshold the same way is a ``regression``
     (its MDC the two nights'), tonight alone beyond the one night's threshold is
     ``suspicious`` (that threshold shown), fewer than ``verdicts.MIN_HISTORY`` such results
+    (that ran the cell and measured the figure under tonight's definition: ``comparable``)
     ``insufficient data``.
     Exact counters, failures and lost targets stay regressions on the first night.
     ``moderate``: as ``compare_results``'."""
@@ -192,6 +198,7 @@ def over_nights(history: list[dict], current: dict, window: int,
               for c in compare(base, history[-1], True)
               if not c.verdict.startswith("not judged")}
     strict = {(c.cell, c.name): c for c in compare(base, current)}
+    have = ok_cells(comparable(base, current))  # the history each figure of a cell has
     out = []
     for c in direct:
         if c.name in METRICS:
@@ -200,8 +207,8 @@ def over_nights(history: list[dict], current: dict, window: int,
                 c = now[key]
                 if not c.verdict.startswith("not judged"):
                     was = before.get((c.cell, _twins(c.name)), "ok")
-                    label = verdicts.night_label([was, c.verdict],
-                                                 len(base), strict[key].verdict)
+                    n = sum(c.name in b["metrics"] for b in have.get(c.cell, []))
+                    label = verdicts.night_label([was, c.verdict], n, strict[key].verdict)
                     if label not in verdicts.BROKEN:  # judged on the one night's threshold
                         c = replace(c, threshold=strict[key].threshold)
                     c = replace(c, verdict="changed-within-noise" if label == "ok"

@@ -66,7 +66,7 @@ from harness.reporting.units import fmt_bytes
 
 __all__ = ["COUNTERS", "DEFINITIONS", "DROP_EXTREMES_FROM", "METRICS", "RULE", "SCHEMA",
            "STABILITY", "Stat", "cell_row", "comparable", "definition", "load_result",
-           "ok_cells", "overhead_rows", "overhead_table", "parse_result", "summarise",
+           "ok_cells", "overhead_rows", "overhead_table", "parse_result", "redefined", "summarise",
            "with_drift_cancelled", "write_result"]
 
 SCHEMA = "pipebench-suite/1"
@@ -202,14 +202,21 @@ def definition(result: dict, name: str) -> int:
     return (result.get("definitions") or {}).get(name, 1)
 
 
+def redefined(baseline: dict, current: dict) -> set[str]:
+    """The figures ``baseline`` measured under another definition than ``current``."""
+    names = {*DEFINITIONS, *(baseline.get("definitions") or {}),
+             *(current.get("definitions") or {})}
+    return {n for n in names if definition(baseline, n) != definition(current, n)}
+
+
 def comparable(baselines: list[dict], current: dict) -> list[dict]:
     """``baselines``, each without the figures it measured under another definition than
     ``current`` (``DEFINITIONS``), so that no comparison spans a changed definition."""
     out = []
     for b in baselines:
-        names = {*DEFINITIONS, *(b.get("definitions") or {}), *(current.get("definitions") or {})}
-        other = {n for n in names if definition(b, n) != definition(current, n)}
-        out.append({**b, "cells": [{**c, "metrics": {k: v for k, v in c["metrics"].items()
+        other = redefined(b, current)
+        out.append({**b, "cells": [{**c, "metrics": {k: v for k, v in
+                                                    c.get("metrics", {}).items()
                                                     if k not in other}}
                                    for c in b["cells"]]} if other else b)
     return out

@@ -361,7 +361,36 @@ def test_a_figure_is_not_compared_across_a_changed_definition() -> None:
                for c in comparable([old], cur)[0]["cells"])
     changes = compare_results([old], cur)
     assert not has_regression(changes)
-    assert not [c for c in changes if c.name == name]
+    assert [(c.verdict, c.current) for c in changes if c.name == name] == \
+        [("not judged (its definition changed)", 100.0)] * 2  # listed, not judged
     same = with_steady(BASE, [120.0, 121.0, 119.0], dict(DEFINITIONS))
     assert _verdicts(compare_results([same], cur))[("pipedream", name)] == "regression"
     assert comparable([same], cur)[0] is same  # nothing to leave out: the result itself
+
+
+def test_over_nights_counts_only_the_nights_of_the_same_definition() -> None:
+    # two nights under the steady figure's old definition, then one under the new: tonight
+    # and last night both 20% below that one night break against its repeats, but one
+    # night is too short a history to label (verdicts.MIN_HISTORY), whatever came before
+    from harness.reporting.results import DEFINITIONS
+    name = "steady_samples_per_s"
+
+    def night(day: int, values: list[float], new: bool) -> dict:
+        out = _night(day, [100.0, 102.0, 98.0])
+        for c in out["cells"]:
+            c["metrics"][name] = summarise(values).to_json()
+        if new:
+            out["definitions"] = dict(DEFINITIONS)
+        return out
+
+    ok, low = [100.0, 102.0, 98.0], [80.0, 81.0, 79.0]
+    history = [night(1, ok, False), night(2, ok, False), night(3, ok, True),
+               night(4, low, True)]
+    changes = over_nights(history, night(5, low, True), window=3)
+    got = {c.cell.split("/")[3]: c.verdict for c in changes if c.name == name}
+    assert got["pipedream"] == "insufficient data"
+    # the same nights all under the new definition: a regression
+    same = [night(d, v, True) for d, v in ((1, ok), (2, ok), (3, ok), (4, low))]
+    changes = over_nights(same, night(5, low, True), window=3)
+    assert {c.verdict for c in changes if c.name == name and "pipedream" in c.cell} == \
+        {"regression"}
