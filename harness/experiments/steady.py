@@ -21,12 +21,12 @@ between epochs. The spread is the windows' interquartile range over their median
 Why the sum and not the windows' median (this figure's first definition, version 1 in
 ``harness.reporting.results.DEFINITIONS``): the intervals between completions are skewed
 (most near the period, some much longer), so the median window rate left out a regular
-part of every run's time. Measured over fresh launches of tiny VGG-16
-(``scripts/steady_statistic.py``, ``results/steady-statistic-vgg16.md``), the median stood
-above the steady part's own rate by amounts that differed between systems (from 2% for
-DDP to 14% for PipeDream), so it favoured some systems over others; its launch-to-launch
-spread was larger in four of the five systems, within the intervals. The median over
-windows of four rounds stood 1-3% above the sum, but it still drops the longer intervals
+part of every run's time. Measured over fresh launches of tiny VGG-16 and GNMT-8
+(``scripts/steady_statistic.py``, ``results/steady-statistic-*.md``), the median stood
+above the steady part's own rate by amounts that differed between systems (1-6% for the
+others, 8-14% for PipeDream), so it favoured some systems over others; its
+launch-to-launch spread was no smaller (larger in seven of the ten cells, all within the
+intervals). The median over windows of four rounds stood 0-3% above the sum, but it still drops the longer intervals
 and the nightly's flush cells hold too few minibatches an epoch for such windows. Robust
 to a one-off stall the figure is not: it counts at its length, and the median over a
 cell's repeats is what keeps one bad run out of a verdict.
