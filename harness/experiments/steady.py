@@ -26,10 +26,10 @@ part of every run's time. Measured over fresh launches of tiny VGG-16 and GNMT-8
 above the steady part's own rate by amounts that differed between systems (1-6% for the
 others, 8-14% for PipeDream), so it favoured some systems over others; its
 launch-to-launch spread was no smaller (larger in seven of the ten cells, all within the
-intervals). The median over windows of four rounds stood 0-3% above the sum, but it still drops the longer intervals
-and the nightly's flush cells hold too few minibatches an epoch for such windows. Robust
-to a one-off stall the figure is not: it counts at its length, and the median over a
-cell's repeats is what keeps one bad run out of a verdict.
+intervals). The median over windows of four rounds stood 0-3% above the sum, but it still
+drops the longer intervals, and the nightly's flush cells hold too few minibatches an
+epoch for such windows. Robust to a one-off stall the figure is not: it counts at its
+length, and the median over a cell's repeats is what keeps one bad run out of a verdict.
 """
 
 from __future__ import annotations
