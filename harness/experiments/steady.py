@@ -72,14 +72,14 @@ def window_of(stamps: Sequence[Sequence[tuple[int, float]]]) -> int:
     return max(1, ranks // max(per_mb.values())) if per_mb else 1
 
 
+def _spans(times: Sequence[float], window: int) -> list[float]:
+    """The span of each run of ``window`` consecutive intervals (non-overlapping, whole)."""
+    return [times[i + window] - times[i] for i in range(0, len(times) - window, window)]
+
+
 def window_rates(times: Sequence[float], window: int, batch_size: int) -> list[float]:
     """Samples/s of each run of ``window`` consecutive intervals (non-overlapping)."""
-    out = []
-    for i in range(0, len(times) - window, window):
-        span = times[i + window] - times[i]
-        if span > 0:
-            out.append(window * batch_size / span)
-    return out
+    return [window * batch_size / span for span in _spans(times, window) if span > 0]
 
 
 def steady_state(epochs: Iterable[tuple[Sequence[float], int]], batch_size: int) -> SteadyState:
@@ -89,7 +89,7 @@ def steady_state(epochs: Iterable[tuple[Sequence[float], int]], batch_size: int)
     samples = span = 0.0
     for times, w in epochs:
         rates += window_rates(times, w, batch_size)
-        whole = max(0, len(times) - 1) // w * w  # the intervals its full windows hold
+        whole = len(_spans(times, w)) * w  # the intervals the epoch's full windows hold
         if whole:
             samples += whole * batch_size
             span += times[whole] - times[0]

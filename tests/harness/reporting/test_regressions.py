@@ -338,24 +338,30 @@ def test_results_run_with_other_runtime_switches_say_so() -> None:
     assert switches_differ([ran_with(None)], ran_with("PIPEBENCH_PIN=1")) == []  # older
 
 
+STEADY = "steady_samples_per_s"
+
+
+def _with_steady(result: dict, values: list[float], new: bool) -> dict:
+    """``result`` with every cell's steady throughput at ``values``, recording today's
+    definitions (``new``) or none (a result made before the field existed)."""
+    from harness.reporting.results import DEFINITIONS
+    out = copy.deepcopy(result)
+    for c in out["cells"]:
+        c["metrics"][STEADY] = summarise(values).to_json()
+    if new:
+        out["definitions"] = dict(DEFINITIONS)
+    return out
+
+
 def test_a_figure_is_not_compared_across_a_changed_definition() -> None:
     # the steady throughput's definition changed (results.DEFINITIONS): a baseline made
     # before, 20% above tonight's, is no regression of it, and is judged again once both
     # sides record the same version
     from harness.reporting.results import DEFINITIONS, comparable
-    name = "steady_samples_per_s"
+    name = STEADY
     assert DEFINITIONS[name] == 2
-
-    def with_steady(result: dict, values: list[float], definitions: dict | None) -> dict:
-        out = copy.deepcopy(result)
-        for c in out["cells"]:
-            c["metrics"][name] = summarise(values).to_json()
-        if definitions is not None:
-            out["definitions"] = definitions
-        return out
-
-    old = with_steady(BASE, [120.0, 121.0, 119.0], None)  # made before the field existed
-    cur = with_steady(BASE, [100.0, 101.0, 99.0], dict(DEFINITIONS))
+    old = _with_steady(BASE, [120.0, 121.0, 119.0], False)
+    cur = _with_steady(BASE, [100.0, 101.0, 99.0], True)
     assert all(name not in c["metrics"] for c in comparable([old], cur)[0]["cells"])
     assert all("throughput_samples_per_s" in c["metrics"]
                for c in comparable([old], cur)[0]["cells"])
@@ -363,7 +369,7 @@ def test_a_figure_is_not_compared_across_a_changed_definition() -> None:
     assert not has_regression(changes)
     assert [(c.verdict, c.current) for c in changes if c.name == name] == \
         [("not judged (its definition changed)", 100.0)] * 2  # listed, not judged
-    same = with_steady(BASE, [120.0, 121.0, 119.0], dict(DEFINITIONS))
+    same = _with_steady(BASE, [120.0, 121.0, 119.0], True)
     assert _verdicts(compare_results([same], cur))[("pipedream", name)] == "regression"
     assert comparable([same], cur)[0] is same  # nothing to leave out: the result itself
 
@@ -372,16 +378,10 @@ def test_over_nights_counts_only_the_nights_of_the_same_definition() -> None:
     # two nights under the steady figure's old definition, then one under the new: tonight
     # and last night both 20% below that one night break against its repeats, but one
     # night is too short a history to label (verdicts.MIN_HISTORY), whatever came before
-    from harness.reporting.results import DEFINITIONS
-    name = "steady_samples_per_s"
+    name = STEADY
 
     def night(day: int, values: list[float], new: bool) -> dict:
-        out = _night(day, [100.0, 102.0, 98.0])
-        for c in out["cells"]:
-            c["metrics"][name] = summarise(values).to_json()
-        if new:
-            out["definitions"] = dict(DEFINITIONS)
-        return out
+        return _with_steady(_night(day, [100.0, 102.0, 98.0]), values, new)
 
     ok, low = [100.0, 102.0, 98.0], [80.0, 81.0, 79.0]
     history = [night(1, ok, False), night(2, ok, False), night(3, ok, True),
