@@ -41,7 +41,6 @@ from functools import partial
 
 import torch
 from torch import Tensor
-from torch.func import functional_call
 
 from pipedream_impl.runtime.comm import Comm, settle_sends
 from pipedream_impl.runtime.contract import EpochReport, Executor, WorkerPieces, cpu_copy
@@ -274,7 +273,7 @@ class StageExecutor(Executor):
             out = self.module(rec["x"])  # current weights, unchanged until its backward
         else:
             rec["snap"] = self.store.params(self.base + act.version)
-            out = functional_call(self.module, rec["snap"], (rec["x"],))
+            out = self.store.call(rec["snap"], rec["x"])
         if self.last:  # the last stage reads its targets (alone) through the same sampler
             batch = batch or self._batch(k, targets_only=True)
             rec["targets"] = batch.targets.to(self.device)

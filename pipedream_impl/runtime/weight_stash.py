@@ -1,8 +1,8 @@
 """Weight versions of one stage: the current weights plus the stashed versions in flight.
 
 The stage module's parameters are the *current* weights; the optimizer updates them in
-place. A forward that must use version v runs ``torch.func.functional_call`` over a
-*snapshot* of version v (detached clones that require grad), so the autograd graph of an
+place. A forward that must use version v runs the module over a *snapshot* of version v
+(detached clones that require grad; ``WeightStore.call``), so the autograd graph of an
 in-flight minibatch refers to its snapshot, never to tensors the optimizer later modifies:
 no "modified by an inplace operation" error on current PyTorch (the original PipeDream
 swapped ``.data`` in place and broke on PyTorch >= 1.5). After that minibatch's backward,
@@ -60,8 +60,30 @@ class WeightStore:
         self.snapshots: dict[int, dict[str, Tensor]] = {}
         self.made: list[weakref.ref[Tensor]] = []  # every snapshot tensor made, while alive
         self.peak_bytes = 0
+        self._slots: list[tuple[dict, str, str]] | None = None  # where ``call`` swaps
         if keep_history:
             self.snapshots[0] = self._snapshot()
+
+    def call(self, snap: dict[str, Tensor], inputs: tuple) -> tuple:
+        """The module's forward over ``snap``'s tensors in place of its parameters: what
+        ``torch.func.functional_call(module, snap, (inputs,))`` does (every place a
+        parameter is held, tied aliases too, takes the snapshot's tensor, put back after),
+        without re-deriving the module's parameter places on every call. Those places are
+        found once here; an LSTM notices the swap itself (its flat weights are refreshed
+        when its parameters are not the ones it saw last)."""
+        if self._slots is None:
+            name_of = {id(p): n for n, p in self.module.named_parameters()}
+            self._slots = [(sub._parameters, attr, name_of[id(p)])
+                           for sub in self.module.modules()
+                           for attr, p in sub._parameters.items() if p is not None]
+        saved = [(held, attr, held[attr]) for held, attr, _ in self._slots]
+        try:
+            for held, attr, name in self._slots:
+                held[attr] = snap[name]
+            return self.module(inputs)
+        finally:
+            for held, attr, p in saved:
+                held[attr] = p
 
     def _snapshot(self) -> dict[str, Tensor]:
         snap = {n: p.detach().clone().requires_grad_(True)
@@ -157,7 +179,7 @@ def future_versions(acts: Sequence[Action]) -> list[int]:
 def direct_forwards(acts: Sequence[Action]) -> set[int]:
     """Positions of forwards with no update before their backward: when such a forward
     uses the current weights it can run on the module itself (no snapshot, no
-    functional_call), since those weights are still current at its backward."""
+    swap), since those weights are still current at its backward."""
     direct, open_f = set(), {}
     for i, a in enumerate(acts):
         if a.kind == "F":
