@@ -6,7 +6,11 @@ layer's outputs, detached, float tensors requiring grad): forward is timed aroun
 unit-variance output gradients; the last layer's timing includes the loss. Times are
 averaged over ``steps`` repetitions after ``warmup`` untimed ones, on the device's clock
 (``torch.cuda.synchronize`` around each measurement on a GPU). The minibatch is built once
-before timing, so data loading is excluded.
+before timing, so data loading is excluded. Python's garbage collector is held off while
+timing (as ``timeit`` does): in a process holding many objects (pipebench's launcher,
+after importing MLflow and the rest) one full collection took about 0.2 s here, and
+landing in one layer's timing it made that layer look several times its cost in the
+mean of a few steps, and the stages balanced on that profile lopsided.
 
 Bytes are exact: activation bytes = numel x element size of every tensor a layer returns
 (what a stage boundary after it would send, integer tensors riding along included);
@@ -15,8 +19,10 @@ parameter bytes = the layer's distinct parameters.
 
 from __future__ import annotations
 
+import gc
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 import torch
 from torch import Tensor
@@ -26,8 +32,8 @@ from pipedream_impl.profiling.graph import Graph, Node
 from pipedream_impl.profiling.profile import Profile
 from workloads.base import Batch, LayerModel, Workload
 
-__all__ = ["layer_parameter_bytes", "profile_layers", "profile_workload", "tensor_bytes",
-           "update_ms", "whole_step_ms"]
+__all__ = ["layer_parameter_bytes", "no_collection", "profile_layers", "profile_workload",
+           "tensor_bytes", "update_ms", "whole_step_ms"]
 
 
 def tensor_bytes(tensors: tuple[Tensor, ...]) -> list[float]:
@@ -52,16 +58,14 @@ def _detach(outputs: tuple[Tensor, ...]) -> tuple[Tensor, ...]:
     return tuple(t.detach().requires_grad_(t.is_floating_point()) for t in outputs)
 
 
-def profile_layers(model: LayerModel, batch: Batch, loss_fn: Callable, device: torch.device,
-                   warmup: int = 2, steps: int = 5) -> list[Node]:
-    model = model.to(device).train()
-    batch = batch.to(device)
-    now = _timer(device)
+def _time_layers(model: LayerModel, batch: Batch, loss_fn: Callable, now: Callable[[], float],
+                 reps: int, warmup: int, into: tuple[list, list, list]) -> None:
+    """``reps`` passes over the layers, each alone on the previous one's outputs; from
+    the ``warmup``-th on, each layer's forward and backward seconds added to ``into``'s
+    lists (and its outputs' bytes kept)."""
+    fwd, bwd, acts = into
     n_layers = len(model)
-    fwd = [0.0] * n_layers
-    bwd = [0.0] * n_layers
-    acts: list[list[float]] = [[] for _ in range(n_layers)]
-    for rep in range(warmup + steps):
+    for rep in range(reps):
         timed = rep >= warmup
         inputs = batch.inputs
         for i, layer in enumerate(model.layers):
@@ -87,6 +91,32 @@ def profile_layers(model: LayerModel, batch: Batch, loss_fn: Callable, device: t
             acts[i] = tensor_bytes(out)
             inputs = tuple(t.detach() for t in out)
         model.zero_grad(set_to_none=True)
+
+
+@contextmanager
+def no_collection() -> Iterator[None]:
+    """Python's garbage collector held off (as it was, after): no collection pause lands
+    in a timed span."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
+
+
+def profile_layers(model: LayerModel, batch: Batch, loss_fn: Callable, device: torch.device,
+                   warmup: int = 2, steps: int = 5) -> list[Node]:
+    model = model.to(device).train()
+    batch = batch.to(device)
+    now = _timer(device)
+    n_layers = len(model)
+    fwd = [0.0] * n_layers
+    bwd = [0.0] * n_layers
+    acts: list[list[float]] = [[] for _ in range(n_layers)]
+    with no_collection():
+        _time_layers(model, batch, loss_fn, now, warmup + steps, warmup, (fwd, bwd, acts))
     nodes = []
     for i, layer in enumerate(model.layers):
         desc = " ".join(repr(layer).split())[:160]
@@ -118,13 +148,14 @@ def whole_step_ms(model: LayerModel, batch: Batch, loss_fn: Callable, device: to
     batch = batch.to(device)
     now = _timer(device)
     total = 0.0
-    for rep in range(warmup + steps):
-        t0 = now()
-        loss_fn(model(batch.inputs), batch.targets).backward()
-        t1 = now()
-        if rep >= warmup:
-            total += t1 - t0
-        model.zero_grad(set_to_none=True)
+    with no_collection():
+        for rep in range(warmup + steps):
+            t0 = now()
+            loss_fn(model(batch.inputs), batch.targets).backward()
+            t1 = now()
+            if rep >= warmup:
+                total += t1 - t0
+            model.zero_grad(set_to_none=True)
     return 1000 * total / steps
 
 
@@ -148,12 +179,13 @@ def update_ms(model: LayerModel, optimizer: Callable[[list], torch.optim.Optimiz
             p.grad = torch.ones_like(p)
         opt = optimizer(params)
         total = 0.0
-        for rep in range(warmup + steps):
-            t0 = now()
-            opt.step()
-            t1 = now()
-            if rep >= warmup:
-                total += t1 - t0
+        with no_collection():
+            for rep in range(warmup + steps):
+                t0 = now()
+                opt.step()
+                t1 = now()
+                if rep >= warmup:
+                    total += t1 - t0
         with torch.no_grad():
             for p, w in zip(params, saved, strict=True):
                 p.copy_(w)
