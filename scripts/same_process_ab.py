@@ -67,14 +67,19 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from core.markdown import markdown_table as table  # noqa: E402
 from harness.reporting.tracking import git_sha  # noqa: E402
-from pipedream_impl.runtime.comm import RECV_AHEAD_ENV, SETTLE_ENV  # noqa: E402
+from pipedream_impl.runtime.comm import (  # noqa: E402
+    BACKWARD_LINK_ENV,
+    RECV_AHEAD_ENV,
+    SETTLE_ENV,
+)
 from pipedream_impl.runtime.grad_buckets import BUCKET_MB_ENV  # noqa: E402
 from pipedream_impl.runtime.transport_yield import TRANSPORT_YIELD_ENV  # noqa: E402
 from workloads.recipe import FUSED_OPTIMIZER_ENV  # noqa: E402
 
 # the switches an engine reads when it is made (``NAME@VAR=value``), and gloo's threads'
 # priority, set before each of the engine's epochs (``transport_yield``)
-SWITCHES = (RECV_AHEAD_ENV, SETTLE_ENV, BUCKET_MB_ENV, FUSED_OPTIMIZER_ENV, TRANSPORT_YIELD_ENV)
+SWITCHES = (RECV_AHEAD_ENV, SETTLE_ENV, BUCKET_MB_ENV, FUSED_OPTIMIZER_ENV, TRANSPORT_YIELD_ENV,
+            BACKWARD_LINK_ENV)
 
 
 def _base(name: str) -> str:

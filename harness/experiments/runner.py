@@ -149,7 +149,7 @@ def runtime_env() -> str:
     they were alike. Each switch's name lives in the module it switches. A machine setting
     asked for that this machine does not allow (``PIPEBENCH_NO_HALT`` without root) is
     recorded as ``NAME=1 (not applied)``."""
-    from pipedream_impl.runtime.comm import RECV_AHEAD_ENV, SETTLE_ENV
+    from pipedream_impl.runtime.comm import BACKWARD_LINK_ENV, RECV_AHEAD_ENV, SETTLE_ENV
     from pipedream_impl.runtime.grad_buckets import BUCKET_MB_ENV
     from pipedream_impl.runtime.no_halt import NO_HALT_ENV
     from pipedream_impl.runtime.pinning import PIN_ENV
@@ -163,8 +163,9 @@ def runtime_env() -> str:
             value += " (not applied)"  # asked for, but the run went without
         return f"{name}={value}"
 
-    set_ = [entry(k) for k in (RECV_AHEAD_ENV, SETTLE_ENV, BUCKET_MB_ENV, PIN_ENV, NO_HALT_ENV,
-                               FORKSERVER_ENV, FUSED_OPTIMIZER_ENV, TRANSPORT_YIELD_ENV)
+    set_ = [entry(k) for k in (RECV_AHEAD_ENV, SETTLE_ENV, BACKWARD_LINK_ENV, BUCKET_MB_ENV,
+                               PIN_ENV, NO_HALT_ENV, FORKSERVER_ENV, FUSED_OPTIMIZER_ENV,
+                               TRANSPORT_YIELD_ENV)
             if k in os.environ]
     return ",".join(set_) or "defaults"
 

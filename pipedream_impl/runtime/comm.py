@@ -36,6 +36,16 @@ next ``PIPEBENCH_RECV_AHEAD`` (``0``: none), a switch for measuring them
 reduce its gradients while its backward still runs (``grad_buckets``); ``allreduce_mean``
 is the blocking form (start, wait, average, copy back).
 
+On gloo, gradients (``B``) travel on connections of their own: a second process group over
+the world, made when the ``Comm`` is (every rank makes one, at start). gloo keeps one
+connection per pair of ranks per group, with one lock taken by the rank's main thread
+(posting a receive, writing a send) and by gloo's transport thread (reading what comes
+in); in a 1F1B schedule activations and gradients cross a link in both directions at
+once, and on one connection each side's transport thread spun on the lock while the main
+thread wrote (``results/transport-spins-vgg16-b4.md``). Measured in the same processes
+(``results/backward-link-ab-vgg16.md``). ``PIPEBENCH_OWN_BACKWARD_LINK=0`` shares one
+connection, as before; NCCL keeps its own communicators per pair.
+
 Backends: NCCL when the tensors live on a GPU (chosen by the runtime), else gloo.
 """
 
@@ -58,8 +68,8 @@ from torch import Tensor
 from pipedream_impl.runtime import switch
 from pipedream_impl.runtime.hosts import Hierarchy, host_name
 
-__all__ = ["HEADER", "RECV_AHEAD_ENV", "SETTLE_ENV", "TAGS", "Comm", "CommTimeout",
-           "LinkStats", "recv_ahead", "settle_sends"]
+__all__ = ["BACKWARD_LINK_ENV", "HEADER", "RECV_AHEAD_ENV", "SETTLE_ENV", "TAGS", "Comm",
+           "CommTimeout", "LinkStats", "own_backward_link", "recv_ahead", "settle_sends"]
 
 HEADER = 64  # int64 slots: enough for 8 tensors of up to 5 dimensions
 _DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64,
@@ -67,6 +77,7 @@ _DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.in
 TAGS = {"F": 1, "B": 2, "T": 3}  # T: tied gradients (ties.py)
 RECV_AHEAD_ENV = "PIPEBENCH_RECV_AHEAD"  # messages of a link posted ahead ("0": when due)
 SETTLE_ENV = "PIPEBENCH_SETTLE_SENDS"  # "0": hold every send until the epoch's end
+BACKWARD_LINK_ENV = "PIPEBENCH_OWN_BACKWARD_LINK"  # "0": gradients share the activations' link
 _PRUNE_MIN = 64  # pending sends before the first check for completed ones
 
 
@@ -117,6 +128,13 @@ def recv_ahead() -> int:
     return int(value)
 
 
+def own_backward_link() -> bool:
+    """Whether gradients travel on gloo connections of their own
+    (``PIPEBENCH_OWN_BACKWARD_LINK``, ``1`` by default) or share the activations' (``0``)."""
+    return switch(BACKWARD_LINK_ENV, "1", "gradients on connections of their own, the "
+                  "default", "one connection per pair of ranks for both directions")
+
+
 def settle_sends() -> bool:
     """Whether sends known delivered are waited for and dropped as soon as the schedule shows
     it (``PIPEBENCH_SETTLE_SENDS``, ``1`` by default) or only at the epoch's end (``0``)."""
@@ -147,6 +165,15 @@ class Comm:
         self._hierarchies: dict[tuple[int, ...], Hierarchy] = {}
         self.hosts: list[str] | None = None  # each global rank's host, once exchanged
         self._chain: queue.SimpleQueue | None = None  # hierarchical all-reduces, in order
+        # tag -> the group whose connections carry that kind (absent: the world's)
+        self._links: dict[int, dist.ProcessGroup] = {}
+        if device.type == "cpu" and dist.is_initialized() and own_backward_link():
+            self._links[TAGS["B"]] = dist.new_group(list(range(dist.get_world_size())),
+                                                    backend="gloo")
+
+    def _link(self, tag: int) -> dict:
+        """The point-to-point call's group for a kind: its own where it has one."""
+        return {"group": self._links[tag]} if tag in self._links else {}
 
     def _wait(self, work: dist.Work, what: str) -> None:
         t0 = time.perf_counter()
@@ -169,14 +196,16 @@ class Comm:
         works = []
         if known is None:
             h = _header(tensors)
-            works.append(dist.isend(h.to(self._wire_device()), dst, tag=tag))
+            works.append(dist.isend(h.to(self._wire_device()), dst, tag=tag,
+                                    **self._link(tag)))
             self.stats.header[(self.rank, dst)] += h.numel() * h.element_size()
             self._sent_shapes[(dst, tag)] = shapes
         elif known != shapes:
             raise ValueError(f"rank {self.rank}: static_shapes, but a {kind} message to rank "
                              f"{dst} changed shapes from {known} to {shapes}")
         for t in tensors:
-            works.append(dist.isend(t.detach().contiguous(), dst, tag=tag))
+            works.append(dist.isend(t.detach().contiguous(), dst, tag=tag,
+                                    **self._link(tag)))
             self.stats.payload[(self.rank, dst)] += t.numel() * t.element_size()
         self._sent[(dst, tag)].append(works)
         self._held += 1
@@ -222,7 +251,7 @@ class Comm:
         any is waited for (as torch's pipelining batches them; one at a time, each would
         cost its own round trip with the sender)."""
         bufs = [torch.empty(shape, dtype=dtype, device=self.device) for dtype, shape in shapes]
-        return [(dist.irecv(t, src, tag=tag), t) for t in bufs]
+        return [(dist.irecv(t, src, tag=tag, **self._link(tag)), t) for t in bufs]
 
     def _recv_posted(self, posted: list, src: int, kind: str) -> tuple[Tensor, ...]:
         for work, _ in posted:
@@ -233,7 +262,7 @@ class Comm:
         shapes = self._recv_shapes.get((src, tag)) if self.static_shapes else None
         if shapes is None:
             h = torch.zeros(HEADER, dtype=torch.int64, device=self._wire_device())
-            self._wait(dist.irecv(h, src, tag=tag),
+            self._wait(dist.irecv(h, src, tag=tag, **self._link(tag)),
                        f"receive of a {kind} header from rank {src}")
             shapes = _shapes(h.cpu())
             if self.static_shapes:
