@@ -43,7 +43,7 @@ connection per pair of ranks per group, with one lock taken by the rank's main t
 in); in a 1F1B schedule activations and gradients cross a link in both directions at
 once, and on one connection each side's transport thread spun on the lock while the main
 thread wrote (``results/transport-spins-vgg16-b4.md``). Measured in the same processes
-(``results/backward-link-ab-vgg16.md``). ``PIPEBENCH_OWN_BACKWARD_LINK=0`` shares one
+(``results/backward-link-ab-*.md``). ``PIPEBENCH_OWN_BACKWARD_LINK=0`` shares one
 connection, as before; NCCL keeps its own communicators per pair.
 
 Backends: NCCL when the tensors live on a GPU (chosen by the runtime), else gloo.
