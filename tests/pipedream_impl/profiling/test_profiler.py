@@ -45,7 +45,6 @@ def test_profile_times_and_exact_bytes(name: str) -> None:
     assert 0.4 < total / whole < 2.5, (total, whole)
 
 
-
 def test_no_garbage_collection_lands_in_the_timing(monkeypatch: pytest.MonkeyPatch) -> None:
     """A collection pause inside a timed span is charged to a layer (a full one took about
     0.2 s in a process holding pipebench's imports, and the stages balanced on that
