@@ -26,6 +26,7 @@ from __future__ import annotations
 import math
 from dataclasses import replace
 
+from harness.sim import planner_gap
 from harness.sim.calibration import Fit, FlatRing
 from harness.sim.costs import Topology, stage_costs
 from harness.sim.paper import GPIPE_MODELS, GPIPE_SLOWDOWN, PaperRow
@@ -65,12 +66,18 @@ def simulate_config(prof: Profile, cluster_spec: str, factor: float, config: str
           for name, o in (("ideal", base), ("calibrated", cal))}
     if config == "straight":
         config = "-".join(["1"] * cl.workers)
-    layout = layout_for(prof, cl, _PD, config=config) if config is None or \
+    # our plan: planned on the profile at the simulated device's speed, and checked
+    # against the planner's prediction (ideal all-reduce, the planner's model)
+    plan = plan_profile(prof.faster(factor), cl) if config is None else None
+    layout = layout_for(prof, cl, _PD, config=config, plan=plan) if config is None or \
         not config.isdigit() else None
+    check = {} if plan is None else planner_gap.gap(
+        prof.faster(factor), cl, plan, SimOptions(minibatches=minibatches))
     if layout is None or len(layout.replicas) == 1:  # data parallelism: 1x by definition
         return Simulated(config=config or str(cl.workers), split="whole model", ideal=1.0,
                          calibrated=1.0, comm=0.0, activation_mb=0.0,
-                         dp_mb=dp["ideal"].bytes_per_sample * dp["ideal"].batch_size / 1e6)
+                         dp_mb=dp["ideal"].bytes_per_sample * dp["ideal"].batch_size / 1e6,
+                         **check)
     pd = {name: simulate_system(prof, cl, _PD, layout, o)
           for name, o in (("ideal", base), ("calibrated", cal))}
     d, p = dp["calibrated"], pd["calibrated"]
@@ -89,7 +96,7 @@ def simulate_config(prof: Profile, cluster_spec: str, factor: float, config: str
         else 0.0,
         activation_mb=_per_minibatch_bytes(prof, layout.groups) / 1e6,
         pd_mb=p.bytes_per_sample * p.batch_size / 1e6,
-        dp_mb=d.bytes_per_sample * d.batch_size / 1e6)
+        dp_mb=d.bytes_per_sample * d.batch_size / 1e6, **check)
 
 
 def _misses(r: PaperRow, theirs: Simulated, prov: str, fit: Fit) -> str:
@@ -149,6 +156,7 @@ def table_rows(rows: tuple[PaperRow, ...], source: ProfileSource, minibatches: i
             "planned_simulated_speedup_ideal": ours["ideal"],
             "planned_simulated_speedup_calibrated": ours["calibrated"],
             "planned_simulated_comm_reduction": ours["comm"],
+            **{k: ours[k] for k in planner_gap.KEYS},
             "misses": _misses(r, theirs, prov, fit)})
     return out
 

@@ -73,10 +73,11 @@ def cell(prof: Profile, cl: Cluster, system: str, minibatches: int, factor: floa
          allreduce_model: AllReduceModel | None = None) -> dict:
     """One system's numbers on one profile and cluster (``{"system", "error"}`` where the
     system cannot run there, e.g. more stages than layers)."""
+    prof = prof.faster(factor)  # split and planned for the device simulated
     try:
         layout = layout_for(prof, cl, system)
         r = simulate_system(prof, cl, system, layout,
-                            SimOptions(minibatches=minibatches, compute_factor=factor,
+                            SimOptions(minibatches=minibatches,
                                        allreduce_model=allreduce_model))
     except UserInputError as e:
         return {"system": system, "error": str(e)}

@@ -18,7 +18,7 @@ and no cycle.
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from core.errors import GraphFormatError, read_text
@@ -55,6 +55,16 @@ class Profile:
         for a, b in self.edges:
             g.add_edge(a, b)
         return g
+
+    def faster(self, factor: float) -> Profile:
+        """The same profile on a device ``factor`` times as fast: every forward and
+        backward time divided by it, bytes unchanged (what the simulator's
+        ``compute_factor`` does, for the planner, which reads times only from profiles)."""
+        if factor == 1.0:
+            return self
+        return replace(self, layers=tuple(
+            replace(n, forward_ms=n.forward_ms / factor, backward_ms=n.backward_ms / factor)
+            for n in self.layers))
 
     @staticmethod
     def from_graph(g: Graph, **meta: object) -> Profile:

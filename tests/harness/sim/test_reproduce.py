@@ -186,3 +186,23 @@ def test_gpt_cpu_profiles_use_the_full_scales_vocabulary_and_record_the_tie() ->
     assert tie_extra(gpt2, ids) == {"ties": [{"layers": ["layer0", ids[-1]],
                                               "bytes": 4.0 * width * vocab}]}
     assert tie_extra(get("gpt-llama").build("tiny", {}), ids) == {}
+
+
+def test_our_plan_is_made_for_the_device_simulated() -> None:
+    # uneven layers, heavy weights, light activations: on a slow device the all-reduce
+    # (6 ms) is small beside the compute and data parallelism beats the uneven split;
+    # 10,000x faster the all-reduce dominates and the pipeline wins. A row simulated at
+    # compute_factor 10,000 is planned at that speed.
+    from harness.sim import reproduce as rp
+    from pipedream_impl.planner.plan import plan_profile
+
+    prof = Profile((Node("n0", "Linear", 1000.0, 2000.0, (0.1 * MB,), 50 * MB),
+                    Node("n1", "Linear", 100.0, 200.0, (0.1 * MB,), 50 * MB)),
+                   (("n0", "n1"),), batch_size=8)
+    cl = parse_cluster("A:1x2")
+    assert plan_profile(prof, cl).config == "2"
+    assert plan_profile(prof.faster(1e4), cl).config == "1-1"
+    row = rp.simulate_config(prof, "A:1x2", 1e4, None, 16, MODEL)
+    assert row["config"] == "1-1"
+    assert row["planned_time_per_minibatch_s"] == pytest.approx(
+        plan_profile(prof.faster(1e4), cl).predicted["time_per_minibatch_s"])
