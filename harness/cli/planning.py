@@ -151,6 +151,9 @@ def plan(
     cpu_machines: Annotated[int, typer.Option(
         help="ps/byteps: CPU-only server machines (k)")] = 0,
     batch_size: _BatchSize = None,
+    overlap: Annotated[bool, typer.Option(
+        help="the backward hides the all-reduce, as the runtime and DDP run it (pipebench "
+             "model); --no-overlap sums them, as the paper's model does")] = True,
     output: Annotated[str | None, typer.Option("-o", "--output", help="plan JSON")] = None,
 ) -> None:
     """Partition a model over a cluster with PipeDream's dynamic program."""
@@ -174,7 +177,7 @@ def plan(
     limit = parse_bytes(memory_limit) if memory_limit is not None else None  # "16GB" -> bytes
     prof = _profile_to_plan(profile_path, workload, scale)
     result = plan_profile(prof, clus, cost_model, straight, limit, batch_size,
-                          None if sync.mode == "ring" else sync)
+                          None if sync.mode == "ring" else sync, overlap)
     console.print(plan_table(result))
     if output:
         Path(output).write_text(result.to_json())

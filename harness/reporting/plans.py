@@ -65,7 +65,9 @@ def planner_markdown(profiles: Path, command: str) -> str:
         "and includes reading the profile and building its states.",
         "",
         "`pipedream-2019` reproduces the original optimizer's formulas; `pipebench` is our "
-        "runtime's model (see `pipedream_impl/planner/optimizer.py`). Configs read first stage "
+        "runtime's model, each all-reduce hidden behind the backward as far as it lasts, "
+        "for the pipeline and data parallelism alike (see "
+        "`pipedream_impl/planner/optimizer.py`). Configs read first stage "
         "first, replicas per stage; `straight` = unreplicated pipeline; a single number = "
         "data parallelism.",
         "",

@@ -59,6 +59,8 @@ class States:
     output_bytes: np.ndarray  # [N] activations leaving state i (its antichain's outputs)
     precedes: np.ndarray  # [N, N] bool: precedes[k, j] = k is a predecessor of j
     method: str = "antichain"  # or "topological-prefix"
+    # [N] backward seconds of pred(i): what can hide a replicated stage's all-reduce
+    backward_s: np.ndarray | None = None
 
     def __len__(self) -> int:
         return len(self.antichains)
@@ -165,6 +167,7 @@ def _prefix_states(g: Graph, b: _Bits) -> States:
     n = len(order)
     nodes = [g.nodes[b.ids[v]] for v in order]
     compute = np.cumsum([(x.forward_ms + x.backward_ms) / 1000.0 for x in nodes])
+    backward = np.cumsum([x.backward_ms / 1000.0 for x in nodes])
     act = np.cumsum([x.activation_bytes for x in nodes])
     par = np.cumsum([x.parameter_bytes for x in nodes])
     out = np.zeros(n)
@@ -178,7 +181,7 @@ def _prefix_states(g: Graph, b: _Bits) -> States:
         members.append(tuple(b.ids[u] for u in order[: i + 1]))
     precedes = np.triu(np.ones((n, n), dtype=bool), k=1)
     return States(tuple(antichains), tuple(members), compute, act, par, out, precedes,
-                  method="topological-prefix")
+                  method="topological-prefix", backward_s=backward)
 
 
 def _antichain_states(g: Graph, b: _Bits, max_states: int) -> States:
@@ -249,7 +252,7 @@ def _antichain_states(g: Graph, b: _Bits, max_states: int) -> States:
             precedes[i, j] = True
             precedes[i] |= precedes[j]
 
-    compute, act, par, out = (np.zeros(n) for _ in range(4))
+    compute, backward, act, par, out = (np.zeros(n) for _ in range(5))
     antichains, members = [], []
     for s in order:
         i = pos[s]
@@ -259,12 +262,14 @@ def _antichain_states(g: Graph, b: _Bits, max_states: int) -> States:
             closed |= b.pred[a] | (1 << a)
         nodes = [g.nodes[b.ids[v]] for v in _bits_of(closed)]
         compute[i] = sum((x.forward_ms + x.backward_ms) / 1000.0 for x in nodes)
+        backward[i] = sum(x.backward_ms / 1000.0 for x in nodes)
         act[i] = sum(x.activation_bytes for x in nodes)
         par[i] = sum(x.parameter_bytes for x in nodes)
         out[i] = sum(g.nodes[b.ids[a]].activation_bytes for a in aug)
         antichains.append(tuple(b.ids[a] for a in aug))
         members.append(tuple(x.node_id for x in nodes))
-    return States(tuple(antichains), tuple(members), compute, act, par, out, precedes)
+    return States(tuple(antichains), tuple(members), compute, act, par, out, precedes,
+                  backward_s=backward)
 
 
 def _reverse_postorder(n: int, edges: dict[int, list[int]],
@@ -304,4 +309,5 @@ def coarsen(states: States, keep: int) -> States:
                   tuple(states.members[i] for i in idx), states.compute_s[idx],
                   states.activation_bytes[idx], states.parameter_bytes[idx],
                   states.output_bytes[idx], np.triu(np.ones((keep, keep), dtype=bool), k=1),
-                  method=f"topological-prefix, {keep} narrowest of {n} cuts")
+                  method=f"topological-prefix, {keep} narrowest of {n} cuts",
+                  backward_s=None if states.backward_s is None else states.backward_s[idx])

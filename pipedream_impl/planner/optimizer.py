@@ -14,7 +14,8 @@ on m units::
                                        T(k+1, j, m'),             # the last stage
                                        2 out[k] / (B m'),         # its input transfer
                                        2 out[j] / (B m') ) )      # its output transfer
-    T(r, j, m) = (C(r, j) + AR(m, P(r, j))) / m
+    T(r, j, m) = (C(r, j) + AR(m, P(r, j))) / m     (``pipebench``: AR less what the
+                                                     range's backward hides, below)
 
 where k ranges over the states that precede j in the antichain DAG, and the output transfer
 is left out when j is the last state. The factor 2 counts activations forward and gradients
@@ -39,8 +40,9 @@ worker holds; the search keeps the original's count so that its plans stay the o
 Relation to the paper's text: the paper describes the transfer term as 2a/B and weight
 synchronisation as an all-reduce whose ring cost is 2 (m-1)/m x |w| / B; the original code
 charges 4 (m-1)/m x |w| / B instead (twice the ring volume). ``pipebench`` follows the
-paper's ring formula, ``pipedream-2019`` the code. Neither overlaps the two terms with
-compute, although the paper notes that PipeDream's runtime overlaps communication.
+paper's ring formula, ``pipedream-2019`` the code. The paper's model does not overlap the
+all-reduce with compute, although the paper notes that PipeDream's runtime overlaps
+communication; ``pipebench`` does by default (below).
 
 Two cost models (``COST_MODELS``), differing only in the weight-synchronisation term AR and
 its bandwidth:
@@ -63,12 +65,15 @@ its bandwidth:
   breaks), P when the unit pipelines it unreplicated (dividing by G there, as an earlier
   version did, made cross-server replication of straight pipelines look G times cheaper
   than the simulator finds it). Data parallelism: (total compute + sum over levels of
-  2 (n-1)/n * P / B_level) / workers. Weight synchronisation is summed with compute,
-  not overlapped (point-to-point transfers are: max), for the pipeline and data
-  parallelism alike: an upper bound, since the runtime all-reduces a replicated stage's
-  buckets during the round's last backward (``runtime.grad_buckets``) and the simulator
-  charges only max(0, AR - that backward); kept so the plans and the comparison with
-  unoverlapped data parallelism stay the paper's. ``sync``
+  2 (n-1)/n * P / B_level) / workers. Weight synchronisation is hidden by the backward
+  as far as it lasts (``overlap``, default): T = (C + max(0, AR - B)) / m for a range
+  whose backward takes B, for the pipeline and data parallelism alike, as the runtime
+  all-reduces a replicated stage's buckets during the round's last backward
+  (``runtime.grad_buckets``), DDP overlaps data parallelism's, and the simulator charges
+  them; across levels what the backward leaves over hides the next level's all-reduce
+  (``sync_cost``, where the rule lives). ``overlap=False`` sums them with compute, the
+  paper's comparison with unoverlapped data parallelism. Point-to-point transfers are
+  overlapped with compute (max) in both models. ``sync``
   (``--allreduce ring|ps|ps-colocated|byteps --cpu-machines k``, ``core.collectives.Sync``)
   replaces the ring at the outermost level, where the units are machines with one NIC
   each: AR(m, P_eff) = its closed form for m machines (0 for m = 1); levels inside a
@@ -87,16 +92,21 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from core.collectives import Sync, ring_factor
+from core.collectives import Sync
 from core.errors import UserInputError
 from pipedream_impl.planner.antichain import States
 from pipedream_impl.planner.cluster import Cluster, Level
 from pipedream_impl.planner.search import LastStage, Pairs, Twins, forward, reverse
+from pipedream_impl.planner.sync_cost import (
+    allreduce_time,
+    check_sync,
+    hidden_allreduce,
+    next_level_tables,
+)
 
 __all__ = ["COST_MODELS", "INF", "LevelInput", "LevelSolution", "MAX_STATES_MULTI_LEVEL",
-           "MAX_TRIPLES_MULTI_LEVEL",
-           "Solution", "SolveOptions", "allreduce_time", "data_parallel_time",
-           "effective_params", "range_tables", "solve", "solve_level"]
+           "MAX_TRIPLES_MULTI_LEVEL", "Solution", "SolveOptions", "backward_table",
+           "range_tables", "solve", "solve_level"]
 
 COST_MODELS = ("pipebench", "pipedream-2019")
 INF = np.inf
@@ -113,17 +123,20 @@ class LevelSolution:
     inner_dp: np.ndarray | None = None
 
 
-def allreduce_time(model: str, replicas: int | np.ndarray, params: np.ndarray,
-                   bandwidth: float, sync: Sync | None = None) -> np.ndarray:
-    """Seconds to synchronise ``params`` bytes among ``replicas`` units at one level;
-    ``sync``: the mode among machines (``core.collectives.Sync``; None or ring: the ring),
-    given for the outermost level only (``pipebench`` model)."""
-    if sync is not None and sync.mode != "ring":
-        return sync.time(int(replicas), params, bandwidth)
-    r = np.asarray(replicas, dtype=float)
-    if model == "pipedream-2019":
-        return 4.0 * (r - 1) * params / (bandwidth * r)
-    return ring_factor(r) * params / bandwidth
+def _range_table(prefix: np.ndarray, valid: np.ndarray) -> np.ndarray:
+    n = prefix.shape[0]
+    t = np.empty((n + 1, n))
+    t[0] = prefix
+    t[1:] = prefix[None, :] - prefix[:, None]
+    return np.where(valid, t, np.nan)
+
+
+def backward_table(states: States, valid: np.ndarray, overlap: bool) -> np.ndarray:
+    """B [R, N]: each range's backward seconds, what hides its all-reduce (zeros without
+    ``overlap`` or a backward prefix: nothing hidden, compute and all-reduce summed)."""
+    if not overlap or states.backward_s is None:
+        return np.where(valid, 0.0, np.nan)
+    return _range_table(states.backward_s, valid)
 
 
 def range_tables(states: States) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -132,12 +145,8 @@ def range_tables(states: States) -> tuple[np.ndarray, np.ndarray, np.ndarray, np
     valid = np.zeros((n + 1, n), dtype=bool)
     valid[0] = True
     valid[1:] = states.precedes
-    tables = []
-    for prefix in (states.compute_s, states.parameter_bytes, states.activation_bytes):
-        t = np.empty((n + 1, n))
-        t[0] = prefix
-        t[1:] = prefix[None, :] - prefix[:, None]
-        tables.append(np.where(valid, t, np.nan))
+    tables = [_range_table(prefix, valid) for prefix in
+              (states.compute_s, states.parameter_bytes, states.activation_bytes)]
     return tables[0], tables[1], tables[2], valid
 
 
@@ -148,6 +157,7 @@ class SolveOptions:
     straight: bool = False  # no replication
     memory_limit: float | None = None  # bytes per worker
     sync: Sync | None = None  # among machines (the outermost level); None: ring
+    overlap: bool = True  # the backward hides the all-reduce (``pipebench`` only)
 
 
 @dataclass(frozen=True)
@@ -166,14 +176,17 @@ class LevelInput:
 
 def solve_level(tables: LevelInput, level: Level, inner_units: int, opts: SolveOptions,
                 final: bool, sync_params: np.ndarray | None = None,
-                dp_inner: tuple[np.ndarray, np.ndarray] | None = None,
-                next_units: int | None = None) -> LevelSolution:
+                dp_inner: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None,
+                next_units: int | None = None,
+                hide: np.ndarray | None = None) -> LevelSolution:
     """One level's DP over ``level.workers`` units joined at ``level.bandwidth``.
-    ``sync_params``: the ``pipebench`` model's P_eff table (default P); ``dp_inner``:
-    (C, P_eff) of each range run data parallel inside a unit, a second candidate for every
-    stage; ``inner_units``: G, used only by ``pipedream-2019``; ``next_units``: the units
-    of the next level when it is the final one (2: only row 0 and the ranges ending at the
-    last state are computed, see search.py), else None (every row)."""
+    ``sync_params``: the ``pipebench`` model's P_eff table (default P); ``hide``: the
+    backward seconds that hide each range's all-reduce (``sync_cost``; default none);
+    ``dp_inner``: (C, P_eff, hide) of each range run data parallel inside a unit, a second
+    candidate for every stage; ``inner_units``: G, used only by ``pipedream-2019``;
+    ``next_units``: the units of the next level when it is the final one (2: only row 0 and
+    the ranges ending at the last state are computed, see search.py), else None (every
+    row)."""
     compute, params, acts, valid = tables.compute, tables.params, tables.acts, tables.valid
     out, precedes = tables.out, tables.precedes
     units, bandwidth = level.workers, level.bandwidth
@@ -181,6 +194,8 @@ def solve_level(tables: LevelInput, level: Level, inner_units: int, opts: SolveO
     rows_total, n = compute.shape
     if sync_params is None:
         sync_params = params
+    if hide is None:
+        hide = np.zeros_like(params)
     rows = 1 if final else rows_total
     # unit-major arrays (a unit count's table is contiguous), used as [rows, N, units]
     by_unit = [np.full((units, rows, n), fill, dtype=dtype)
@@ -192,14 +207,16 @@ def solve_level(tables: LevelInput, level: Level, inner_units: int, opts: SolveO
     PE = P / inner_units if orig else sync_params[:rows]
     sync = opts.sync if final else None  # the outermost level joins machines
 
-    def stage_time(c: np.ndarray, pe: np.ndarray, dp: tuple | None, r: int,
+    def stage_time(c: np.ndarray, pe: np.ndarray, h: np.ndarray, dp: tuple | None, r: int,
                    sl: slice) -> tuple[np.ndarray, np.ndarray]:
-        """(c + AR(r, pe)) / r, or the data-parallel-inside candidate where faster."""
-        t = (c + allreduce_time(model, r, pe, bandwidth, sync)) / r
+        """(c + what h leaves of AR(r, pe)) / r, or the data-parallel-inside candidate
+        where faster."""
+        t = (c + hidden_allreduce(allreduce_time(model, r, pe, bandwidth, sync), h)[0]) / r
         t = np.where(np.isfinite(t), t, INF)
         if dp is None:
             return t, np.zeros(t.shape, dtype=bool)
-        t_dp = (dp[0][sl] + allreduce_time(model, r, dp[1][sl], bandwidth, sync)) / r
+        t_dp = (dp[0][sl] + hidden_allreduce(
+            allreduce_time(model, r, dp[1][sl], bandwidth, sync), dp[2][sl])[0]) / r
         t_dp = np.where(np.isfinite(t_dp), t_dp, INF)
         return np.minimum(t, t_dp), t_dp < t
 
@@ -208,12 +225,12 @@ def solve_level(tables: LevelInput, level: Level, inner_units: int, opts: SolveO
     vr = np.concatenate([np.zeros(n, dtype=np.int64), pairs.k + 1]) if not final \
         else np.zeros(n, dtype=np.int64)
     vj = np.concatenate([np.arange(n), pairs.j]) if not final else np.arange(n)
-    base_dp = None if dp_inner is None else (dp_inner[0][vr, vj], dp_inner[1][vr, vj])
+    base_dp = None if dp_inner is None else tuple(x[vr, vj] for x in dp_inner)
     stash = Act[vr, vj] + P[vr, vj]
     c_v, pe_v, at = C[vr, vj], PE[vr, vj], vr * n + vj  # at: in a unit count's table
     for m in range(1 if straight else units):
         r = m + 1
-        t, use_dp = stage_time(c_v, pe_v, base_dp, r, slice(None))
+        t, use_dp = stage_time(c_v, pe_v, hide[vr, vj], base_dp, r, slice(None))
         ok = np.isfinite(t)
         if memory_limit is not None:
             ok &= stash * math.ceil((units - r) / r) <= memory_limit
@@ -225,13 +242,14 @@ def solve_level(tables: LevelInput, level: Level, inner_units: int, opts: SolveO
     kk, jj = pairs.k, pairs.j
     last_c, last_p, last_a = compute[1:], params[1:], acts[1:]  # [N, N]
     last_pe = last_p if orig else sync_params[1:]  # the original omits /G in this branch
-    dp_pairs = None if dp_inner is None else (dp_inner[0][1:][kk, jj], dp_inner[1][1:][kk, jj])
+    dp_pairs = None if dp_inner is None else tuple(x[1:][kk, jj] for x in dp_inner)
+    h_kj = hide[1:][kk, jj]
     out_t = 2.0 * out.copy()
     out_t[-1] = 0.0  # no output transfer after the last state
     times, flags = {}, {}
     c_kj, pe_kj, out_k, out_j = last_c[kk, jj], last_pe[kk, jj], 2.0 * out[kk], out_t[jj]
     for mp in range(1, 2 if straight else units):
-        lt, flags[mp] = stage_time(c_kj, pe_kj, dp_pairs, mp, slice(None))
+        lt, flags[mp] = stage_time(c_kj, pe_kj, h_kj, dp_pairs, mp, slice(None))
         lt = np.maximum(lt, out_k / (bandwidth * mp))
         times[mp] = np.maximum(lt, out_j / (bandwidth * mp))
     last = LastStage(times, flags, last_a[kk, jj] + last_p[kk, jj], memory_limit)
@@ -255,6 +273,7 @@ class Solution:
     states: States
     model: str
     sync: Sync | None = None
+    overlap: bool = True  # the backward hid the all-reduce (``pipebench`` only)
 
     @property
     def time(self) -> float:
@@ -262,20 +281,27 @@ class Solution:
 
 
 def solve(states: States, cluster: Cluster, model: str = "pipebench", straight: bool = False,
-          memory_limit: float | None = None, sync: Sync | None = None) -> Solution:
+          memory_limit: float | None = None, sync: Sync | None = None,
+          overlap: bool = True) -> Solution:
+    """The best plan of ``states`` on ``cluster``; ``overlap`` (``pipebench`` only): each
+    replicated stage's all-reduce hidden by its backward as far as it lasts
+    (``sync_cost``), as the runtime and DDP run it; off, summed with compute."""
     if model not in COST_MODELS:
         raise UserInputError(f"unknown cost model {model!r}; choose one of {COST_MODELS}")
-    _check_sync(model, sync)
+    check_sync(model, sync)
     _check_size(len(states), cluster)
+    overlap = overlap and model == "pipebench"
     compute, params, acts, valid = range_tables(states)
+    hide = backward_table(states, valid, overlap)
     pairs = Pairs.build(states.precedes)
-    twins = Twins.build(states.precedes, states.compute_s, states.parameter_bytes,
-                        states.activation_bytes, states.output_bytes)
-    opts = SolveOptions(model, straight, memory_limit, sync)
+    sums = (states.compute_s, states.parameter_bytes, states.activation_bytes,
+            states.output_bytes) + ((states.backward_s,) if overlap else ())
+    twins = Twins.build(states.precedes, *sums)
+    opts = SolveOptions(model, straight, memory_limit, sync, overlap)
     sols = []
     inner = 1
     peff = params
-    dp_c, dp_pe = compute, params  # each range data parallel on every worker of a unit
+    dp = (compute, params, hide)  # each range data parallel on every worker of a unit
     for i, level in enumerate(cluster.levels):
         final = i == len(cluster.levels) - 1
         use_dp = model == "pipebench" and i > 0 and not straight
@@ -283,24 +309,20 @@ def solve(states: States, cluster: Cluster, model: str = "pipebench", straight: 
                             states.precedes, pairs, twins if i == 0 else None)
         nxt = cluster.levels[i + 1].workers if i == len(cluster.levels) - 2 else None
         sol = solve_level(tables, level, inner, opts, final, sync_params=peff,
-                          dp_inner=(dp_c, dp_pe) if use_dp else None, next_units=nxt)
+                          dp_inner=dp if use_dp else None, next_units=nxt, hide=hide)
         sols.append(sol)
         if not final:
             compute = np.where(valid, sol.time[:, :, -1], np.nan)
             compute[~np.isfinite(compute)] = np.nan
             if model == "pipebench":  # pipedream-2019 divides by G instead
-                peff = effective_params(sol, peff, dp_pe, valid)
+                peff, hide = next_level_tables(sol, level.bandwidth, model, peff, hide,
+                                               dp[1:], valid)
             n_w = level.workers
-            dp_c = (dp_c + allreduce_time(model, n_w, dp_pe, level.bandwidth)) / n_w
-            dp_pe = dp_pe / n_w
+            wait, spare = hidden_allreduce(allreduce_time(model, n_w, dp[1], level.bandwidth),
+                                           dp[2])
+            dp = ((dp[0] + wait) / n_w, dp[1] / n_w, spare / n_w)
         inner = level.workers
-    return Solution(tuple(sols), cluster, states, model, sync)
-
-
-def _check_sync(model: str, sync: Sync | None) -> None:
-    if sync is not None and sync.mode != "ring" and model != "pipebench":
-        raise UserInputError(f"--allreduce {sync.mode} needs --cost-model pipebench ("
-                             f"{model} keeps the original optimizer's all-reduce formula)")
+    return Solution(tuple(sols), cluster, states, model, sync, overlap)
 
 
 MAX_PLAN_LEVEL_WORKERS = 1024  # the DP loops over (units, replicas) pairs: ~20 s at 1024
@@ -330,55 +352,6 @@ def _check_size(n: int, cluster: Cluster) -> None:
                              f"{need / 2**30:.0f} GiB of tables, more than half of this "
                              "machine's memory; plan for fewer workers per level (e.g. "
                              "--cluster 4x4) or a smaller profile")
-
-
-def effective_params(sol: LevelSolution, peff: np.ndarray, dp_pe: np.ndarray,
-                     valid: np.ndarray) -> np.ndarray:
-    """P_eff [R, N] one level up: for every range, the sum over the stages of its best plan
-    on all units of this level of (their P_eff / their replicas), vectorised over ranges;
-    ``dp_pe``: P_eff of a stage data parallel inside its units (``inner_dp``)."""
-    rows, n, units = sol.time.shape
-    r0, j0 = np.nonzero(valid[:rows] & np.isfinite(sol.time[:, :, -1]))
-    jj, mm = j0.copy(), np.full(r0.shape, units - 1)
-    acc = np.zeros(r0.shape)
-    live = np.ones(r0.shape, dtype=bool)
-    for _ in range(units):  # a plan has at most ``units`` stages
-        idx = np.flatnonzero(live)
-        if not idx.size:
-            break
-        r, j, m = r0[idx], jj[idx], mm[idx]
-        k = sol.split[r, j, m].astype(int)
-        single = k < 0
-        # the last stage is (k, j] (table row k + 1); a single stage is the whole range
-        first = np.where(single, r, k + 1)
-        pe = np.where(sol.inner_dp[r, j, m], dp_pe[first, j], peff[first, j])
-        acc[idx] += pe / sol.replicas[r, j, m]
-        mm[idx] = np.where(single, m, sol.prev_m[r, j, m])
-        jj[idx] = np.where(single, j, k)
-        live[idx[single]] = False
-    out = np.full((rows, n), np.nan)
-    out[r0, j0] = acc
-    return out
-
-
-def data_parallel_time(states: States, cluster: Cluster, model: str,
-                       sync: Sync | None = None) -> float:
-    """Seconds per minibatch of pure data parallelism on the same cluster (``sync``: the
-    mode among machines, at the outermost level)."""
-    _check_sync(model, sync)
-    total, params = float(states.compute_s[-1]), float(states.parameter_bytes[-1])
-    if model == "pipedream-2019":
-        t, inner = total, 1
-        for lv in cluster.levels:
-            t = (t + float(allreduce_time(model, lv.workers, params, lv.bandwidth)) / inner) \
-                / lv.workers
-            inner = lv.workers
-        return t
-    top = len(cluster.levels) - 1
-    ar = sum(float(allreduce_time(model, lv.workers, params, lv.bandwidth,
-                                  sync if i == top else None))
-             for i, lv in enumerate(cluster.levels))
-    return (total + ar) / cluster.workers
 
 
 # Multi-level solves: an inner level under a final level of three or more units visits

@@ -45,9 +45,9 @@ from pipedream_impl.planner.optimizer import (
     MAX_STATES_MULTI_LEVEL,
     MAX_TRIPLES_MULTI_LEVEL,
     Solution,
-    data_parallel_time,
     solve,
 )
+from pipedream_impl.planner.sync_cost import data_parallel_time
 from pipedream_impl.profiling.profile import Profile, infer_batch_size
 
 __all__ = ["Plan", "Stage", "balanced_bounds", "build_plan", "load_plan", "min_max_split",
@@ -253,7 +253,7 @@ def build_plan(sol: Solution, batch_size: int = 0, profile: str = "") -> Plan:
         stages.append(Stage((start, stop + 1), replicas, tuple(ranks), float(c / replicas),
                             nodes))
     total = float(states.compute_s[-1])
-    dp = data_parallel_time(states, cluster, sol.model, sol.sync)
+    dp = data_parallel_time(states, cluster, sol.model, sol.sync, sol.overlap)
     w = cluster.workers
     dp_bytes = ring_factor(w) * float(states.parameter_bytes[-1])
     extra = {}
@@ -261,6 +261,8 @@ def build_plan(sol: Solution, batch_size: int = 0, profile: str = "") -> Plan:
         dp_bytes = _sync_bytes([lv.workers for lv in cluster.levels],
                                float(states.parameter_bytes[-1]), sol.sync)
         extra = {"allreduce": sol.sync.mode, "cpu_machines": sol.sync.cpu_machines}
+    if sol.model == "pipebench" and not sol.overlap:
+        extra["overlap"] = False  # the all-reduce summed with compute
     b = batch_size if batch_size > 0 else 1
     predicted = {"time_per_minibatch_s": sol.time,
                  "throughput_minibatches_per_s": 1.0 / sol.time,
@@ -311,9 +313,11 @@ def _assign_ranks(flat: list[tuple], sizes: list[int]) -> list[list[int]]:
 
 def plan_profile(profile: Profile, cluster: Cluster, model: str = "pipebench",
                  straight: bool = False, memory_limit: float | None = None,
-                 batch_size: int | None = None, sync: Sync | None = None) -> Plan:
+                 batch_size: int | None = None, sync: Sync | None = None,
+                 overlap: bool = True) -> Plan:
     """Profile + cluster -> Plan: the library behind ``pipebench plan``; ``sync``: how
-    replicas on different machines synchronise (default: a ring)."""
+    replicas on different machines synchronise (default: a ring); ``overlap``: the backward
+    hides the all-reduce (``optimizer.solve``)."""
     if batch_size is not None and batch_size < 1:
         raise UserInputError(f"--batch-size must be at least 1 (got {batch_size})")
     if memory_limit is not None and not (math.isfinite(memory_limit) and memory_limit > 0):
@@ -336,7 +340,7 @@ def plan_profile(profile: Profile, cluster: Cluster, model: str = "pipebench",
                              f"{cluster.workers} stages, but the profile has only "
                              f"{len(states)} layers to split; use at most {len(states)} "
                              "workers")
-    sol = solve(states, cluster, model, straight, memory_limit, sync)
+    sol = solve(states, cluster, model, straight, memory_limit, sync, overlap)
     if not math.isfinite(sol.time):
         raise UserInputError("no feasible plan: every partition exceeds the memory limit "
                              "(raise --memory-limit or add workers)")

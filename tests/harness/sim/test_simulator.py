@@ -243,25 +243,28 @@ def test_transfers_use_the_level_the_two_workers_share() -> None:
 def test_vgg16_on_cluster_a_simulation_agrees_with_the_planner(tmp_path) -> None:
     """The planner's cost model and the simulator are two implementations of the same
     cluster model (the planner: a formula per stage; the simulator: the runtime's
-    schedule, event by event): on the paper's VGG-16 profile they must agree. Charging a
-    replicated stage's all-reduce as the planner does (blocking, after the round's
-    backward) they agree to 1% on its 12-2-1-1 plan (1F1B-RR's per-stage warm-up loses no
-    time there; NOAM's lost 4%); overlapped with the backward, as the runtime's gradient
-    buckets do, the simulation is faster."""
+    schedule, event by event): on the paper's VGG-16 profile they must agree, with the
+    all-reduce overlapped with the backward (the planner's default, the runtime's gradient
+    buckets, DDP) and blocking (the paper's model, ``overlap=False``), each against data
+    parallelism run the same way: to 1% on its 12-2-1-1 plan (1F1B-RR's per-stage warm-up
+    loses no time there; NOAM's lost 4%)."""
     from harness.sim.simulator import gantt
     from pipedream_impl.planner.plan import plan_profile
 
     prof = load_profile(PROFILES / "vgg16" / "graph.txt")
     cl = parse_cluster("A:4x4")
-    plan = plan_profile(prof, cl)
-    lay = layout_for(prof, cl, "pipedream", plan=plan)
-    blocking = simulate_system(prof, cl, "pipedream", lay, SimOptions(pipeline_overlap=False))
-    pd = simulate_system(prof, cl, "pipedream", lay)
-    dp = simulate_system(prof, cl, "dp", layout_for(prof, cl, "dp"), SimOptions(dp_overlap=False))
-    predicted = plan.predicted["speedup_vs_data_parallel"]
-    speedup = blocking.throughput_samples_s / dp.throughput_samples_s
-    assert speedup == pytest.approx(predicted, rel=0.01)
-    assert pd.throughput_samples_s >= blocking.throughput_samples_s
+    dp_layout = layout_for(prof, cl, "dp")
+    for overlap in (True, False):
+        plan = plan_profile(prof, cl, overlap=overlap)
+        assert plan.config == "12-2-1-1"
+        lay = layout_for(prof, cl, "pipedream", plan=plan)
+        pd = simulate_system(prof, cl, "pipedream", lay,
+                             SimOptions(pipeline_overlap=overlap))
+        dp = simulate_system(prof, cl, "dp", dp_layout, SimOptions(dp_overlap=overlap))
+        speedup = pd.throughput_samples_s / dp.throughput_samples_s
+        assert speedup == pytest.approx(plan.predicted["speedup_vs_data_parallel"], rel=0.01)
+        assert pd.time_per_minibatch_s == pytest.approx(
+            plan.predicted["time_per_minibatch_s"], rel=0.01)
     # hierarchical ring, as the time model: each rank sends 2 (4-1)/4 x the weights inside
     # its server, and its server's one NIC 2 (4-1)/4 x the weights among the 4 servers for
     # its 4 GPUs, per minibatch: 2 (16-1)/16 per rank, what a flat ring of 16 moves

@@ -26,4 +26,4 @@ def test_a_gpt_profile_in_the_folder_gets_its_row(tmp_path: Path) -> None:
     rows = today.rows(str(tmp_path), 16, quiet())
     assert [(r["workload"], r["cluster"]) for r in rows] == [
         ("gpt", c) for c in today.CLUSTERS]
-    assert all(r["planned_peak_memory_bytes"] > 0 for r in rows)
+    assert all(r["paper_model_peak_memory_bytes"] > 0 for r in rows)

@@ -103,7 +103,7 @@ def test_load_plan_round_trips_and_names_the_bad_key(tmp_path: Path) -> None:
     path.write_text(plan.to_json())
     assert load_plan(str(path)) == plan
     d = json.loads(plan.to_json())
-    d["stages"][1]["ranks"] = [99]
+    d["stages"][1]["ranks"][0] = 99
     path.write_text(json.dumps(d))
     with pytest.raises(UserInputError, match=r"plan .*plan.json: rank 99 is not below"):
         load_plan(str(path))
