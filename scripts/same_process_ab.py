@@ -66,20 +66,13 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from core.markdown import markdown_table as table  # noqa: E402
+from harness.experiments.runner import runtime_switches  # noqa: E402
 from harness.reporting.tracking import git_sha  # noqa: E402
-from pipedream_impl.runtime.comm import (  # noqa: E402
-    BACKWARD_LINK_ENV,
-    RECV_AHEAD_ENV,
-    SETTLE_ENV,
-)
-from pipedream_impl.runtime.grad_buckets import BUCKET_MB_ENV  # noqa: E402
 from pipedream_impl.runtime.transport_yield import TRANSPORT_YIELD_ENV  # noqa: E402
-from workloads.recipe import FUSED_OPTIMIZER_ENV  # noqa: E402
 
 # the switches an engine reads when it is made (``NAME@VAR=value``), and gloo's threads'
 # priority, set before each of the engine's epochs (``transport_yield``)
-SWITCHES = (RECV_AHEAD_ENV, SETTLE_ENV, BUCKET_MB_ENV, FUSED_OPTIMIZER_ENV, TRANSPORT_YIELD_ENV,
-            BACKWARD_LINK_ENV)
+SWITCHES = runtime_switches()[1]
 
 
 def _base(name: str) -> str:

@@ -143,12 +143,12 @@ def _train_tracked(cfg: RunConfig, workload: Workload, target: float, splits: Da
     return summary
 
 
-def runtime_env() -> str:
-    """The runtime's switches this run's environment sets (``NAME=VALUE``, comma-separated;
-    ``defaults`` where none is set): runs that differ in one must not be compared as if
-    they were alike. Each switch's name lives in the module it switches. A machine setting
-    asked for that this machine does not allow (``PIPEBENCH_NO_HALT`` without root) is
-    recorded as ``NAME=1 (not applied)``."""
+def runtime_switches() -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """The runtime's switches, the one list: (all of them, in the order ``runtime_env``
+    records them; those an engine reads when it is made, or before each epoch, so that
+    engines built in one process can differ in them: ``scripts/same_process_ab.py``).
+    The others (pinning, no-halt, the fork server) act when a worker process starts. Each
+    switch's name lives in the module it switches."""
     from pipedream_impl.runtime.comm import BACKWARD_LINK_ENV, RECV_AHEAD_ENV, SETTLE_ENV
     from pipedream_impl.runtime.grad_buckets import BUCKET_MB_ENV
     from pipedream_impl.runtime.no_halt import NO_HALT_ENV
@@ -157,16 +157,26 @@ def runtime_env() -> str:
     from pipedream_impl.runtime.transport_yield import TRANSPORT_YIELD_ENV
     from workloads.recipe import FUSED_OPTIMIZER_ENV
 
+    every = (RECV_AHEAD_ENV, SETTLE_ENV, BACKWARD_LINK_ENV, BUCKET_MB_ENV, PIN_ENV,
+             NO_HALT_ENV, FORKSERVER_ENV, FUSED_OPTIMIZER_ENV, TRANSPORT_YIELD_ENV)
+    at_start = (PIN_ENV, NO_HALT_ENV, FORKSERVER_ENV)
+    return every, tuple(k for k in every if k not in at_start)
+
+
+def runtime_env() -> str:
+    """The runtime's switches this run's environment sets (``NAME=VALUE``, comma-separated;
+    ``defaults`` where none is set): runs that differ in one must not be compared as if
+    they were alike. A machine setting asked for that this machine does not allow
+    (``PIPEBENCH_NO_HALT`` without root) is recorded as ``NAME=1 (not applied)``."""
+    from pipedream_impl.runtime.no_halt import NO_HALT_ENV
+
     def entry(name: str) -> str:
         value = os.environ[name]
         if name == NO_HALT_ENV and no_halt.no_halt() and not no_halt.applied():
             value += " (not applied)"  # asked for, but the run went without
         return f"{name}={value}"
 
-    set_ = [entry(k) for k in (RECV_AHEAD_ENV, SETTLE_ENV, BACKWARD_LINK_ENV, BUCKET_MB_ENV,
-                               PIN_ENV, NO_HALT_ENV, FORKSERVER_ENV, FUSED_OPTIMIZER_ENV,
-                               TRANSPORT_YIELD_ENV)
-            if k in os.environ]
+    set_ = [entry(k) for k in runtime_switches()[0] if k in os.environ]
     return ",".join(set_) or "defaults"
 
 

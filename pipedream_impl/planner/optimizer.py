@@ -133,8 +133,8 @@ def _range_table(prefix: np.ndarray, valid: np.ndarray) -> np.ndarray:
 
 def backward_table(states: States, valid: np.ndarray, overlap: bool) -> np.ndarray:
     """B [R, N]: each range's backward seconds, what hides its all-reduce (zeros without
-    ``overlap`` or a backward prefix: nothing hidden, compute and all-reduce summed)."""
-    if not overlap or states.backward_s is None:
+    ``overlap``: nothing hidden, compute and all-reduce summed)."""
+    if not overlap:
         return np.where(valid, 0.0, np.nan)
     return _range_table(states.backward_s, valid)
 
@@ -157,7 +157,6 @@ class SolveOptions:
     straight: bool = False  # no replication
     memory_limit: float | None = None  # bytes per worker
     sync: Sync | None = None  # among machines (the outermost level); None: ring
-    overlap: bool = True  # the backward hides the all-reduce (``pipebench`` only)
 
 
 @dataclass(frozen=True)
@@ -290,14 +289,14 @@ def solve(states: States, cluster: Cluster, model: str = "pipebench", straight: 
         raise UserInputError(f"unknown cost model {model!r}; choose one of {COST_MODELS}")
     check_sync(model, sync)
     _check_size(len(states), cluster)
-    overlap = overlap and model == "pipebench"
+    overlap = overlap and model == "pipebench" and states.backward_s is not None
     compute, params, acts, valid = range_tables(states)
     hide = backward_table(states, valid, overlap)
     pairs = Pairs.build(states.precedes)
     sums = (states.compute_s, states.parameter_bytes, states.activation_bytes,
             states.output_bytes) + ((states.backward_s,) if overlap else ())
     twins = Twins.build(states.precedes, *sums)
-    opts = SolveOptions(model, straight, memory_limit, sync, overlap)
+    opts = SolveOptions(model, straight, memory_limit, sync)
     sols = []
     inner = 1
     peff = params

@@ -104,3 +104,19 @@ def test_the_kernel_holds_a_zero_latency_limit_while_the_request_is_open() -> No
                          text=True, timeout=120, check=True)
     assert got.stdout.split() == ["0"]
     assert limit() == before  # released with the process
+
+
+def test_the_runtime_switches_are_one_list() -> None:
+    """runtime_env records every switch; the in-process A/B script flips only those an
+    engine reads when it is made, from the same list (none read at a worker's start)."""
+    from harness.experiments.runner import runtime_switches
+    from pipedream_impl.runtime.comm import BACKWARD_LINK_ENV
+    from pipedream_impl.runtime.pinning import PIN_ENV
+    from pipedream_impl.runtime.processes import FORKSERVER_ENV
+    from tests.scripts import load_script
+
+    every, engine = runtime_switches()
+    assert len(set(every)) == len(every) and set(engine) < set(every)
+    assert BACKWARD_LINK_ENV in engine
+    assert not {PIN_ENV, NO_HALT_ENV, FORKSERVER_ENV} & set(engine)
+    assert load_script("same_process_ab").SWITCHES == engine
