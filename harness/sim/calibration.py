@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from core.collectives import ring_factor
 from core.errors import UserInputError
@@ -97,6 +97,16 @@ class FlatRing:
 
     def describe(self) -> str:
         return ", ".join(f"{k} {getattr(self, k):.4f}" for k in KINDS)
+
+    def planner_cluster(self, cluster: Cluster) -> Cluster:
+        """``cluster`` with each level's all-reduce at this model's effective rate, for the
+        planner, which then plans for the all-reduce the simulation charges: exactly on one
+        level; on two, its ring per level (the inner, then the outer on P / inner
+        replicas) stands in for this one flat ring at the slowest crossed link (about as
+        slow where, as on Cluster-A, the slower link is the inner one). Transfers keep
+        the links' bandwidth, as the simulation's do."""
+        return Cluster(tuple(replace(lv, sync_bandwidth=self.rate(cluster, i))
+                             for i, lv in enumerate(cluster.levels)), cluster.name)
 
 
 @dataclass(frozen=True)

@@ -212,6 +212,10 @@ class AllReduceModel(Protocol):
     def seconds(self, topology: Topology, ranks: tuple[int, ...], nbytes: float) -> float:
         ...
 
+    def planner_cluster(self, cluster: Cluster) -> Cluster:
+        """``cluster`` as the planner should see it under this all-reduce."""
+        ...
+
 
 class ClusterCosts:
     """The cost model the schedule engine asks (see ``pipedream_impl.schedule.TickCosts``)."""

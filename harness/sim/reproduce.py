@@ -34,7 +34,7 @@ from harness.sim.profile_source import OWN, SHARED, ProfileSource
 from harness.sim.simulator import SimLayout, SimOptions, config_groups, layout_for, simulate_system
 from harness.systems import PAPER
 from pipedream_impl.planner.cluster import Cluster, Level, parse_cluster
-from pipedream_impl.planner.plan import plan_profile
+from pipedream_impl.planner.plan import Plan, plan_profile
 from pipedream_impl.profiling.profile import Profile
 
 __all__ = ["COMM_POINTS", "OWN", "SHARED", "SPEEDUP_TOLERANCE", "ProfileSource", "Simulated",
@@ -56,9 +56,29 @@ def _per_minibatch_bytes(prof: Profile, groups: list[tuple[str, ...]]) -> float:
 
 def simulate_config(prof: Profile, cluster_spec: str, factor: float, config: str | None,
                     minibatches: int, model: FlatRing) -> Simulated:
-    """Simulate ``config`` (None: our planner's) against data parallelism, ideal and
-    calibrated."""
+    """Simulate ``config`` against data parallelism, ideal and calibrated; None: our
+    planner's plan for each all-reduce model (made on the profile at the simulated
+    device's speed, for the calibrated one with each level's all-reduce at the fitted rate:
+    ``FlatRing.planner_cluster``), its config ``ideal / calibrated`` where the two differ,
+    checked against the planner's prediction (the ideal one: ``planner_gap``)."""
     cl = parse_cluster(cluster_spec)
+    if config is not None:
+        return _simulate(prof, cl, factor, config, None, minibatches, model)
+    fast = prof.faster(factor)
+    plans = {"ideal": plan_profile(fast, cl),
+             "calibrated": plan_profile(fast, model.planner_cluster(cl))}
+    out = {name: _simulate(prof, cl, factor, None, plan, minibatches, model)
+           for name, plan in plans.items()}
+    merged = Simulated(out["calibrated"], ideal=out["ideal"]["ideal"])
+    for key in ("config", "split"):
+        merged[key] = " / ".join(dict.fromkeys(out[name][key] for name in plans))
+    merged.update(planner_gap.gap(fast, cl, plans["ideal"], SimOptions(minibatches=minibatches)))
+    return merged
+
+
+def _simulate(prof: Profile, cl: Cluster, factor: float, config: str | None,
+              plan: Plan | None, minibatches: int, model: FlatRing) -> Simulated:
+    """``config``, or ``plan``, against data parallelism, ideal and calibrated."""
     base = SimOptions(minibatches=minibatches, compute_factor=factor)
     cal = replace(base, allreduce_model=model)
     dp_layout = layout_for(prof, cl, _DP)
@@ -66,18 +86,12 @@ def simulate_config(prof: Profile, cluster_spec: str, factor: float, config: str
           for name, o in (("ideal", base), ("calibrated", cal))}
     if config == "straight":
         config = "-".join(["1"] * cl.workers)
-    # our plan: planned on the profile at the simulated device's speed, and checked
-    # against the planner's prediction (ideal all-reduce, the planner's model)
-    plan = plan_profile(prof.faster(factor), cl) if config is None else None
     layout = layout_for(prof, cl, _PD, config=config, plan=plan) if config is None or \
         not config.isdigit() else None
-    check = {} if plan is None else planner_gap.gap(
-        prof.faster(factor), cl, plan, SimOptions(minibatches=minibatches))
     if layout is None or len(layout.replicas) == 1:  # data parallelism: 1x by definition
         return Simulated(config=config or str(cl.workers), split="whole model", ideal=1.0,
                          calibrated=1.0, comm=0.0, activation_mb=0.0,
-                         dp_mb=dp["ideal"].bytes_per_sample * dp["ideal"].batch_size / 1e6,
-                         **check)
+                         dp_mb=dp["ideal"].bytes_per_sample * dp["ideal"].batch_size / 1e6)
     pd = {name: simulate_system(prof, cl, _PD, layout, o)
           for name, o in (("ideal", base), ("calibrated", cal))}
     d, p = dp["calibrated"], pd["calibrated"]
@@ -96,7 +110,7 @@ def simulate_config(prof: Profile, cluster_spec: str, factor: float, config: str
         else 0.0,
         activation_mb=_per_minibatch_bytes(prof, layout.groups) / 1e6,
         pd_mb=p.bytes_per_sample * p.batch_size / 1e6,
-        dp_mb=d.bytes_per_sample * d.batch_size / 1e6, **check)
+        dp_mb=d.bytes_per_sample * d.batch_size / 1e6)
 
 
 def _misses(r: PaperRow, theirs: Simulated, prov: str, fit: Fit) -> str:
@@ -170,13 +184,17 @@ def gpipe_rows(source: ProfileSource, minibatches: int, fit: Fit,
         progress.note(f"GPipe vs PipeDream: {model} on {spec}")
         prof, prov, factor = source.get(model)
         cl = parse_cluster(spec)
-        plan = plan_profile(prof, cl)
+        # PipeDream's plan for each all-reduce model (``simulate_config``)
+        fast = prof.faster(factor)
+        plans = {"ideal": plan_profile(fast, cl),
+                 "calibrated": plan_profile(fast, fit.model.planner_cluster(cl))}
+        cal_plan = plans["calibrated"]
         base = SimOptions(minibatches=minibatches, compute_factor=factor)
-        layout = layout_for(prof, cl, _PD, plan=plan)
-        pd = {name: simulate_system(prof, cl, _PD, layout, o).throughput_samples_s
+        pd = {name: simulate_system(prof, cl, _PD, layout_for(prof, cl, _PD, plan=plans[name]),
+                                    o).throughput_samples_s
               for name, o in (("ideal", base),
                               ("calibrated", replace(base, allreduce_model=fit.model)))}
-        for depth_name, depth in (("pipedream depth", len(plan.stages)),
+        for depth_name, depth in (("pipedream depth", len(cal_plan.stages)),
                                   ("max depth", cl.workers)):
             paper = 100 * GPIPE_SLOWDOWN[(spec[0], depth_name)]
             slow = {name: 100 * (1 - _gpipe_with_copies(prof, cl, depth, minibatches, factor,
@@ -189,11 +207,13 @@ def gpipe_rows(source: ProfileSource, minibatches: int, fit: Fit,
                 f"paper's {100 - paper:.0f}% (ideal all-reduce: "
                 f"{100 - slow['ideal']:.0f}%)" + ("; PipeDream's plan replicates stages "
                                                   "that pay the calibrated all-reduce"
-                                                  if len(set(plan.config.split("-"))) > 1
-                                                  or plan.config.split("-")[0] != "1"
+                                                  if len(set(cal_plan.config.split("-"))) > 1
+                                                  or cal_plan.config.split("-")[0] != "1"
                                                   else ""))
             out.append({"model": model, "cluster": spec, "profile": prov,
-                        "planned_config": plan.config, "gpipe_depth": depth_name,
+                        "planned_config": " / ".join(dict.fromkeys(p.config
+                                                                   for p in plans.values())),
+                        "gpipe_depth": depth_name,
                         "gpipe_stages": depth, "paper_slowdown": paper,
                         "simulated_slowdown_ideal": slow["ideal"],
                         "simulated_slowdown_calibrated": slow["calibrated"],

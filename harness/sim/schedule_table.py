@@ -36,7 +36,9 @@ from core.errors import UserInputError
 from harness import systems
 from harness.sim.costs import AllReduceModel
 from harness.sim.simulator import SimLayout, SimOptions, SimResult, layout_for, simulate_system
+from harness.systems import PAPER
 from pipedream_impl.planner.cluster import Cluster, parse_cluster
+from pipedream_impl.planner.plan import plan_profile
 from pipedream_impl.profiling.profile import Profile, load_profile
 from pipedream_impl.runtime.weight_stash import staleness
 
@@ -75,7 +77,10 @@ def cell(prof: Profile, cl: Cluster, system: str, minibatches: int, factor: floa
     system cannot run there, e.g. more stages than layers)."""
     prof = prof.faster(factor)  # split and planned for the device simulated
     try:
-        layout = layout_for(prof, cl, system)
+        # PipeDream's plan for the all-reduce simulated (the fitted one: its rate per level)
+        plan = plan_profile(prof, allreduce_model.planner_cluster(cl)) \
+            if allreduce_model is not None and system == PAPER["planned"] else None
+        layout = layout_for(prof, cl, system, plan=plan)
         r = simulate_system(prof, cl, system, layout,
                             SimOptions(minibatches=minibatches,
                                        allreduce_model=allreduce_model))

@@ -148,26 +148,26 @@ def markdown(table: list[dict], command: str, png: str | None = None) -> str:
 EXPLANATION = """
 ## Why the ranking comes out as it does
 
-- **PipeDream runs what our planner chooses for the links' nominal bandwidth, each
-  replicated stage's all-reduce hidden behind its backward as far as the backward lasts**
-  (`pipedream_impl/planner/sync_cost.py`, the ideal ring). On preset H, whose rows
-  simulate that ideal ring, the plan is data parallelism wherever a pipeline would not
-  beat it, so PipeDream ties DP there. The paper's clusters simulate the calibrated
-  all-reduce instead (NVLink at a fitted 0.2 GB/s effective, `reproduce table1`), far
-  slower than the planner assumes: where it picks data parallelism or replicates large
-  weights, PipeDream pays that all-reduce and trails the straight pipelines; where it
-  replicates only small weights and runs the large ones on one worker (VGG-16's
-  convolutional front), it wins with almost no bubble. The planner does not see the
-  calibrated all-reduce: a limit of this table's PipeDream rows, not of its schedule.
-  PipeDream pays in memory (a stashed version per minibatch in flight) and in staleness
-  (in minibatches: a replicated input stage applies r at a time, and where neighbouring
-  stages have different replica counts 1F1B-RR's per-stage warm-up keeps more minibatches
-  in flight). This table simulates 32 minibatches (a whole number of rounds, at least
-  one): for plans whose replica counts have a large least common multiple that is one or
-  a few rounds, mostly fill and drain, so their PipeDream rows understate its steady state
+- **PipeDream runs what our planner chooses for the all-reduce each row simulates**, each
+  replicated stage's all-reduce hidden behind its backward as far as the backward lasts
+  (`pipedream_impl/planner/sync_cost.py`): on preset H the ideal ring, on the paper's
+  clusters the calibrated one (the planner sees each level's all-reduce at the fitted
+  rate, `FlatRing.planner_cluster`: exact on one level, the planner's ring per level
+  standing in for the fitted flat ring on two). Where synchronising is cheap the plan is
+  data parallelism or replicates stages, and PipeDream ties or beats DP; where it is
+  slow (the calibrated NVLink of B, a fitted 0.2 GB/s effective, `reproduce table1`) the
+  plan replicates only small weights or none, and PipeDream competes with the straight
+  pipelines, where its weight stashing lets it run without a flush. PipeDream pays in
+  memory (a stashed version per minibatch in flight) and in staleness (in minibatches: a
+  replicated input stage applies r at a time, and where neighbouring stages have
+  different replica counts 1F1B-RR's per-stage warm-up keeps more minibatches in flight).
+  This table simulates 32 minibatches (a whole number of rounds, at least one): for plans
+  whose replica counts have a large least common multiple that is one or a few rounds,
+  mostly fill and drain, so their PipeDream rows understate its steady state
   (`reproduce today` simulates 256).
 - **Among the straight pipelines, 2BW leads** wherever compute dominates (B:1x8, GNMT-16
-  on A:4x4): no flush, so no (p - 1) / (m + p - 1) bubble per minibatch; its remaining
+  on A:4x4), tied with PipeDream where PipeDream's plan is straight too: neither flushes,
+  so no (p - 1) / (m + p - 1) bubble per minibatch; its remaining
   bubble is the stages' imbalance (the slowest stage sets the pace). PipeDream-Flush and
   GPipe pay the flush. With equal stages and free links their bubbles are equal (tests);
   here GPipe is ahead in about half the rows, which we attribute to unequal stages and transfers
@@ -209,11 +209,11 @@ EXPLANATION = """
   doubling the pipeline buys. The Llama-style model's head (32,000 tokens against 16
   blocks of width 2,048) is about one block's worth, so its stages can be even, and what
   is left of its imbalance is largely the profile's noise (each row gives the spread of
-  its identical blocks). Data parallelism, and PipeDream wherever its planner (which sees
-  the links' nominal bandwidth) chooses it, all-reduces every weight per minibatch on the
-  calibrated links, so it trails every pipeline there. GPT-2's head is its embedding: the
-  simulator models no tie (its rows say what that leaves out and which runs would be
-  refused); the Llama-style model has none.
+  its identical blocks). Data parallelism all-reduces every weight per minibatch on the
+  calibrated links, so it trails every pipeline there; PipeDream's planner, seeing those
+  links, plans a straight pipeline, which runs without a flush as 2BW does. GPT-2's head
+  is its embedding: the simulator models no tie (its rows say what that leaves out and
+  which runs would be refused); the Llama-style model has none.
 - **Memory**: flush schedules hold one weight version; 2BW two; PipeDream one per
   minibatch in flight on early stages. Activations in flight: GPipe keeps all m
   microbatches, 1F1B-style schedules at most the pipeline's depth, interleaving about one

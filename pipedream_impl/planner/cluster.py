@@ -46,6 +46,14 @@ MAX_LEVEL_WORKERS = 2**15 - 1  # the planner's tables store replica counts as in
 class Level:
     workers: int  # units of the level below in one unit of this level
     bandwidth: float  # bytes/s of one link at this level
+    # bytes/s an all-reduce reaches on these links, where measured or fitted below the
+    # link's (``harness.sim.calibration``); None: the link's bandwidth
+    sync_bandwidth: float | None = None
+
+    @property
+    def sync_rate(self) -> float:
+        """Bytes/s of one link for weight synchronisation (the planner's all-reduce)."""
+        return self.bandwidth if self.sync_bandwidth is None else self.sync_bandwidth
 
 
 @dataclass(frozen=True)
@@ -60,6 +68,10 @@ class Cluster:
             if not 1 <= lv.workers <= MAX_LEVEL_WORKERS:
                 raise UserInputError(f"cluster level {i} has {lv.workers} workers; each level "
                                      f"needs 1 to {MAX_LEVEL_WORKERS} (e.g. --cluster 4x4)")
+            if not (lv.sync_rate > 0 and math.isfinite(lv.sync_rate)):
+                raise UserInputError(f"cluster level {i} has an all-reduce rate of "
+                                     f"{lv.sync_rate} bytes/s; it must be a positive finite "
+                                     "number")
             if not (lv.bandwidth > 0 and math.isfinite(lv.bandwidth)):
                 raise UserInputError(f"cluster level {i} has bandwidth {lv.bandwidth} bytes/s; "
                                      "it must be a positive finite number (e.g. "
@@ -70,7 +82,10 @@ class Cluster:
         return math.prod(lv.workers for lv in self.levels)
 
     def describe(self) -> str:
-        parts = " x ".join(f"{lv.workers} @ {lv.bandwidth / 1e9:g} GB/s" for lv in self.levels)
+        parts = " x ".join(f"{lv.workers} @ {lv.bandwidth / 1e9:g} GB/s"
+                           + ("" if lv.sync_bandwidth is None else
+                              f" (all-reduce at {lv.sync_bandwidth / 1e9:.3g} GB/s)")
+                           for lv in self.levels)
         return f"{self.name + ': ' if self.name else ''}{parts} ({self.workers} workers)"
 
 

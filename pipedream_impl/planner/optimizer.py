@@ -188,7 +188,7 @@ def solve_level(tables: LevelInput, level: Level, inner_units: int, opts: SolveO
     row)."""
     compute, params, acts, valid = tables.compute, tables.params, tables.acts, tables.valid
     out, precedes = tables.out, tables.precedes
-    units, bandwidth = level.workers, level.bandwidth
+    units, bandwidth, sync_bw = level.workers, level.bandwidth, level.sync_rate
     model, straight, memory_limit = opts.model, opts.straight, opts.memory_limit
     rows_total, n = compute.shape
     if sync_params is None:
@@ -210,12 +210,12 @@ def solve_level(tables: LevelInput, level: Level, inner_units: int, opts: SolveO
                    sl: slice) -> tuple[np.ndarray, np.ndarray]:
         """(c + what h leaves of AR(r, pe)) / r, or the data-parallel-inside candidate
         where faster."""
-        t = (c + hidden_allreduce(allreduce_time(model, r, pe, bandwidth, sync), h)[0]) / r
+        t = (c + hidden_allreduce(allreduce_time(model, r, pe, sync_bw, sync), h)[0]) / r
         t = np.where(np.isfinite(t), t, INF)
         if dp is None:
             return t, np.zeros(t.shape, dtype=bool)
         t_dp = (dp[0][sl] + hidden_allreduce(
-            allreduce_time(model, r, dp[1][sl], bandwidth, sync), dp[2][sl])[0]) / r
+            allreduce_time(model, r, dp[1][sl], sync_bw, sync), dp[2][sl])[0]) / r
         t_dp = np.where(np.isfinite(t_dp), t_dp, INF)
         return np.minimum(t, t_dp), t_dp < t
 
@@ -314,10 +314,10 @@ def solve(states: States, cluster: Cluster, model: str = "pipebench", straight: 
             compute = np.where(valid, sol.time[:, :, -1], np.nan)
             compute[~np.isfinite(compute)] = np.nan
             if model == "pipebench":  # pipedream-2019 divides by G instead
-                peff, hide = next_level_tables(sol, level.bandwidth, model, peff, hide,
+                peff, hide = next_level_tables(sol, level.sync_rate, model, peff, hide,
                                                dp[1:], valid)
             n_w = level.workers
-            wait, spare = hidden_allreduce(allreduce_time(model, n_w, dp[1], level.bandwidth),
+            wait, spare = hidden_allreduce(allreduce_time(model, n_w, dp[1], level.sync_rate),
                                            dp[2])
             dp = ((dp[0] + wait) / n_w, dp[1] / n_w, spare / n_w)
         inner = level.workers

@@ -110,12 +110,12 @@ def data_parallel_time(states: States, cluster: Cluster, model: str,
     if model == "pipedream-2019":
         t, inner = total, 1
         for lv in cluster.levels:
-            t = (t + float(allreduce_time(model, lv.workers, params, lv.bandwidth)) / inner) \
+            t = (t + float(allreduce_time(model, lv.workers, params, lv.sync_rate)) / inner) \
                 / lv.workers
             inner = lv.workers
         return t
     top = len(cluster.levels) - 1
-    ar = sum(float(allreduce_time(model, lv.workers, params, lv.bandwidth,
+    ar = sum(float(allreduce_time(model, lv.workers, params, lv.sync_rate,
                                   sync if i == top else None))
              for i, lv in enumerate(cluster.levels))
     backward = float(states.backward_s[-1]) if overlap and states.backward_s is not None \

@@ -120,7 +120,9 @@ def test_rows_quote_the_paper_and_data_parallel_configs_are_one() -> None:
     assert (out[0]["paper_config"], out[0]["paper_speedup"], out[0]["paper_comm_reduction"]) \
         == ("2-1-1", 2.13, 90.0)
     prof = load_profile(PROFILES / "vgg16" / "graph.txt")
-    assert out[0]["planned_config"] == plan_profile(prof, parse_cluster("A:1x4")).config
+    cl = parse_cluster("A:1x4")
+    configs = [plan_profile(prof, c).config for c in (cl, f.model.planner_cluster(cl))]
+    assert out[0]["planned_config"] == " / ".join(dict.fromkeys(configs))
     assert (out[1]["simulated_speedup_ideal"], out[1]["simulated_speedup_calibrated"],
             out[1]["simulated_comm_reduction"], out[1]["misses"]) == (1.0, 1.0, 0.0, "")
 
@@ -206,3 +208,25 @@ def test_our_plan_is_made_for_the_device_simulated() -> None:
     assert row["config"] == "1-1"
     assert row["planned_time_per_minibatch_s"] == pytest.approx(
         plan_profile(prof.faster(1e4), cl).predicted["time_per_minibatch_s"])
+
+
+@needs_profiles
+def test_the_planner_sees_the_calibrated_all_reduce_the_simulation_charges() -> None:
+    # one level: the planner's ring at the fitted rate is the simulation's flat ring, so
+    # its data-parallel time (overlapped) is the calibrated simulation's, and a plan of
+    # data parallelism is predicted as simulated
+    from harness.sim.simulator import SimOptions, layout_for, simulate_system
+    from pipedream_impl.planner.antichain import build_states
+    from pipedream_impl.planner.sync_cost import data_parallel_time
+
+    prof = load_profile(PROFILES / "vgg16" / "graph.txt")
+    for spec in ("A:1x4", "B:1x8"):
+        cl = parse_cluster(spec)
+        seen = MODEL.planner_cluster(cl)
+        assert [lv.sync_bandwidth for lv in seen.levels] == \
+            [MODEL.rate(cl, i) for i in range(len(cl.levels))]
+        assert [lv.bandwidth for lv in seen.levels] == [lv.bandwidth for lv in cl.levels]
+        dp = simulate_system(prof, cl, "ddp", layout_for(prof, cl, "ddp"),
+                             SimOptions(minibatches=64, allreduce_model=MODEL))
+        planned = data_parallel_time(build_states(prof.graph()), seen, "pipebench")
+        assert planned == pytest.approx(dp.time_per_minibatch_s, rel=1e-6)
