@@ -38,7 +38,9 @@ def plan_table(plan: Plan) -> Table:
         t.add_row(str(i), f"[{s.layers[0]}, {s.layers[1]})", nodes, str(s.replicas), ranks,
                   f"{1000 * s.predicted_time_s:.3f} ms{mark}")
     per = "sample" if plan.batch_size else "minibatch (batch size unknown)"
-    t.caption = (f"bottleneck (incl. transfers and weight sync) "
+    hidden = plan.cost_model == "pipebench" and plan.extra.get("overlap") is not False
+    sync = "the weight sync its backward does not hide" if hidden else "weight sync"
+    t.caption = (f"bottleneck (incl. transfers and {sync}) "
                  f"{1000 * p['time_per_minibatch_s']:.3f} ms/minibatch; speedup "
                  f"{p['speedup_vs_one_worker']:.2f}x over one worker, "
                  f"{p['speedup_vs_data_parallel']:.2f}x over data parallelism; "
