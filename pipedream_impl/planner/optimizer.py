@@ -59,8 +59,8 @@ its bandwidth:
   NIC per 4 GPUs) per minibatch. At the innermost level P_eff = P. At an outer level a unit
   runs the range as the level below planned it, stages s with P_s bytes on r_s replicas,
   and a replica synchronises once per minibatch it processes, so a unit moves
-  P_eff = sum_s P_eff,s / r_s per minibatch (``sync_cost.next_level_tables``): P / G when the range is
-  data parallel on all G workers of the unit (then a single stage replicated on every
+  P_eff = sum_s P_eff,s / r_s per minibatch (``sync_cost.next_level_tables``): P / G when
+  the range is data parallel on all G workers of the unit (then a single stage replicated on every
   unit costs exactly what data parallelism costs, which the original's split branch
   breaks), P when the unit pipelines it unreplicated (dividing by G there, as an earlier
   version did, made cross-server replication of straight pipelines look G times cheaper
