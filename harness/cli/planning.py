@@ -155,6 +155,8 @@ def plan(
         help="the backward hides the all-reduce, as the runtime and DDP run it (pipebench "
              "model); --no-overlap sums them, as the paper's model does")] = True,
     output: Annotated[str | None, typer.Option("-o", "--output", help="plan JSON")] = None,
+    quiet: Annotated[bool, typer.Option(
+        help="with -o, write the plan and print nothing")] = False,
 ) -> None:
     """Partition a model over a cluster with PipeDream's dynamic program."""
     from harness.reporting.plans import plan_table
@@ -178,10 +180,12 @@ def plan(
     prof = _profile_to_plan(profile_path, workload, scale)
     result = plan_profile(prof, clus, cost_model, straight, limit, batch_size,
                           None if sync.mode == "ring" else sync, overlap)
-    console.print(plan_table(result))
+    if not (quiet and output):  # without a file the table is the result
+        console.print(plan_table(result))
     if output:
         Path(output).write_text(result.to_json())
-        console.print(f"plan -> {output}")
+        if not quiet:
+            console.print(f"plan -> {output}")
 
 
 def _profile_to_plan(profile_path: str | None, workload: str | None, scale: str):  # noqa: ANN202

@@ -124,6 +124,10 @@ def test_profile_then_plan_through_files(tmp_path: Path, mlflow_uri: str) -> Non
     assert r.returncode == 0, r.stderr
     d = json.loads(plan.read_text())
     assert d["config"] == "1-1" and d["config_label"] == "straight" and "straight" in r.stdout
+    quiet = tmp_path / "quiet.json"
+    r = _run(["plan", "--profile", str(prof), "--cluster", "2", "--straight", "-o", str(quiet),
+              "--quiet"])
+    assert r.returncode == 0 and r.stdout == "" and quiet.read_text() == plan.read_text()
     r = _run(["plan", "--profile", str(prof), "--cluster", "Q:2x2"])
     assert r.returncode == 2 and "unknown cluster preset" in r.stderr
     # a run from the plan prints each stage's prediction: the plan's own, scaled from its
