@@ -68,14 +68,14 @@ class Cluster:
             if not 1 <= lv.workers <= MAX_LEVEL_WORKERS:
                 raise UserInputError(f"cluster level {i} has {lv.workers} workers; each level "
                                      f"needs 1 to {MAX_LEVEL_WORKERS} (e.g. --cluster 4x4)")
-            if not (lv.sync_rate > 0 and math.isfinite(lv.sync_rate)):
-                raise UserInputError(f"cluster level {i} has an all-reduce rate of "
-                                     f"{lv.sync_rate} bytes/s; it must be a positive finite "
-                                     "number")
             if not (lv.bandwidth > 0 and math.isfinite(lv.bandwidth)):
                 raise UserInputError(f"cluster level {i} has bandwidth {lv.bandwidth} bytes/s; "
                                      "it must be a positive finite number (e.g. "
                                      "--bandwidth 15.75GB/s,1.25GB/s)")
+            if not (lv.sync_rate > 0 and math.isfinite(lv.sync_rate)):
+                raise UserInputError(f"cluster level {i} has an all-reduce rate of "
+                                     f"{lv.sync_rate} bytes/s; it must be a positive finite "
+                                     "number")
 
     @property
     def workers(self) -> int:
