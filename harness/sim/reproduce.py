@@ -57,23 +57,35 @@ def _per_minibatch_bytes(prof: Profile, groups: list[tuple[str, ...]]) -> float:
 def simulate_config(prof: Profile, cluster_spec: str, factor: float, config: str | None,
                     minibatches: int, model: FlatRing) -> Simulated:
     """Simulate ``config`` against data parallelism, ideal and calibrated; None: our
-    planner's plan for each all-reduce model (made on the profile at the simulated
-    device's speed, for the calibrated one with each level's all-reduce at the fitted rate:
-    ``FlatRing.planner_cluster``), its config ``ideal / calibrated`` where the two differ,
-    checked against the planner's prediction (the ideal one: ``planner_gap``)."""
+    planner's plan for each all-reduce model (``_plans``), each simulated under its own,
+    its config ``ideal / calibrated`` where the two differ, checked against the planner's
+    prediction (the ideal one: ``planner_gap``)."""
     cl = parse_cluster(cluster_spec)
     if config is not None:
         return _simulate(prof, cl, factor, config, None, minibatches, model)
-    fast = prof.faster(factor)
-    plans = {"ideal": plan_profile(fast, cl),
-             "calibrated": plan_profile(fast, model.planner_cluster(cl))}
+    plans = _plans(prof, cl, factor, model)
     out = {name: _simulate(prof, cl, factor, None, plan, minibatches, model)
            for name, plan in plans.items()}
     merged = Simulated(out["calibrated"], ideal=out["ideal"]["ideal"])
     for key in ("config", "split"):
-        merged[key] = " / ".join(dict.fromkeys(out[name][key] for name in plans))
-    merged.update(planner_gap.gap(fast, cl, plans["ideal"], SimOptions(minibatches=minibatches)))
+        merged[key] = _both(out[name][key] for name in plans)
+    merged.update(planner_gap.gap(prof.faster(factor), cl, plans["ideal"],
+                                  SimOptions(minibatches=minibatches)))
     return merged
+
+
+def _plans(prof: Profile, cl: Cluster, factor: float, model: FlatRing) -> dict[str, Plan]:
+    """Our plan for each all-reduce model, made on the profile at the simulated device's
+    speed: ``ideal`` for the links' bandwidth, ``calibrated`` with each level's all-reduce
+    at the fitted rate (``FlatRing.planner_cluster``)."""
+    fast = prof.faster(factor)
+    return {"ideal": plan_profile(fast, cl),
+            "calibrated": plan_profile(fast, model.planner_cluster(cl))}
+
+
+def _both(values) -> str:  # noqa: ANN001 - an iterable of str, ideal's first
+    """``ideal / calibrated``, or one value where the two agree."""
+    return " / ".join(dict.fromkeys(values))
 
 
 def _simulate(prof: Profile, cl: Cluster, factor: float, config: str | None,
@@ -184,10 +196,7 @@ def gpipe_rows(source: ProfileSource, minibatches: int, fit: Fit,
         progress.note(f"GPipe vs PipeDream: {model} on {spec}")
         prof, prov, factor = source.get(model)
         cl = parse_cluster(spec)
-        # PipeDream's plan for each all-reduce model (``simulate_config``)
-        fast = prof.faster(factor)
-        plans = {"ideal": plan_profile(fast, cl),
-                 "calibrated": plan_profile(fast, fit.model.planner_cluster(cl))}
+        plans = _plans(prof, cl, factor, fit.model)  # PipeDream's, for each all-reduce model
         cal_plan = plans["calibrated"]
         base = SimOptions(minibatches=minibatches, compute_factor=factor)
         pd = {name: simulate_system(prof, cl, _PD, layout_for(prof, cl, _PD, plan=plans[name]),
@@ -211,8 +220,7 @@ def gpipe_rows(source: ProfileSource, minibatches: int, fit: Fit,
                                                   or cal_plan.config.split("-")[0] != "1"
                                                   else ""))
             out.append({"model": model, "cluster": spec, "profile": prov,
-                        "planned_config": " / ".join(dict.fromkeys(p.config
-                                                                   for p in plans.values())),
+                        "planned_config": _both(p.config for p in plans.values()),
                         "gpipe_depth": depth_name,
                         "gpipe_stages": depth, "paper_slowdown": paper,
                         "simulated_slowdown_ideal": slow["ideal"],

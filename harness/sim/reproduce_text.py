@@ -16,7 +16,8 @@ from harness.sim import planner_gap
 from harness.sim.calibration import Fit
 
 __all__ = ["GPIPE_EXPLANATION", "GPIPE_NOTE", "GPIPE_PLOT", "SPEEDUP_PLOT", "TABLE_EXPLANATION",
-           "TABLE_NOTE", "gpipe_markdown", "plot", "table_markdown", "write_json"]
+           "TABLE_NOTE", "gpipe_markdown", "plot", "short_config", "table_markdown",
+           "write_json"]
 
 TABLE_COLUMNS = ("model", "cluster", "profile", "paper config", "paper speedup",
                  "paper comm. red.", "paper config: sim. speedup, ideal DP",
@@ -38,7 +39,8 @@ def _x(v: float | None) -> str:
     return "" if v is None else f"{v:.2f}x"
 
 
-def _cut(c: str) -> str:
+def short_config(c: str) -> str:
+    """A configuration as a table cell: at most 24 characters (long plans end in ...)."""
     return c if len(c) <= 24 else c[:21] + "..."
 
 
@@ -46,7 +48,7 @@ def table_markdown(title: str, rows: list[dict], fit: Fit, command: str) -> str:
     cells = [[r["model"], r["cluster"], r["profile"], r["paper_config"], _x(r["paper_speedup"]),
               _pct(r["paper_comm_reduction"]), _x(r["simulated_speedup_ideal"]),
               _x(r["simulated_speedup_calibrated"]), _pct(r["simulated_comm_reduction"]),
-              _cut(r["planned_config"]), _x(r["planned_simulated_speedup_ideal"]),
+              short_config(r["planned_config"]), _x(r["planned_simulated_speedup_ideal"]),
               _x(r["planned_simulated_speedup_calibrated"]),
               _pct(r["planned_simulated_comm_reduction"]),
               "met" if not r["misses"] else "missed: " + r["misses"],
@@ -64,7 +66,7 @@ def table_markdown(title: str, rows: list[dict], fit: Fit, command: str) -> str:
 
 
 def gpipe_markdown(rows: list[dict], fit: Fit, command: str) -> str:
-    cells = [[r["model"], r["cluster"], r["profile"], _cut(r["planned_config"]),
+    cells = [[r["model"], r["cluster"], r["profile"], short_config(r["planned_config"]),
               r["gpipe_depth"], str(r["gpipe_stages"]), f"{r['paper_slowdown']:.0f}% slower",
               _slower(r["simulated_slowdown_ideal"]), _slower(r["simulated_slowdown_calibrated"]),
               "met" if not r["misses"] else "missed: " + r["misses"]] for r in rows]

@@ -24,6 +24,7 @@ from core.markdown import markdown_table
 from harness.paths import REPO
 from harness.reporting.units import fmt_bytes
 from harness.sim import planner_gap
+from harness.sim.reproduce_text import short_config
 from harness.sim.simulator import SimOptions, layout_for, simulate_system
 from harness.systems import PAPER
 from pipedream_impl.planner.cluster import parse_cluster
@@ -104,15 +105,11 @@ def rows(folder: str | None, minibatches: int, progress) -> list[dict]:  # noqa:
     return out
 
 
-def _cut(config: str) -> str:
-    return config if len(config) <= 24 else config[:21] + "..."
-
-
 def markdown(table: list[dict], folder: str, command: str) -> str:
     cells = [[r["workload"], r["cluster"], f"{r['profile']}, batch {r['batch']}",
-              f"{r['dp_time_per_minibatch_s'] * 1e3:.1f} ms", _cut(r["planned_config"]),
+              f"{r['dp_time_per_minibatch_s'] * 1e3:.1f} ms", short_config(r["planned_config"]),
               f"{r['speedup_vs_dp_overlapped']:.2f}x", planner_gap.label(r),
-              _cut(r["paper_model_config"]),
+              short_config(r["paper_model_config"]),
               f"{r['paper_model_speedup_vs_dp_overlapped']:.2f}x",
               f"{r['paper_model_speedup_vs_dp_not_overlapped']:.2f}x",
               f"{fmt_bytes(r['paper_model_bytes_per_sample'])} / "
