@@ -47,7 +47,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from harness.experiments.training import minibatches, train_step  # noqa: E402
-from pipedream_impl.planner.plan import balanced_bounds  # noqa: E402
+from pipedream_impl.planner.splits import balanced_bounds  # noqa: E402
 from pipedream_impl.profiling.profiler import profile_workload  # noqa: E402
 from pipedream_impl.runtime.contract import RunSettings, SystemSettings, WorkerSpec  # noqa: E402
 from pipedream_impl.runtime.local import local_executors, play_epoch, run_local  # noqa: E402

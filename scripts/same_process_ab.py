@@ -128,7 +128,7 @@ def _specs(args: argparse.Namespace, rank: int, init: str) -> dict:
     from harness.config import RunConfig
     from harness.experiments.bench import unit_sizes
     from harness.experiments.pipeline_trainer import system_settings
-    from pipedream_impl.planner.plan import balanced_bounds
+    from pipedream_impl.planner.splits import balanced_bounds
     from pipedream_impl.profiling.profile import load_profile
     from pipedream_impl.runtime.contract import RunSettings, WorkerSpec
     from pipedream_impl.schedule.registry import MICROBATCHES_PER_STAGE

@@ -51,7 +51,7 @@ from harness.sim.costs import MachineModel  # noqa: E402
 from harness.sim.simulator import SimLayout, SimOptions, simulate_system  # noqa: E402
 from harness.sim.validation import measured_actions  # noqa: E402
 from pipedream_impl.planner.cluster import Cluster, Level  # noqa: E402
-from pipedream_impl.planner.plan import balanced_bounds  # noqa: E402
+from pipedream_impl.planner.splits import balanced_bounds  # noqa: E402
 from pipedream_impl.profiling.profile import load_profile  # noqa: E402
 from pipedream_impl.schedule import registry as schedules  # noqa: E402
 from workloads import registry  # noqa: E402

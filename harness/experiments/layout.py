@@ -22,7 +22,8 @@ from harness.config import RunConfig
 from harness.experiments.link import bandwidth_source, local_bandwidth
 from harness.experiments.stage_times import predict
 from pipedream_impl.planner.cluster import Cluster, Level
-from pipedream_impl.planner.plan import balanced_bounds, load_plan, plan_profile
+from pipedream_impl.planner.plan import load_plan, plan_profile
+from pipedream_impl.planner.splits import balanced_bounds
 from pipedream_impl.profiling.profiler import profile_workload, update_ms
 from pipedream_impl.runtime.ties import check_ties, find_ties
 from workloads.base import Workload
@@ -78,9 +79,11 @@ def layer_count(workload: str, scale: str) -> int | None:
 
 def pipeline_layout(cfg: RunConfig, workload: Workload, batch_size: int,
                     device: torch.device) \
-        -> tuple[tuple[int, ...], tuple[tuple[int, int], ...], str, list[float] | None]:
+        -> tuple[tuple[int, ...], tuple[tuple[int, int], ...], str, list[float] | None,
+                 tuple[int, ...] | None]:
     """(replicas per stage, layer range per stage, how it was chosen, each stage's
-    predicted compute per minibatch in ms: None for data parallelism); a system that holds
+    predicted compute per minibatch in ms: None for data parallelism, and a plan's
+    minibatches in flight per stage: None without a plan); a system that holds
     several stages per worker gets workers x that many unreplicated stages. Which layout is
     ``harness.layouts.choose``'s decision; here the layers are split on a local profile
     (forward + backward + each layer's optimizer step), which also gives each stage's
@@ -97,13 +100,15 @@ def pipeline_layout(cfg: RunConfig, workload: Workload, batch_size: int,
                             layers=len(model.layers), model=f"{workload.name}/{cfg.scale}")
     if choice.source == layouts.DATA_PARALLEL:  # every worker a replica of the whole model
         return choice.replicas, ((0, len(model.layers)),), \
-            "data parallel (whole model on every worker)", None
+            "data parallel (whole model on every worker)", None, None
+    depths = None
     if choice.source == layouts.PLAN:
         replicas = choice.replicas
         bounds = tuple(tuple(s.layers) for s in plan.stages)
         how = f"plan {p.plan} ({plan.config})"
         per = batch_size / plan.batch_size if plan.batch_size else 1.0  # the plan's batch
         predicted = [1e3 * s.predicted_time_s * per for s in plan.stages]  # -> this run's
+        depths = plan.depths or None
     else:
         prof = profile_workload(workload, cfg.scale, batch_size, device, steps=3)
         layer_ms = [n.forward_ms + n.backward_ms + u for n, u in
@@ -113,6 +118,7 @@ def pipeline_layout(cfg: RunConfig, workload: Workload, batch_size: int,
             planned = plan_profile(prof, Cluster((Level(cfg.workers, bandwidth),)))
             replicas = tuple(s.replicas for s in planned.stages)
             bounds = tuple(tuple(s.layers) for s in planned.stages)
+            depths = planned.depths or None
             how = f"planned here ({planned.config}) from a local profile at " \
                 f"{bandwidth / 1e9:.2g} GB/s between workers ({bandwidth_source()})"
         else:  # --config, or a straight pipeline: one stage per worker
@@ -131,4 +137,4 @@ def pipeline_layout(cfg: RunConfig, workload: Workload, batch_size: int,
                             f"keeps no tied copies in sync: use {ours}, or keep the tied "
                             "layers on one stage")
     check_ties(model, bounds, replicas)  # what our runtime's tie rule cannot cover
-    return replicas, bounds, how, predicted
+    return replicas, bounds, how, predicted, depths

@@ -65,10 +65,11 @@ class PipelineMetrics:
 
 
 def system_settings(cfg: RunConfig, replicas: tuple[int, ...],
-                    bounds: tuple[tuple[int, int], ...], batch_size: int) \
-        -> tuple[SystemSettings, dict]:
-    """The executor's settings for ``cfg.system`` on this layout, and the params the run
-    logs about them (the registry's static params included)."""
+                    bounds: tuple[tuple[int, int], ...], batch_size: int,
+                    depths: tuple[int, ...] | None = None) -> tuple[SystemSettings, dict]:
+    """The executor's settings for ``cfg.system`` on this layout (``depths``: a plan's
+    minibatches in flight per stage), and the params the run logs about them (the
+    registry's static params included)."""
     system = cfg.definition
     params: dict = dict(system.params)
     if system.executor == STAGE_EXECUTOR:  # every pipeline of our runtime
@@ -85,13 +86,15 @@ def system_settings(cfg: RunConfig, replicas: tuple[int, ...],
         micro = 1
     in_flight = system.in_flight or cfg.pipeline.in_flight
     if system.weight_modes:
-        params.update(weights=cfg.pipeline.weights, in_flight=in_flight or "per-stage")
+        params.update(weights=cfg.pipeline.weights, in_flight=in_flight or (
+            "-".join(map(str, depths)) if depths else "per-stage"))
     if system.replicated_stages:
         params["stage_lr"] = cfg.pipeline.stage_lr
     p = cfg.pipeline
     settings = SystemSettings(replicas=replicas, bounds=bounds, executor=system.executor,
                               schedule=system.schedule or schedules.DEFAULT,
-                              weights=p.weights, in_flight=in_flight, microbatches=micro,
+                              weights=p.weights, in_flight=in_flight, depths=depths,
+                              microbatches=micro,
                               recompute=p.recompute, stage_lr=p.stage_lr, order=order)
     if order is not None:
         params["schedule_file"] = cfg.pipeline.schedule_file
@@ -131,13 +134,15 @@ def _summed(before: dict[str, list[float]], epoch: dict[str, list[float]]) \
 class PipelineTrainer:
     def __init__(self, cfg: RunConfig, workload: Workload, splits: DataSplits,
                  replicas: tuple[int, ...], bounds: tuple[tuple[int, int], ...],
-                 device: torch.device, progress: Progress) -> None:
+                 device: torch.device, progress: Progress,
+                 depths: tuple[int, ...] | None = None) -> None:
         self.cfg, self.workload, self.splits = cfg, workload, splits
-        self.replicas, self.bounds = replicas, bounds
+        self.replicas, self.bounds, self.depths = replicas, bounds, depths
         self.spec = workload.spec(cfg.scale)
         self.batch_size = cfg.data.batch_size or self.spec.batch_size
         self.progress = progress
-        self.settings, self.params = system_settings(cfg, replicas, bounds, self.batch_size)
+        self.settings, self.params = system_settings(cfg, replicas, bounds, self.batch_size,
+                                                     depths)
         self.microbatches = self.settings.microbatches
         if self.batch_size % self.microbatches:
             raise UserInputError(f"--microbatches {self.microbatches} does not divide the "
@@ -205,7 +210,8 @@ class PipelineTrainer:
                     "actions": m.actions, "links": m.links,
                     "bytes_sent": m.bytes_sent, "events_dropped": m.events_dropped}
         return self.held, {"eval_model": cpu_copy(self.model.state_dict()),
-                           "counters": counters, "layout": (self.replicas, self.bounds)}
+                           "counters": counters,
+                           "layout": (self.replicas, self.bounds, self.depths)}
 
     def restore(self, worker_states: list[dict], trainer_state: dict) -> None:
         """Continue a checkpointed run: every rank loads its state before its next epoch."""

@@ -244,13 +244,16 @@ def _trainer(cfg: RunConfig, workload: Workload, splits: DataSplits, device: tor
 
     predicted = None  # a resumed run's layout was balanced on another run's profile
     if resumed is not None:
-        replicas, bounds = resumed["layout"]
+        replicas, bounds, *depths = resumed["layout"]  # (older checkpoints: no depths)
+        depths = depths[0] if depths else None
         how = "the checkpoint's layout"
     else:
-        replicas, bounds, how, predicted = pipeline_layout(cfg, workload, batch_size, device)
+        replicas, bounds, how, predicted, depths = pipeline_layout(cfg, workload, batch_size,
+                                                                   device)
     progress.note(f"pipeline {'-'.join(map(str, replicas))} on {cfg.workers} workers, "
                   f"layers {list(bounds)}: {how}")
-    trainer = PipelineTrainer(cfg, workload, splits, replicas, bounds, device, progress)
+    trainer = PipelineTrainer(cfg, workload, splits, replicas, bounds, device, progress,
+                              depths)
     trainer.predicted_stage_ms = predicted  # stage_times: beside the measured, at the end
     params = dict(trainer.params)
     params.update(config="-".join(map(str, replicas)), stages=list(bounds), layout_source=how)

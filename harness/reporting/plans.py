@@ -13,6 +13,7 @@ from harness.sim.paper import planner_rows
 from pipedream_impl.planner.cluster import parse_cluster
 from pipedream_impl.planner.plan import Plan, plan_profile
 from pipedream_impl.profiling.profile import load_profile
+from pipedream_impl.schedule.actions import stage_depths
 
 __all__ = ["DISCUSSION", "plan_table", "planner_markdown"]
 
@@ -26,17 +27,20 @@ def plan_table(plan: Plan) -> Table:
         title += f", {plan.extra['allreduce']} among machines" \
             + (f" (k = {k} CPU machines)" if k else "")
     t = Table(title=title)
-    for col in ("stage", "layers (states)", "nodes", "replicas", "ranks",
+    for col in ("stage", "layers (states)", "nodes", "replicas", "ranks", "in flight",
                 "predicted time/minibatch"):
         t.add_column(col)
     bottleneck = max(s.predicted_time_s for s in plan.stages)
+    default = stage_depths(tuple(s.replicas for s in plan.stages))
+    depths = plan.depths or default
     for i, s in enumerate(plan.stages):
         nodes = f"{s.nodes[0]} .. {s.nodes[-1]} ({len(s.nodes)})" if s.nodes else ""
         ranks = ",".join(map(str, s.ranks)) if len(s.ranks) <= 8 else \
             f"{s.ranks[0]}..{s.ranks[-1]}"
         mark = " *" if s.predicted_time_s == bottleneck else ""
+        deeper = f" (+{depths[i] - default[i]})" if depths[i] > default[i] else ""
         t.add_row(str(i), f"[{s.layers[0]}, {s.layers[1]})", nodes, str(s.replicas), ranks,
-                  f"{1000 * s.predicted_time_s:.3f} ms{mark}")
+                  f"{depths[i]}{deeper}", f"{1000 * s.predicted_time_s:.3f} ms{mark}")
     per = "sample" if plan.batch_size else "minibatch (batch size unknown)"
     hidden = plan.cost_model == "pipebench" and plan.extra.get("overlap") is not False
     sync = "the weight sync its backward does not hide" if hidden else "weight sync"
@@ -46,7 +50,8 @@ def plan_table(plan: Plan) -> Table:
                  f"{p['speedup_vs_data_parallel']:.2f}x over data parallelism; "
                  f"{fmt_bytes(p['bytes_per_sample'])} per {per} vs "
                  f"{fmt_bytes(p['bytes_per_sample_data_parallel'])} for data parallelism; "
-                 f"states: {plan.state_method}")
+                 f"states: {plan.state_method}; in flight: minibatches a stage holds, (+n) "
+                 "beyond PipeDream's warm-up for the time its transfers take")
     return t
 
 

@@ -41,7 +41,8 @@ from harness.sim.costs import (
 )
 from pipedream_impl.planner.antichain import input_nodes
 from pipedream_impl.planner.cluster import Cluster
-from pipedream_impl.planner.plan import Plan, min_max_split
+from pipedream_impl.planner.plan import Plan
+from pipedream_impl.planner.splits import min_max_split
 from pipedream_impl.profiling.profile import Profile, infer_batch_size
 from pipedream_impl.schedule import (
     ACTION_NAMES,
@@ -76,11 +77,13 @@ class SimResult:
 
 
 def build_schedule(system: systems.System, replicas: tuple[int, ...], minibatches: int,
-                   microbatches: int, order: tuple | None = None) -> Schedule:
+                   microbatches: int, order: tuple | None = None,
+                   depths: tuple[int, ...] | None = None) -> Schedule:
     """The runtime's schedule for ``system`` (data parallelism: 1F1B on one replicated
     stage), built by the schedule registry (a schedule file's from its compute ``order``);
-    replicated stages run whole rounds."""
-    layout = Layout(replicas)
+    replicated stages run whole rounds; ``depths``: a plan's minibatches in flight per
+    stage (``Layout.depths``)."""
+    layout = Layout(replicas, depths)
     if system.rules is not None and system.rules.microbatched:
         return schedules.build(system.schedule, layout, minibatches, microbatches,
                                order=order)
@@ -97,6 +100,7 @@ class SimLayout:
     replicas: tuple[int, ...]
     placement: list[int] | None = None
     how: str = ""  # how it was chosen (for people)
+    depths: tuple[int, ...] | None = None  # a plan's minibatches in flight per stage
 
 
 @dataclass(frozen=True)
@@ -149,7 +153,7 @@ def simulate_system(profile: Profile, cluster: Cluster, system: str, layout: Sim
         if sys_.microbatched else 1
     if sys_.stages_per_rank > 1:
         return _simulate_multistage(profile, cluster, sys_, layout, o, b, m)
-    sched = build_schedule(sys_, replicas, minibatches, m, o.order)
+    sched = build_schedule(sys_, replicas, minibatches, m, o.order, layout.depths)
     stages = stage_costs(profile, layout.groups)
     placement = layout.placement or list(range(sum(replicas)))
     share = 1.0 if o.unit_profiled else 1.0 / m
@@ -363,6 +367,7 @@ def layout_for(profile: Profile, cluster: Cluster, system: str, config: str | No
             raise UserInputError(f"the plan uses {max(placement) + 1} workers; the cluster has "
                                  f"{cluster.workers}: plan for this cluster")
         how = f"plan ({plan.config})"
+        return SimLayout(groups, replicas, placement, how, plan.depths or None)
     elif choice.source == layouts.CONFIG:
         replicas = choice.replicas
         groups, placement = config_groups(profile, replicas, cluster), None
@@ -375,6 +380,7 @@ def layout_for(profile: Profile, cluster: Cluster, system: str, config: str | No
         p = plan_profile(profile, target, straight=straight)
         groups, replicas, placement = plan_groups(p)
         how = f"planned ({p.config}{', straight' if straight else ''})"
+        return SimLayout(groups, replicas, placement, how, p.depths or None)
     return SimLayout(groups, replicas, placement, how)
 
 

@@ -3,11 +3,13 @@
 A plan lists stages in pipeline order, each with its range of states (for a chain profile,
 layers ``[start, stop)``), the profile nodes it holds, its replicas and worker ranks, and
 its predicted time per minibatch; NOAM (number of optimal active minibatches) =
-ceil(workers / replicas of the input stage), the paper's (the schedule's warm-up is
-``schedule.actions.stage_depths``: more where neighbouring stages' replica counts
-differ); and the predictions other tools read::
+ceil(workers / replicas of the input stage), the paper's; ``depths``, the minibatches
+each stage holds in flight under 1F1B(-RR), which the runtime and the simulator use: the
+schedule's warm-up (``schedule.actions.stage_depths``: more than NOAM's where
+neighbouring stages' replica counts differ) and more where the cuts' transfers need it
+(``depths``); and the predictions other tools read::
 
-    {"config": "15-1", "config_label": "15-1", "workers": 16, "noam": 2,
+    {"config": "15-1", "config_label": "15-1", "workers": 16, "noam": 2, "depths": [30, 1],
      "stages": [{"layers": [0, 31], "nodes": [...], "replicas": 15, "ranks": [...],
                  "predicted_time_s": ...}, ...],
      "predicted": {"time_per_minibatch_s", "throughput_minibatches_per_s",
@@ -34,13 +36,13 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
 from core.collectives import Sync, ring_factor
-from core.errors import UserInputError, read_text
+from core.errors import ScheduleError, UserInputError, read_text
 from pipedream_impl.planner.antichain import MAX_STATES, States, build_states, coarsen
 from pipedream_impl.planner.cluster import Cluster
+from pipedream_impl.planner.depths import cut_seconds, transfer_depths
 from pipedream_impl.planner.optimizer import (
     MAX_STATES_MULTI_LEVEL,
     MAX_TRIPLES_MULTI_LEVEL,
@@ -49,9 +51,9 @@ from pipedream_impl.planner.optimizer import (
 )
 from pipedream_impl.planner.sync_cost import data_parallel_time
 from pipedream_impl.profiling.profile import Profile, infer_batch_size
+from pipedream_impl.schedule.actions import Layout
 
-__all__ = ["Plan", "Stage", "balanced_bounds", "build_plan", "load_plan", "min_max_split",
-           "plan_profile"]
+__all__ = ["Plan", "Stage", "build_plan", "load_plan", "plan_profile"]
 
 _PLAN_HINT = "make one with `pipebench plan --profile FILE --cluster C -o plan.json`"
 _STAGE_KEYS = ("layers", "replicas", "ranks", "predicted_time_s")
@@ -77,10 +79,16 @@ class Plan:
     batch_size: int = 0
     profile: str = ""
     extra: dict = field(default_factory=dict)
+    depths: tuple[int, ...] = ()  # minibatches in flight per stage (``depths``); (): default
 
     def __post_init__(self) -> None:
         if not self.stages:
             raise UserInputError("a plan needs at least one stage")
+        if self.depths:
+            try:
+                Layout(tuple(s.replicas for s in self.stages), tuple(self.depths))
+            except ScheduleError as e:
+                raise UserInputError(f"\"depths\": {e}") from None
         if self.stages[0].layers[0] != 0:
             raise UserInputError(f"the first stage must start at layer 0, not "
                                  f"{self.stages[0].layers[0]}")
@@ -146,7 +154,11 @@ class Plan:
         stages = tuple(_stage(i, s) for i, s in enumerate(d["stages"]))
         keep = ("workers", "predicted", "cluster", "cost_model", "state_method",
                 "batch_size", "profile", "extra")
-        plan = Plan(stages, **{k: d[k] for k in keep if k in d})
+        depths = d.get("depths", [])
+        if not (isinstance(depths, list) and all(map(_whole, depths))):
+            raise UserInputError(f"\"depths\" must be a list of whole numbers, one per "
+                                 f"stage (got {depths!r})")
+        plan = Plan(stages, **{k: d[k] for k in keep if k in d}, depths=tuple(depths))
         ranks = [r for s in plan.stages for r in s.ranks]
         if max(ranks) >= plan.workers:
             raise UserInputError(f"rank {max(ranks)} is not below \"workers\" "
@@ -239,9 +251,9 @@ def build_plan(sol: Solution, batch_size: int = 0, profile: str = "") -> Plan:
     top = len(cluster.levels) - 1
     flat = _flatten(sol, top, 0, len(states) - 1, cluster.levels[top].workers - 1)
     rank_lists = _assign_ranks(flat, [lv.workers for lv in cluster.levels])
-    stages = []
+    stages, cuts = [], []  # cuts: seconds of one transfer across the cut after each stage
     bytes_mb = 0.0
-    for (start, stop, reps), ranks in zip(flat, rank_lists, strict=True):
+    for i, ((start, stop, reps), ranks) in enumerate(zip(flat, rank_lists, strict=True)):
         replicas = math.prod(reps)
         p = states.parameter_bytes[stop] - (states.parameter_bytes[start - 1] if start else 0)
         c = states.compute_s[stop] - (states.compute_s[start - 1] if start else 0)
@@ -252,6 +264,9 @@ def build_plan(sol: Solution, batch_size: int = 0, profile: str = "") -> Plan:
         nodes = tuple(n for n in states.members[stop] if n not in before)
         stages.append(Stage((start, stop + 1), replicas, tuple(ranks), float(c / replicas),
                             nodes))
+        if i + 1 < len(flat):
+            cuts.append(cut_seconds(cluster, float(states.output_bytes[stop]), tuple(ranks),
+                                    tuple(rank_lists[i + 1])))
     total = float(states.compute_s[-1])
     dp = data_parallel_time(states, cluster, sol.model, sol.sync, sol.overlap)
     w = cluster.workers
@@ -271,8 +286,10 @@ def build_plan(sol: Solution, batch_size: int = 0, profile: str = "") -> Plan:
                  "speedup_vs_data_parallel": dp / sol.time,
                  "bytes_per_sample": bytes_mb / b,
                  "bytes_per_sample_data_parallel": dp_bytes / b}
+    depths = transfer_depths(tuple(s.replicas for s in stages),
+                             [s.predicted_time_s * s.replicas for s in stages], cuts, sol.time)
     return Plan(tuple(stages), w, predicted, cluster.describe(), sol.model,
-                states.method, batch_size, profile, extra)
+                states.method, batch_size, profile, extra, depths)
 
 
 def _sync_bytes(reps: list[int], nbytes: float, sync: Sync) -> float:
@@ -346,43 +363,3 @@ def plan_profile(profile: Profile, cluster: Cluster, model: str = "pipebench",
                              "(raise --memory-limit or add workers)")
     b = batch_size or profile.batch_size or infer_batch_size(profile)
     return build_plan(sol, b, profile.source or profile.workload)
-
-
-def min_max_split(n: int, stages: int, cost: Callable[[int, int, int], float],
-                  combine: Callable[[float, float], float] = max) \
-        -> tuple[tuple[int, int], ...]:
-    """Split items ``0..n-1`` into ``stages`` contiguous non-empty ranges that minimise the
-    largest ``cost(i, a, b)`` (stage ``i`` holding ``[a, b)``): an exact DP over cut
-    positions, O(S n^2). ``combine``: how stage costs add up (``max``: the bottleneck;
-    ``operator.add``: a total, e.g. bytes; an infinite cost rules a range out). Ties go to
-    the earliest cut."""
-    inf = float("inf")
-    best = [[inf] * (n + 1) for _ in range(stages + 1)]
-    cut = [[0] * (n + 1) for _ in range(stages + 1)]
-    best[0][0] = 0.0
-    for i in range(1, stages + 1):
-        for b in range(i, n - (stages - i) + 1):
-            for a in range(i - 1, b):
-                if best[i - 1][a] == inf:
-                    continue
-                v = combine(best[i - 1][a], cost(i - 1, a, b))
-                if v < best[i][b]:
-                    best[i][b], cut[i][b] = v, a
-    bounds, b = [], n
-    for i in range(stages, 0, -1):
-        bounds.append((cut[i][b], b))
-        b = cut[i][b]
-    return tuple(reversed(bounds))
-
-
-def balanced_bounds(layer_ms: list[float],
-                    replicas: tuple[int, ...]) -> tuple[tuple[int, int], ...]:
-    """Layer ranges for a fixed config (e.g. 2-1-1): minimise max(stage time / replicas)
-    over contiguous splits of a chain."""
-    n, s = len(layer_ms), len(replicas)
-    if s > n:
-        raise UserInputError(f"config has {s} stages but the model has only {n} layers")
-    prefix = [0.0]
-    for t in layer_ms:
-        prefix.append(prefix[-1] + t)
-    return min_max_split(n, s, lambda i, a, b: (prefix[b] - prefix[a]) / replicas[i])

@@ -112,6 +112,7 @@ class SystemSettings:
     schedule: str = schedules.DEFAULT  # a name in the schedule registry
     weights: str = WEIGHT_MODES[0]  # stash | vertical-sync | none
     in_flight: int | None = None  # None: PipeDream's per-stage warm-up; 1: model parallelism
+    depths: tuple[int, ...] | None = None  # a plan's minibatches in flight per stage
     microbatches: int = 1  # per minibatch (flush pipelines; data parallelism: ranks)
     recompute: bool = False  # flush: re-materialise activations in the backward
     stage_lr: str = STAGE_LR_RULES[0]  # replicas: PipeDream's per-stage rate; same: one
@@ -180,8 +181,8 @@ class WorkerPieces:
         if own_peak:
             reset_peak_memory(device)
         model = wl.build(spec.run.scale, {**splits.train.meta, "init_seed": spec.run.seed})
-        return cls(spec, Layout(spec.system.replicas), device, wl, wl.spec(spec.run.scale),
-                   splits, model)
+        return cls(spec, Layout(spec.system.replicas, spec.system.depths), device, wl,
+                   wl.spec(spec.run.scale), splits, model)
 
     def steps_per_epoch(self) -> int:
         n = len(self.splits.train) // self.spec.run.batch_size

@@ -80,9 +80,20 @@ def parse_action(text: str) -> Action:
 
 @dataclass(frozen=True)
 class Layout:
-    """Which rank runs which stage replica: ranks are assigned stage by stage."""
+    """Which rank runs which stage replica: ranks are assigned stage by stage; ``depths``:
+    minibatches each stage holds in flight under 1F1B(-RR), a plan's (``planner.depths``:
+    deep enough for its transfers), None: ``stage_depths``."""
 
     replicas: tuple[int, ...]
+    depths: tuple[int, ...] | None = None
+
+    def __post_init__(self) -> None:
+        d = self.depths
+        if d is not None and (len(d) != len(self.replicas) or any(
+                not isinstance(x, int) or x < r or x % r
+                for x, r in zip(d, self.replicas, strict=False))):
+            raise ScheduleError(f"in-flight depths {list(d)}: one per stage, each a positive "
+                                f"multiple of the stage's replicas {list(self.replicas)}")
 
     @property
     def workers(self) -> int:
@@ -157,32 +168,38 @@ class Schedule:
 def warmup_count(layout: Layout, stage: int, in_flight: int | None) -> int:
     """Forwards a replica of ``stage`` runs before its first backward under 1F1B(-RR): its
     share of the minibatches in flight. ``in_flight`` given: ceil(in_flight / r_s) on
-    every stage (at least 1). Default: ``stage_depths(layout)[stage] / r_s``."""
+    every stage (at least 1). Else the layout's depths (a plan's), divided by r_s; without
+    them ``stage_depths(layout.replicas)[stage] / r_s``."""
     if in_flight is not None:
         return max(1, math.ceil(in_flight / layout.replicas[stage]))
-    return stage_depths(layout.replicas)[stage] // layout.replicas[stage]
+    depths = layout.depths or stage_depths(layout.replicas)
+    return depths[stage] // layout.replicas[stage]
 
 
-def stage_depths(replicas: tuple[int, ...]) -> tuple[int, ...]:
-    """Minibatches each stage holds in flight by default (r_s per warm-up forward).
+def stage_depths(replicas: tuple[int, ...],
+                 extra: tuple[float, ...] | None = None) -> tuple[int, ...]:
+    """Minibatches each stage holds in flight by default (r_s per warm-up forward);
+    ``extra``: minibatches more per stage, before rounding up to whole rounds (a plan's,
+    for the time its transfers take: ``planner.depths``).
 
     From the last stage up: D_last = r_last, and D_s = r_s x ceil((D_{s+1} + r_s +
-    (r_{s+1} - g) + (r_s - g)) / r_s), g = gcd(r_s, r_{s+1}). Why: a replicated stage's
-    all-reduce is a barrier after each round, so its replicas run a round of r_s minibatches
-    in lockstep; a round of stage s spans rounds of stage s+1 that start up to r_{s+1} - g
-    minibatch periods later (forward) and end up to r_s - g earlier (backward), and stage s
-    must hold that many minibatches more than stage s+1, besides its own round, for no
-    replica to wait at the all-reduce or on a receive (with balanced stages the simulated
-    time per minibatch is then the ideal one). With equal replica counts both terms vanish
-    and D_s is the number of workers of stage s and later: PipeDream's NOAM per stage,
-    ceil(workers from s on / r_s) forwards (the input stage's is the paper's NOAM); the
-    rule never gives fewer than that.
+    (r_{s+1} - g) + (r_s - g) + extra_s) / r_s), g = gcd(r_s, r_{s+1}). Why: a replicated
+    stage's all-reduce is a barrier after each round, so its replicas run a round of r_s
+    minibatches in lockstep; a round of stage s spans rounds of stage s+1 that start up to
+    r_{s+1} - g minibatch periods later (forward) and end up to r_s - g earlier (backward),
+    and stage s must hold that many minibatches more than stage s+1, besides its own round,
+    for no replica to wait at the all-reduce or on a receive (with balanced stages the
+    simulated time per minibatch is then the ideal one). With equal replica counts both
+    terms vanish and D_s is the number of workers of stage s and later: PipeDream's NOAM
+    per stage, ceil(workers from s on / r_s) forwards (the input stage's is the paper's
+    NOAM); the rule never gives fewer than that.
     """
+    more = extra or (0.0,) * len(replicas)
     depths = [replicas[-1]]
     for s in range(len(replicas) - 2, -1, -1):
         r, nxt = replicas[s], replicas[s + 1]
         g = math.gcd(r, nxt)
-        need = depths[0] + r + (nxt - g) + (r - g)
+        need = depths[0] + r + (nxt - g) + (r - g) + more[s]
         depths.insert(0, r * math.ceil(need / r))
     return tuple(depths)
 

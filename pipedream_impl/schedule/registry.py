@@ -135,7 +135,7 @@ def build(name: str, layout: Layout, minibatches: int, microbatches: int = 1,
             raise UserInputError(f"the {name} schedule is read from a file: give "
                                  "--schedule-file FILE")
         sched = from_compute_order([list(row) for row in order], minibatches, microbatches)
-        if sched.stage_ranks is not None or sched.layout != layout:
+        if sched.stage_ranks is not None or sched.layout.replicas != layout.replicas:
             raise UserInputError(f"the schedule file puts {sched.stages} stages on "
                                  f"{sched.layout.workers} ranks; this run has "
                                  f"{layout.workers} workers of one stage each (stage s on "

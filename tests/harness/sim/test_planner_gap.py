@@ -3,6 +3,8 @@ runtime schedule simulated, checked on plans whose times have a closed form."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from harness.sim import planner_gap
@@ -63,17 +65,25 @@ def test_a_balanced_straight_pipeline_on_free_links_meets_the_prediction() -> No
     assert row["planner_gap"] == "" and planner_gap.label(row) == "1.00x"
 
 
-def test_transfers_the_in_flight_minibatches_do_not_cover_are_the_schedules_own() -> None:
+def test_transfers_the_default_depths_do_not_cover_are_the_schedules_own() -> None:
     # the cut's 1 MB takes 10 ms each way at 100 MB/s, as long as a forward: the planner
     # takes the slowest of compute (30 ms) and transfers (20 ms), as if they overlapped
     prof = chain([10.0, 10.0], [1 * MB, 0.5 * MB], [0.0, 0.0])
     cl = Cluster((Level(2, 100 * MB),))
     plan = plan_profile(prof, cl, straight=True)
     assert plan.predicted["time_per_minibatch_s"] == pytest.approx(0.030)
+    # with the plan's depths (3, 1: ``planner.depths``) the schedule runs as planned
     row = planner_gap.gap(prof, cl, plan, SimOptions(minibatches=256))
+    assert plan.depths == (3, 1)
+    assert row["simulated_over_planned"] == pytest.approx(1.0, rel=1e-3)
+    assert row["planner_gap"] == ""
+    # PipeDream's default (2, 1) leaves stage 0 waiting for gradients: one round trip of
+    # F1 + 10 + F2 + B2 + 10 + B1 = 80 ms per 2 minibatches, 40 ms each
+    shallow = replace(plan, depths=())
+    row = planner_gap.gap(prof, cl, shallow, SimOptions(minibatches=256))
     # no replicas, so no all-reduce: overlapping it or not is the same schedule
     assert row["blocking_over_planned"] == pytest.approx(row["simulated_over_planned"])
-    assert row["simulated_over_planned"] > 1 + planner_gap.TOLERANCE
+    assert row["simulated_over_planned"] == pytest.approx(40 / 30, rel=1e-3)
     assert row["planner_gap"].startswith("the schedule itself")
 
 

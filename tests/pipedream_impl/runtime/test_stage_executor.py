@@ -90,6 +90,29 @@ def test_weights_follow_pipedreams_update_rule(splits, weights: str) -> None:
     _assert_same(pipe.model, ref)
 
 
+def test_a_plans_depths_deepen_the_warm_up_and_the_weights_follow_that_schedule(splits) \
+        -> None:
+    """A plan's in-flight depths (``planner.depths``) reach every worker's schedule: three
+    minibatches in flight on stage 0 (the default is two), and the weights are the
+    reference's on that schedule, not on the default one."""
+    replicas, bounds, depths = (1, 1), ((0, 20), (20, 40)), (3, 1)
+    t = PipelineTrainer(_cfg(2), WL, splits, replicas, bounds, torch.device("cpu"), quiet(),
+                        depths)
+    try:
+        t.train_epoch(0)
+    finally:
+        t.close()
+    assert t.params["in_flight"] == "3-1"
+    model = WL.build("tiny", {**splits.train.meta, "init_seed": 0})
+    deep = simulate_pipedream(WL, "tiny", splits, model, bounds,
+                              one_f_one_b(Layout(replicas, depths), STEPS, "stash"), 32, 0)
+    default = simulate_pipedream(WL, "tiny", splits, model, bounds,
+                                 one_f_one_b(Layout(replicas), STEPS, "stash"), 32, 0)
+    _assert_same(t.model, deep)
+    assert max((a - b).abs().max() for a, b in zip(deep.parameters(), default.parameters(),
+                                                    strict=True)) > 1e-4
+
+
 def test_stale_weights_differ_from_sequential_sgd(splits) -> None:
     """The reference really depends on the versions: stash != sequential SGD."""
     replicas, bounds = (1, 1, 1), ((0, 10), (10, 25), (25, 40))
