@@ -6,7 +6,8 @@ where those are slower (``pipedream_impl.planner.optimizer``, ``sync_cost``). Th
 runs that plan's 1F1B-RR schedule, and the simulator replays the schedule action by action:
 fill and drain, the rounds of replicated stages that wait for each other, transfers sharing
 links, and the all-reduce the runtime's gradient buckets start during the round's last
-backward (``pipedream_impl.runtime.grad_buckets``). Where the two disagree, the planner
+backward (``pipedream_impl.runtime.grad_buckets``), each stage warmed up to the plan's
+depths (``pipedream_impl.planner.depths``). Where the two disagree, the planner
 chooses among plans by a time the runtime does not run at, so every ``reproduce`` table
 that shows a plan shows this comparison: the one tolerance (``TOLERANCE``), the ratio,
 and, where a row misses, why, from the simulation's own numbers. The same plan is also
@@ -62,7 +63,7 @@ def _why(ratio: float, blocking: float, sim: SimResult, summed: bool) -> str:
     return (f"the schedule itself: the busiest worker computes {busiest:.0%} of the time and "
             "waits on receives the rest (fill and drain, other rounds, or transfers its "
             "minibatches in flight do not cover: the planner counts transfers as overlapped "
-            "with compute)")
+            "with compute, and a plan without depths runs PipeDream's default warm-up)")
 
 
 def label(row: dict) -> str:

@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 from core.collectives import Sync, ring_factor
 from core.errors import ScheduleError, UserInputError, read_text
@@ -362,4 +362,21 @@ def plan_profile(profile: Profile, cluster: Cluster, model: str = "pipebench",
         raise UserInputError("no feasible plan: every partition exceeds the memory limit "
                              "(raise --memory-limit or add workers)")
     b = batch_size or profile.batch_size or infer_batch_size(profile)
-    return build_plan(sol, b, profile.source or profile.workload)
+    plan = build_plan(sol, b, profile.source or profile.workload)
+    return plan if memory_limit is None else _depths_within(plan, states, memory_limit)
+
+
+def _depths_within(plan: Plan, states: States, limit: float) -> Plan:
+    """``plan`` with PipeDream's default depths where its deeper ones (``depths``) would
+    stash more weight versions and activations than ``limit`` bytes on some worker (the
+    search counted the default's; a stage of r replicas holds depth / r of them)."""
+    def held(stage: Stage, depth: int) -> float:
+        a, z = stage.layers[0] - 1, stage.layers[1] - 1
+        act, par = (float(x[z] - (x[a] if a >= 0 else 0.0))
+                    for x in (states.activation_bytes, states.parameter_bytes))
+        return (act + par) * depth / stage.replicas
+
+    if not plan.depths or all(held(s, d) <= limit
+                              for s, d in zip(plan.stages, plan.depths, strict=True)):
+        return plan
+    return replace(plan, depths=(), extra={**plan.extra, "depths": "default (memory limit)"})

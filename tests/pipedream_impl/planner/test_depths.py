@@ -61,6 +61,17 @@ def test_a_plan_records_its_depths_and_a_plan_file_is_checked() -> None:
             Plan.from_json(json.dumps({**d, "depths": bad}))
 
 
+def test_a_memory_limit_the_deeper_stash_would_break_keeps_the_default_depths() -> None:
+    # stage 0 holds its 1 MB of activations once per minibatch in flight: 3 MB at depth 3
+    prof = chain([10.0, 10.0], [1 * MB, 0.5 * MB], [0.0, 0.0])
+    cl = Cluster((Level(2, 100 * MB),))
+    roomy = plan_profile(prof, cl, straight=True, memory_limit=3.5 * MB)
+    assert roomy.depths == (3, 1) and "depths" not in roomy.extra
+    tight = plan_profile(prof, cl, straight=True, memory_limit=2.5 * MB)
+    assert tight.depths == () and tight.extra["depths"] == "default (memory limit)"
+    assert Plan.from_json(tight.to_json()).depths == ()
+
+
 def _random_plan(rng: random.Random) -> tuple:
     n = rng.randint(3, 8)
     prof = chain([rng.uniform(1, 20) for _ in range(n)],
