@@ -286,10 +286,24 @@ def build_plan(sol: Solution, batch_size: int = 0, profile: str = "") -> Plan:
                  "speedup_vs_data_parallel": dp / sol.time,
                  "bytes_per_sample": bytes_mb / b,
                  "bytes_per_sample_data_parallel": dp_bytes / b}
-    depths = transfer_depths(tuple(s.replicas for s in stages),
-                             [s.predicted_time_s * s.replicas for s in stages], cuts, sol.time)
+    depths = transfer_depths(tuple(s.replicas for s in stages), *_halves(states, stages),
+                             cuts, sol.time)
     return Plan(tuple(stages), w, predicted, cluster.describe(), sol.model,
                 states.method, batch_size, profile, extra, depths)
+
+
+def _halves(states: States, stages: list[Stage]) -> tuple[list[float], list[float]]:
+    """Each stage's forward and backward seconds per minibatch on one replica (a state
+    method without backward times: PipeDream's usual 1:2)."""
+    forward, backward = [], []
+    for st in stages:
+        c = st.predicted_time_s * st.replicas
+        a, z = st.layers[0] - 1, st.layers[1] - 1
+        b = 2.0 * c / 3.0 if states.backward_s is None else \
+            float(states.backward_s[z] - (states.backward_s[a] if a >= 0 else 0.0))
+        forward.append(c - b)
+        backward.append(b)
+    return forward, backward
 
 
 def _sync_bytes(reps: list[int], nbytes: float, sync: Sync) -> float:

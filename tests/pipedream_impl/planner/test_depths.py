@@ -13,20 +13,43 @@ import pytest
 from core.errors import UserInputError
 from harness.sim.simulator import SimOptions, layout_for, simulate_system
 from pipedream_impl.planner.cluster import Cluster, Level
-from pipedream_impl.planner.depths import cut_level, cut_seconds, transfer_depths
+from pipedream_impl.planner.depths import (
+    WORTH,
+    cut_level,
+    cut_seconds,
+    deepest,
+    engine_period,
+    transfer_depths,
+)
 from pipedream_impl.planner.plan import Plan, plan_profile
 from pipedream_impl.schedule.actions import stage_depths
 from tests.harness.sim.test_planner_gap import MB, chain
 
 
-def test_a_slow_cut_deepens_the_stage_before_it_by_hand() -> None:
+def test_the_rule_deepens_the_stage_before_a_slow_cut_by_hand() -> None:
     # stage 1 computes 30 ms per minibatch and the cut takes 10 ms each way at a 30 ms
     # period: stage 0 must hold D_1 - r_1 + (30 + 20) / 30 + r_0 = 1 - 1 + 1.67 + 1 -> 3
-    assert transfer_depths((1, 1), [30e-3, 30e-3], [10e-3], 30e-3) == (3, 1)
+    assert deepest((1, 1), [30e-3, 30e-3], [10e-3], 30e-3) == (3, 1)
     # the same cut free: PipeDream's depths (2, 1)
-    assert transfer_depths((1, 1), [30e-3, 30e-3], [0.0], 30e-3) == (2, 1)
+    assert deepest((1, 1), [30e-3, 30e-3], [0.0], 30e-3) == (2, 1)
     # three stages, only the last cut slow: both earlier stages hold one more
-    assert transfer_depths((1, 1, 1), [1e-3, 1e-3, 1e-3], [0.0, 1e-3], 1e-3) == (5, 4, 1)
+    assert deepest((1, 1, 1), [1e-3, 1e-3, 1e-3], [0.0, 1e-3], 1e-3) == (5, 4, 1)
+
+
+def test_the_engine_keeps_the_deeper_depths_only_where_the_default_waits() -> None:
+    # F 10 ms, B 20 ms on both stages, 10 ms each way: with 2 in flight stage 0 waits for
+    # a round trip of 10 + 10 + 10 + 20 + 10 + 20 = 80 ms per 2 minibatches (40 ms each)
+    f, b = [10e-3, 10e-3], [20e-3, 20e-3]
+    assert engine_period((1, 1), (2, 1), f, b, [10e-3]) == pytest.approx(40e-3)
+    assert engine_period((1, 1), (3, 1), f, b, [10e-3]) == pytest.approx(30e-3)
+    assert transfer_depths((1, 1), f, b, [10e-3], 30e-3) == (3, 1)
+    # stage 0 at a third of the period: its slack covers the cut, so the default stays
+    # (the rule alone would deepen it: it waits on no stage's slack)
+    f0 = [10e-3 / 3, 10e-3]
+    b0 = [20e-3 / 3, 20e-3]
+    assert deepest((1, 1), [10e-3, 30e-3], [10e-3], 30e-3) == (3, 1)
+    assert engine_period((1, 1), (2, 1), f0, b0, [10e-3]) == pytest.approx(30e-3)
+    assert transfer_depths((1, 1), f0, b0, [10e-3], 30e-3) == (2, 1)
 
 
 def test_free_cuts_never_ask_more_than_the_schedules_own_rule() -> None:
@@ -35,8 +58,10 @@ def test_free_cuts_never_ask_more_than_the_schedules_own_rule() -> None:
         reps = tuple(rng.randint(1, 4) for _ in range(rng.randint(2, 5)))
         period = rng.uniform(1e-3, 5e-3)
         compute = [rng.uniform(0, period * r) for r in reps]  # no stage above the period
-        assert transfer_depths(reps, compute, [0.0] * (len(reps) - 1), period) == \
+        assert deepest(reps, compute, [0.0] * (len(reps) - 1), period) == \
             stage_depths(reps), reps
+        assert transfer_depths(reps, [c / 3 for c in compute], [2 * c / 3 for c in compute],
+                               [0.0] * (len(reps) - 1), period) == stage_depths(reps)
 
 
 def test_the_cut_crosses_the_innermost_level_holding_both_ranks() -> None:
@@ -87,9 +112,9 @@ def _random_plan(rng: random.Random) -> tuple:
 
 
 def test_random_plans_run_at_their_planned_time_with_their_depths() -> None:
-    """The runtime's schedule, replayed by the simulator with the plan's depths, runs at
-    the planned time per minibatch; with PipeDream's default depths some plans run slower
-    (the rule's reason to exist), and none runs faster."""
+    """The runtime's schedule, replayed by the simulator with the plan's depths, runs
+    within ``WORTH`` of the planned time per minibatch; with PipeDream's default depths
+    some plans run slower (the rule's reason to exist), and none runs faster."""
     rng = random.Random(11)
     pipelines = slower_by_default = 0
     for _ in range(100):
@@ -103,7 +128,8 @@ def test_random_plans_run_at_their_planned_time_with_their_depths() -> None:
         default = simulate_system(prof, cl, "pipedream", replace(layout, depths=None),
                                   o).time_per_minibatch_s
         planned = plan.predicted["time_per_minibatch_s"]
-        assert ours <= planned * 1.01, (plan.config, plan.depths, ours / planned)
+        # the engine's view leaves out links shared and all-reduces: a point of slack
+        assert ours <= planned * (1 + WORTH + 0.01), (plan.config, plan.depths, ours / planned)
         assert ours <= default * (1 + 1e-9)
-        slower_by_default += default > planned * 1.02
+        slower_by_default += default > planned * (1 + WORTH)
     assert pipelines >= 30 and slower_by_default >= 3, (pipelines, slower_by_default)
