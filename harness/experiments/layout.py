@@ -108,7 +108,8 @@ def pipeline_layout(cfg: RunConfig, workload: Workload, batch_size: int,
         how = f"plan {p.plan} ({plan.config})"
         per = batch_size / plan.batch_size if plan.batch_size else 1.0  # the plan's batch
         predicted = [1e3 * s.predicted_time_s * per for s in plan.stages]  # -> this run's
-        depths = plan.depths or None
+        # a plan's depths are its stages', one per worker where each holds one stage
+        depths = plan.depths if plan.depths and len(plan.depths) == len(replicas) else None
     else:
         prof = profile_workload(workload, cfg.scale, batch_size, device, steps=3)
         layer_ms = [n.forward_ms + n.backward_ms + u for n, u in
