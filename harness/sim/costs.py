@@ -154,11 +154,8 @@ class Topology:
         self.group_sizes = sizes  # workers under one group at each level
 
     def level(self, a: int, b: int) -> int:
-        wa, wb = self.placement[a], self.placement[b]
-        for i, size in enumerate(self.group_sizes[:-1]):
-            if wa // size == wb // size:
-                return i
-        return len(self.group_sizes) - 1
+        """The level of the link between ranks ``a`` and ``b`` (``Cluster.link_level``)."""
+        return self.cluster.link_level(self.placement[a], self.placement[b])
 
     def ring_groups(self, ranks: tuple[int, ...]) -> list[tuple[int, list[int]]]:
         """(level, sizes) of a hierarchical ring all-reduce over ``ranks``: at each level

@@ -81,6 +81,16 @@ class Cluster:
     def workers(self) -> int:
         return math.prod(lv.workers for lv in self.levels)
 
+    def link_level(self, a: int, b: int) -> int:
+        """The level of the link between workers ``a`` and ``b``: the innermost level whose
+        units hold both (0: the same server)."""
+        size = 1
+        for i, lv in enumerate(self.levels[:-1]):
+            size *= lv.workers
+            if a // size == b // size:
+                return i
+        return len(self.levels) - 1
+
     def describe(self) -> str:
         parts = " x ".join(f"{lv.workers} @ {lv.bandwidth / 1e9:g} GB/s"
                            + ("" if lv.sync_bandwidth is None else

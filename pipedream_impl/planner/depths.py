@@ -37,7 +37,7 @@ from pipedream_impl.schedule.actions import Action, Layout, stage_depths
 from pipedream_impl.schedule.builders import one_f_one_b
 from pipedream_impl.schedule.engine import simulate
 
-__all__ = ["WORTH", "cut_level", "cut_seconds", "deepest", "engine_period", "transfer_depths"]
+__all__ = ["WORTH", "cut_seconds", "deepest", "engine_period", "transfer_depths"]
 
 _SLACK = 1e-9  # an excess a hair over a whole number from rounding is that whole number
 # a deeper warm-up stashes one more weight version and set of activations per step of
@@ -116,22 +116,12 @@ def engine_period(replicas: tuple[int, ...], depths: tuple[int, ...], forward_s:
     return (done[hi - 1] - done[lo - 1]) / (hi - lo)
 
 
-def cut_level(cluster: Cluster, a: int, b: int) -> int:
-    """The level of the link between worker ranks ``a`` and ``b``: the innermost level
-    whose units hold both (0: the same server)."""
-    size = 1
-    for i, lv in enumerate(cluster.levels):
-        size *= lv.workers
-        if a // size == b // size:
-            return i
-    return len(cluster.levels) - 1
-
-
 def cut_seconds(cluster: Cluster, nbytes: float, ranks: tuple[int, ...],
                 nxt: tuple[int, ...]) -> float:
     """One transfer of ``nbytes`` across a cut, on the slowest link a minibatch may take
     (minibatch k goes from replica k mod r of one stage to k mod r' of the next)."""
     pairs = math.lcm(len(ranks), len(nxt))
-    bw = min(cluster.levels[cut_level(cluster, ranks[k % len(ranks)],
-                                      nxt[k % len(nxt)])].bandwidth for k in range(pairs))
+    bw = min(cluster.levels[cluster.link_level(ranks[k % len(ranks)],
+                                               nxt[k % len(nxt)])].bandwidth
+             for k in range(pairs))
     return nbytes / bw

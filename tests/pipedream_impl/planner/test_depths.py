@@ -15,7 +15,6 @@ from harness.sim.simulator import SimOptions, layout_for, simulate_system
 from pipedream_impl.planner.cluster import Cluster, Level
 from pipedream_impl.planner.depths import (
     WORTH,
-    cut_level,
     cut_seconds,
     deepest,
     engine_period,
@@ -66,7 +65,7 @@ def test_free_cuts_never_ask_more_than_the_schedules_own_rule() -> None:
 
 def test_the_cut_crosses_the_innermost_level_holding_both_ranks() -> None:
     cl = Cluster((Level(4, 10e9), Level(2, 1e9)))
-    assert cut_level(cl, 0, 3) == 0 and cut_level(cl, 3, 4) == 1 and cut_level(cl, 5, 7) == 0
+    assert cl.link_level(0, 3) == 0 and cl.link_level(3, 4) == 1 and cl.link_level(5, 7) == 0
     # replicas route k mod r: ranks (2, 3) to (4,): minibatch 0 crosses servers, 1 too
     assert cut_seconds(cl, 1e9, (0, 1), (2,)) == pytest.approx(0.1)
     assert cut_seconds(cl, 1e9, (2, 3), (4,)) == pytest.approx(1.0)
