@@ -255,8 +255,8 @@ def build_plan(sol: Solution, batch_size: int = 0, profile: str = "") -> Plan:
     bytes_mb = 0.0
     for i, ((start, stop, reps), ranks) in enumerate(zip(flat, rank_lists, strict=True)):
         replicas = math.prod(reps)
-        p = states.parameter_bytes[stop] - (states.parameter_bytes[start - 1] if start else 0)
-        c = states.compute_s[stop] - (states.compute_s[start - 1] if start else 0)
+        p = _span(states.parameter_bytes, start, stop)
+        c = _span(states.compute_s, start, stop)
         sync = ring_factor(replicas) * p if sol.sync is None or sol.sync.mode == "ring" \
             else _sync_bytes(reps, p, sol.sync)
         bytes_mb += sync + (2.0 * states.output_bytes[stop] if stop < len(states) - 1 else 0)
@@ -292,15 +292,19 @@ def build_plan(sol: Solution, batch_size: int = 0, profile: str = "") -> Plan:
                 states.method, batch_size, profile, extra, depths)
 
 
+def _span(prefix, first: int, last: int) -> float:  # noqa: ANN001 - a States prefix array
+    """A prefix-summed ``States`` array over states ``first`` to ``last``, both in."""
+    return float(prefix[last] - (prefix[first - 1] if first else 0.0))
+
+
 def _halves(states: States, stages: list[Stage]) -> tuple[list[float], list[float]]:
     """Each stage's forward and backward seconds per minibatch on one replica (a state
     method without backward times: PipeDream's usual 1:2)."""
     forward, backward = [], []
     for st in stages:
         c = st.predicted_time_s * st.replicas
-        a, z = st.layers[0] - 1, st.layers[1] - 1
         b = 2.0 * c / 3.0 if states.backward_s is None else \
-            float(states.backward_s[z] - (states.backward_s[a] if a >= 0 else 0.0))
+            _span(states.backward_s, st.layers[0], st.layers[1] - 1)
         forward.append(c - b)
         backward.append(b)
     return forward, backward
@@ -385,10 +389,9 @@ def _depths_within(plan: Plan, states: States, limit: float) -> Plan:
     stash more weight versions and activations than ``limit`` bytes on some worker (the
     search counted the default's; a stage of r replicas holds depth / r of them)."""
     def held(stage: Stage, depth: int) -> float:
-        a, z = stage.layers[0] - 1, stage.layers[1] - 1
-        act, par = (float(x[z] - (x[a] if a >= 0 else 0.0))
-                    for x in (states.activation_bytes, states.parameter_bytes))
-        return (act + par) * depth / stage.replicas
+        first, last = stage.layers[0], stage.layers[1] - 1
+        return (_span(states.activation_bytes, first, last)
+                + _span(states.parameter_bytes, first, last)) * depth / stage.replicas
 
     if not plan.depths or all(held(s, d) <= limit
                               for s, d in zip(plan.stages, plan.depths, strict=True)):
