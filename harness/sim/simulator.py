@@ -360,14 +360,14 @@ def layout_for(profile: Profile, cluster: Cluster, system: str, config: str | No
         groups = config_groups(profile, (1,) * k, flat)
         return SimLayout(groups, choice.replicas, None, f"{p} workers x "
                          f"{choice.stages_per_rank} stages, split on the profile")
+    depths = None  # a plan's minibatches in flight per stage
     if choice.source == layouts.PLAN:
         groups, replicas, placement = plan_groups(plan)
         _check_plan_nodes(profile, groups)
         if max(placement) >= cluster.workers:
             raise UserInputError(f"the plan uses {max(placement) + 1} workers; the cluster has "
                                  f"{cluster.workers}: plan for this cluster")
-        how = f"plan ({plan.config})"
-        return SimLayout(groups, replicas, placement, how, plan.depths or None)
+        how, depths = f"plan ({plan.config})", plan.depths or None
     elif choice.source == layouts.CONFIG:
         replicas = choice.replicas
         groups, placement = config_groups(profile, replicas, cluster), None
@@ -380,7 +380,7 @@ def layout_for(profile: Profile, cluster: Cluster, system: str, config: str | No
         p = plan_profile(profile, target, straight=straight)
         groups, replicas, placement = plan_groups(p)
         how = f"planned ({p.config}{', straight' if straight else ''})"
-        return SimLayout(groups, replicas, placement, how, p.depths or None)
-    return SimLayout(groups, replicas, placement, how)
+        depths = p.depths or None
+    return SimLayout(groups, replicas, placement, how, depths)
 
 
