@@ -137,6 +137,8 @@ def reproduce(
     system_names: _ValidationSystems = ",".join(systems.VALIDATED),
     steps: Annotated[int, typer.Option(help="validation: minibatches per epoch")] = 24,
     epochs: Annotated[int, typer.Option(help="validation: epochs per run")] = 3,
+    repeats: Annotated[int, typer.Option(
+        help="validation: runs of every row, in rounds; a row is its median repeat")] = 3,
     quiet: Quiet = False,
     json_path: Annotated[str | None, typer.Option(
         "--json", help="also write the rows as JSON")] = None,
@@ -168,7 +170,8 @@ def reproduce(
     cpu_profiles = cpu_profiles or str(RESULTS / "profiles")
     h100 = str(RESULTS / "profiles" / "h100")  # full-scale GPU profiles measured here
     if table == "validation":
-        text = _validation(workloads, workers, system_names, steps, epochs, progress)
+        text = _validation(workloads, workers, system_names, steps, epochs, repeats,
+                           progress)
     elif table in ("table1", "other-tasks", "gpipe"):
         text = _paper_table(table, profiles, cpu_profiles, minibatches, progress, output,
                             json_path)
@@ -183,15 +186,17 @@ def reproduce(
 
 
 def _validation(workloads: str, workers: str, system_names: str, steps: int, epochs: int,
-                progress) -> str:  # noqa: ANN001
+                repeats: int, progress) -> str:  # noqa: ANN001
     """``reproduce validation``: the simulator against runs on this machine."""
     counts = parse_ints("--workers", workers)  # before importing torch
-    from harness.sim.validation import markdown, validate
+    require_int("--repeats", repeats)
+    from harness.sim.validation import validate
+    from harness.sim.validation_report import markdown
 
     names = tuple(w.strip() for w in workloads.split(",") if w.strip())
     rows, machine = validate(names, counts,
                              tuple(s.strip() for s in system_names.split(",") if s.strip()),
-                             steps, epochs, "pipebench-validation", progress)
+                             steps, epochs, "pipebench-validation", progress, repeats)
     return markdown(rows, machine, command_line())
 
 

@@ -41,7 +41,6 @@ from pathlib import Path
 import torch
 
 from core.errors import UserInputError, require_int
-from core.markdown import markdown_table
 from harness import metrics, systems
 from harness.config import RunConfig
 from harness.reporting.progress import Progress
@@ -58,7 +57,6 @@ from harness.sim.validation_compute import (
     comm_in_run,
     compute_in_run,
     kinds_in_run,
-    ratios_cell,
     scale_compute,
 )
 from pipedream_impl.planner.cluster import Cluster, Level
@@ -70,7 +68,7 @@ from pipedream_impl.schedule.actions import BACKWARDS
 from workloads import registry
 from workloads.recipe import load_splits
 
-__all__ = ["ValidationRow", "markdown", "measured_actions", "validate"]
+__all__ = ["ValidationRow", "measured_actions", "validate"]
 
 
 @dataclass
@@ -103,6 +101,9 @@ class ValidationRow:
     # the simulation with the run's compute (``resimulated``) and the run's own time per
     # send and per receive (``comm_in_run``): what remains once both are known
     with_comm: float | None = None
+    # (measured, simulated) samples/s of every repeat of the row, in the order they ran;
+    # the row's other figures are its median repeat's (``validation_report.merge``)
+    repeats: tuple[tuple[float, float], ...] = ()
 
     @property
     def error(self) -> float:
@@ -150,12 +151,18 @@ class _Setup:
 
 def validate(workloads: tuple[str, ...], worker_counts: tuple[int, ...],
              system_names: tuple[str, ...], steps: int, epochs: int, experiment: str,
-             progress: Progress) -> tuple[list[ValidationRow], dict[str, float]]:
+             progress: Progress, repeats: int = 1) \
+        -> tuple[list[ValidationRow], dict[str, float]]:
+    """Every row once per repeat, in rounds (each round runs every row once, so that the
+    machine's drift falls on every row alike), each a run and its simulation back to back;
+    ``validation_report.merge`` makes one row of a row's repeats."""
     _check_inputs(workloads, worker_counts, system_names, steps, epochs)
+    require_int("--repeats", repeats)
     torch.set_num_threads(1)
     latency, bandwidth = measure_link()
     cores = os.cpu_count() or 1
-    machine = {"latency_s": latency, "bandwidth_Bps": bandwidth, "cores": cores}
+    machine = {"latency_s": latency, "bandwidth_Bps": bandwidth, "cores": cores,
+               "repeats": repeats}
     progress.note(f"gloo link here: latency {latency * 1e6:.0f} us, "
                   f"{bandwidth / 1e9:.2f} GB/s")
     # DDP's all-reduce runs while every core computes: measured with the cores kept busy
@@ -167,6 +174,7 @@ def validate(workloads: tuple[str, ...], worker_counts: tuple[int, ...],
         machine[f"allreduce_s_per_byte.{w}"] = per_byte
     rows = []
     with tempfile.TemporaryDirectory(prefix="pipebench-validate-") as tmp:
+        cells = []  # (setup, profile, system, workers): one per row, profiled once
         for name in workloads:
             wl = registry.get(name)
             b = wl.spec("tiny").batch_size
@@ -174,11 +182,14 @@ def validate(workloads: tuple[str, ...], worker_counts: tuple[int, ...],
             setup = _Setup(name, b, min(steps, n_train // b), epochs, experiment, cores,
                            latency, bandwidth, allreduce, Path(tmp))
             prof = profile_workload(wl, "tiny", b, torch.device("cpu"), steps=5)
-            for w in worker_counts:
-                for system in system_names:
-                    if w == 1 and systems.simulated(system).sim != "in-flight-1":
-                        continue  # one worker: the single-process run, simulated once
-                    rows.append(_one(setup, prof, system, w, progress))
+            cells += [(setup, prof, system, w) for w in worker_counts for system in system_names
+                      # one worker: the single-process run, simulated once
+                      if w > 1 or systems.simulated(system).sim == "in-flight-1"]
+        for r in range(repeats):
+            for i, (setup, prof, system, w) in enumerate(cells):
+                progress.note(f"validation: repeat {r + 1} of {repeats}, row {i + 1} of "
+                              f"{len(cells)}")
+                rows.append(_one(setup, prof, system, w, progress))
     return rows, machine
 
 
@@ -295,99 +306,3 @@ def _one(setup: _Setup, prof: Profile, system: str, w: int, progress: Progress) 
                          bubble, None if bubble is None else sim_bubble,
                          tuple(ratios[st] for st in sorted(ratios)), resimulated,
                          tuple(per_kind[st] for st in sorted(per_kind)), unloaded, with_comm)
-
-
-def markdown(rows: list[ValidationRow], machine: dict[str, float], command: str) -> str:
-    from harness.experiments.runner import runtime_env
-
-    switches = runtime_env()  # named where a run's switches are not the defaults
-    ran = "" if switches == "defaults" else f" with the runtime switches {switches}"
-    lines = ["# Simulator validation: simulated vs measured throughput on this machine", "",
-             f"Generated by `{command}`{ran}. Measured: real runs here (CPU, gloo, 1 thread per "
-             "worker, tiny scale, median epoch throughput with warm-up excluded). Simulated: "
-             "`harness/sim/simulator.py` on the same straight split and the same minibatches per "
-             "epoch, with the machine model below (see `harness/sim/validation.py`): each "
-             "action's cost measured on the runtime's own code path in one process just "
-             "before the run, transfers and all-reduces from gloo microbenchmarks.", "",
-             f"Machine model (measured here): gloo latency {machine['latency_s'] * 1e6:.0f} us,"
-             f" bandwidth {machine['bandwidth_Bps'] / 1e9:.2f} GB/s, {machine['cores']:.0f} "
-             "cores (with no spare core DDP does not overlap; with more workers than cores, a "
-             "run takes at least all ranks' busy time over the cores). Transfers (S F/B "
-             "below): one-way time of each stage's typical message through the runtime's "
-             "Comm (a median of round trips), measured with the cores busy except for model "
-             "parallelism, then after a slash on idle cores, and in parentheses the sender's "
-             "own time in the send call; a message moves once its receive is posted (gloo). "
-             "Simulated with idle-core transfers: the simulation again with the idle cores' "
-             "one-way times (on busy cores a median falls on a scheduler slice, about 2 ms "
-             "here, or not, from one measurement to the next; a receiver that waits leaves "
-             "its core idle)."]
-    for k, v in machine.items():
-        if k.startswith("allreduce_fixed_s."):
-            w = k.split(".", 1)[1]
-            lines.append(f"gloo all-reduce among {w}: {v * 1e3:.2f} ms + "
-                         f"{machine[f'allreduce_s_per_byte.{w}'] * 1e9:.2f} ns per byte.")
-    lines += ["", "Compute in the run / alone: each stage's compute per minibatch in the run "
-              "(its workers' timed F, B and U) over the same from the action costs measured "
-              "alone, in one process (the warm-up epoch counts in the run's figure, not in "
-              "the other), and in parentheses the same ratio for each kind of action (its "
-              "share of the seconds the worker timed). Simulated with the run's compute: the "
-              "simulation again with each compute action's cost scaled by its kind's ratio "
-              "(by its stage's where the run timed no kinds), its error beside: what remains "
-              "for the schedule and communication model once the run's own compute is "
-              "known. ... and its sends and receives: the same, with each send's time and "
-              "each receive's CPU time in the run (per unit, from the run's action times "
-              "over the schedule's count; a receive's wall time holds its wait) charged to "
-              "the sender and the receiver. A diagnosis, not a prediction: the goal is "
-              "judged on the first error. "
-              "'-' where the run times no compute per stage (data parallelism)."]
-    lines += [""] + markdown_table(
-        ("workload", "system", "workers", "config", "measured samples/s",
-         "simulated samples/s", "error", "compute in the run / alone",
-         "simulated with the run's compute", "... and its sends and receives",
-         "simulated with idle-core transfers",
-         "bubble measured / simulated",
-         "action costs per stage (ms per unit)"),
-        [(r.workload, r.system, r.workers, r.config, f"{r.measured:.0f}",
-          f"{r.simulated:.0f}", f"{100 * r.error:+.0f}%",
-          ratios_cell(r.compute_in_run, r.kinds_in_run),
-          *(_with_error(getattr(r, f), r.measured) for f in _DIAGNOSES),
-          "-" if r.measured_bubble is None else
-          f"{r.measured_bubble:.0%} / {r.simulated_bubble:.0%}", r.actions) for r in rows])
-    with_bubble = [r for r in rows if r.measured_bubble is not None]
-    if with_bubble:
-        close = sum(abs(r.measured_bubble - r.simulated_bubble) <= 0.05 for r in with_bubble)
-        lines.append(f"\nBubble: {close} of {len(with_bubble)} runs within 5 points of the "
-                     "simulated bubble.")
-    for w in sorted({r.workers for r in rows}):
-        errs = [abs(r.error) for r in rows if r.workers == w]
-        within = sum(e <= 0.10 for e in errs)
-        goal = " (goal: all)" if w == 2 else ""
-        lines.append(f"{'' if w > min(r.workers for r in rows) else chr(10)}"
-                     f"At {w} worker(s): {within} of {len(errs)} within 10%{goal}; median "
-                     f"|error| {100 * statistics.median(errs):.0f}%, worst "
-                     f"{100 * max(errs):.0f}%"
-                     + "".join(_again(rows, w, f, what) for f, what in _DIAGNOSES.items())
-                     + ".")
-    return "\n".join(lines) + "\n"
-
-
-# the diagnostic simulations, in the table's order: the row's field -> its summary's words
-_DIAGNOSES = {"resimulated": "with the run's own compute",
-              "with_comm": "with its sends and receives too",
-              "unloaded": "with idle-core transfers, of the rows that measured them"}
-
-
-def _with_error(simulated: float | None, measured: float) -> str:
-    """A diagnostic simulation's samples/s and its error against the run ('-' if none)."""
-    return "-" if simulated is None else \
-        f"{simulated:.0f} ({100 * (simulated / measured - 1):+.0f}%)"
-
-
-def _again(rows: list[ValidationRow], w: int, field: str, what: str) -> str:
-    """The summary of one diagnostic simulation's errors at ``w`` workers ('' if none)."""
-    errs = [abs(getattr(r, field) / r.measured - 1) for r in rows
-            if r.workers == w and getattr(r, field) is not None]
-    if not errs:
-        return ""
-    return (f"; {what} {sum(e <= 0.10 for e in errs)} of {len(errs)} within 10%, median "
-            f"|error| {100 * statistics.median(errs):.0f}%")

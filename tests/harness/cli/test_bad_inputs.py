@@ -125,6 +125,7 @@ FLAG_CASES = [
     (["reproduce", "gpipe", "--minibatches", "0"], "--minibatches must be at least 1"),
     (["reproduce", "validation", "--workers", "a,b"], "--workers must be comma-separated"),
     (["reproduce", "validation", "--steps", "0"], "--steps must be at least 1"),
+    (["reproduce", "validation", "--repeats", "0"], "--repeats must be at least 1"),
     (["profile", "-w", "vgg16", "--batch-size", "0"], "--batch-size must be at least 1"),
     (["profile", "-w", "vgg16", "--steps", "-1"], "--steps must be at least 1"),
     (["profile", "-w", "vgg16", "--threads", "0"], "--threads must be at least 1"),

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from harness import metrics
-from harness.sim.validation import ValidationRow, markdown
+from harness.sim.validation import ValidationRow
 from harness.sim.validation_compute import (
     comm_counts,
     comm_in_run,
@@ -16,6 +16,7 @@ from harness.sim.validation_compute import (
     kinds_in_run,
     scale_compute,
 )
+from harness.sim.validation_report import markdown
 
 
 def _measured(stage: int) -> str:
