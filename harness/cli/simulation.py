@@ -114,6 +114,10 @@ _ValidationSystems = Annotated[str, typer.Option(
     "--systems", help="validation: simulated systems",
     show_default=f"every system of our runtime that needs no schedule file, plus "
                  f"{systems.PAPER['data-parallel']}")]
+_ValidationWorkloads = Annotated[str, typer.Option(
+    help="validation: workloads (tiny scale; GPT as gpt-llama: no tied-gradient messages)")]
+_ValidationRepeats = Annotated[int, typer.Option(
+    help="validation: runs of every row, in rounds; a row is its median repeat")]
 _GpuProfiles = Annotated[str | None, typer.Option(
     help="schedules: full-scale GPU profiles for the current cluster (default "
          "results/profiles/h100)")]
@@ -130,15 +134,12 @@ def reproduce(
     minibatches: Annotated[int | None, typer.Option(
         help="minibatches per simulation (default 256; schedules: 32)")] = None,
     output: Annotated[str | None, typer.Option("--output", "-o", help="markdown file")] = None,
-    workloads: Annotated[str, typer.Option(help="validation: workloads (tiny scale; GPT as "
-                                           "gpt-llama: no tied-gradient messages)")]
-    = "vgg16,gnmt8,gpt-llama",
+    workloads: _ValidationWorkloads = "vgg16,gnmt8,gpt-llama",
     workers: Annotated[str, typer.Option(help="validation: worker counts")] = "1,2,4",
     system_names: _ValidationSystems = ",".join(systems.VALIDATED),
     steps: Annotated[int, typer.Option(help="validation: minibatches per epoch")] = 24,
     epochs: Annotated[int, typer.Option(help="validation: epochs per run")] = 3,
-    repeats: Annotated[int, typer.Option(
-        help="validation: runs of every row, in rounds; a row is its median repeat")] = 3,
+    repeats: _ValidationRepeats = 3,
     quiet: Quiet = False,
     json_path: Annotated[str | None, typer.Option(
         "--json", help="also write the rows as JSON")] = None,
@@ -170,8 +171,7 @@ def reproduce(
     cpu_profiles = cpu_profiles or str(RESULTS / "profiles")
     h100 = str(RESULTS / "profiles" / "h100")  # full-scale GPU profiles measured here
     if table == "validation":
-        text = _validation(workloads, workers, system_names, steps, epochs, repeats,
-                           progress)
+        text = _validation(workloads, workers, system_names, steps, epochs, repeats, progress)
     elif table in ("table1", "other-tasks", "gpipe"):
         text = _paper_table(table, profiles, cpu_profiles, minibatches, progress, output,
                             json_path)
