@@ -4,7 +4,8 @@ For each workload, worker count and system that runs here: profile the workload 
 the straight split every pipeline shares, measure what each action of that system costs on
 the runtime's own code path, run the system for a few epochs of a fixed number of
 minibatches (``pipebench run`` underneath: real processes, real MLflow runs), simulate
-exactly those minibatches per epoch with the same split, and compare throughputs.
+exactly those minibatches per epoch with the same split, and compare throughputs. Every row
+runs ``repeats`` times, in rounds; ``validation_report`` makes one row of its repeats.
 
 The machine model the simulator gets (``MachineModel``), all measured here, none of it read
 off the runs it is compared with:
