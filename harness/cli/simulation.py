@@ -189,7 +189,6 @@ def _validation(workloads: str, workers: str, system_names: str, steps: int, epo
                 repeats: int, progress) -> str:  # noqa: ANN001
     """``reproduce validation``: the simulator against runs on this machine."""
     counts = parse_ints("--workers", workers)  # before importing torch
-    require_int("--repeats", repeats)
     from harness.sim.validation import validate
     from harness.sim.validation_report import markdown
 

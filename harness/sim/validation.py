@@ -157,8 +157,7 @@ def validate(workloads: tuple[str, ...], worker_counts: tuple[int, ...],
     """Every row once per repeat, in rounds (each round runs every row once, so that the
     machine's drift falls on every row alike), each a run and its simulation back to back;
     ``validation_report.merge`` makes one row of a row's repeats."""
-    _check_inputs(workloads, worker_counts, system_names, steps, epochs)
-    require_int("--repeats", repeats)
+    _check_inputs(workloads, worker_counts, system_names, steps, epochs, repeats)
     torch.set_num_threads(1)
     latency, bandwidth = measure_link()
     cores = os.cpu_count() or 1
@@ -195,13 +194,15 @@ def validate(workloads: tuple[str, ...], worker_counts: tuple[int, ...],
 
 
 def _check_inputs(workloads: tuple[str, ...], worker_counts: tuple[int, ...],
-                  system_names: tuple[str, ...], steps: int, epochs: int) -> None:
+                  system_names: tuple[str, ...], steps: int, epochs: int,
+                  repeats: int) -> None:
     """Every name, count and run of the validation, checked before anything is measured
     (each run's RunConfig as ``_one`` will build it, less the plan file made on the way)."""
     from harness.experiments.layout import check_run
 
     require_int("--steps", steps)
     require_int("--epochs", epochs)
+    require_int("--repeats", repeats)
     if not workloads or not system_names or not worker_counts:
         raise UserInputError("give at least one workload, system and worker count (e.g. "
                              "--workloads vgg16 --systems pipedream --workers 1,2)")
