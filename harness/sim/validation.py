@@ -25,7 +25,8 @@ off the runs it is compared with:
   the sender's own time in the send call is charged to the sender (``send_s``);
   the plain ping-pong's latency and bandwidth are reported beside;
 - the gloo all-reduce among W processes, fitted as fixed + per-byte time at two sizes,
-  with the cores kept busy (DDP reduces while every worker computes);
+  with the cores kept busy (DDP reduces while every worker computes); DDP pays the fixed
+  time once per gradient bucket (``baselines.ddp.gradient_buckets``);
 - cores: with no spare core DDP (and our pipeline's replicated stages) cannot overlap the
   all-reduce with the backward; with more workers than cores a run takes at least all
   ranks' busy time divided by the cores (``MachineModel.cores``).
@@ -43,6 +44,7 @@ import torch
 
 from core.errors import UserInputError, require_int
 from harness import metrics, systems
+from baselines.ddp import DDPExecutor, gradient_buckets
 from harness.config import RunConfig
 from harness.reporting.progress import Progress
 from harness.sim.costs import MachineModel
@@ -148,6 +150,7 @@ class _Setup:
     bandwidth: float
     allreduce: dict[int, tuple[float, float]]  # workers -> measured fit
     tmp: Path
+    meta: dict  # the training split's, to build the model
 
 
 def validate(workloads: tuple[str, ...], worker_counts: tuple[int, ...],
@@ -178,9 +181,9 @@ def validate(workloads: tuple[str, ...], worker_counts: tuple[int, ...],
         for name in workloads:
             wl = registry.get(name)
             b = wl.spec("tiny").batch_size
-            n_train = len(load_splits(wl, "tiny", None, 0).train)
-            setup = _Setup(name, b, min(steps, n_train // b), epochs, experiment, cores,
-                           latency, bandwidth, allreduce, Path(tmp))
+            train = load_splits(wl, "tiny", None, 0).train
+            setup = _Setup(name, b, min(steps, len(train) // b), epochs, experiment, cores,
+                           latency, bandwidth, allreduce, Path(tmp), train.meta)
             prof = profile_workload(wl, "tiny", b, torch.device("cpu"), steps=5)
             cells += [(setup, prof, system, w) for w in worker_counts for system in system_names
                       # one worker: the single-process run, simulated once
@@ -235,10 +238,13 @@ def _one(setup: _Setup, prof: Profile, system: str, w: int, progress: Progress) 
     m = schedules.microbatches(sys_.schedule, w) if sys_.microbatched else 1
     spare = setup.cores > w  # a core left over for communication
     idle: dict = {}  # one-way times on idle cores, where the model takes loaded ones
+    calls = None  # all-reduce calls per update: DDP's gradient buckets
     if kind == "data-parallel":  # global minibatch b: each replica trains b / w of it
         groups, replicas, placement = [tuple(prof.graph().nodes)], (w,), None
         actions, _ = measured_actions(name, (1,), ((0, bounds[-1][1]),), b // w, k * w)
         transfers = {}
+        if sys_.executor == f"{DDPExecutor.__module__}:{DDPExecutor.__qualname__}":
+            calls = {0: len(gradient_buckets(wl.build("tiny", setup.meta).parameters()))}
     else:
         groups, replicas, placement = plan_groups(straight)
         actions, messages = measured_actions(name, replicas, bounds, b, k,
@@ -256,6 +262,7 @@ def _one(setup: _Setup, prof: Profile, system: str, w: int, progress: Progress) 
                          header_messages=0 if wl.static_shapes else 1,
                          rendezvous=not wl.static_shapes,  # else posted ahead (Comm.recv)
                          allreduce_fit=setup.allreduce.get(w) if kind == "data-parallel" else None,
+                         allreduce_calls=calls,
                          cores=setup.cores)
     one_process = next(s for s in systems.SYSTEMS if not s.multi_process)
     cfg = RunConfig.from_flags(
@@ -287,7 +294,8 @@ def _one(setup: _Setup, prof: Profile, system: str, w: int, progress: Progress) 
                                    + (f" / {1e3 * idle[(st, kind)]:.2f}" if idle else "")
                                    + f" ({1e3 * transfers[(st, kind)][1]:.2f})"
                                    for kind in ("F", "B") if (st, kind) in transfers])
-                       for st in sorted(actions))
+                       for st in sorted(actions)) + \
+        "".join(f" all-reduces {n}" for n in (calls or {}).values())
     bubble = metrics.mean_bubble(summary.final_metrics)
     sim_bubble = statistics.mean(
         1 - sum(e - s for s, e, a in row if a.kind in ("F", *BACKWARDS, "U", "A")) / sim.total_s
