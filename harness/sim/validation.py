@@ -42,9 +42,9 @@ from pathlib import Path
 
 import torch
 
+from baselines.ddp import DDPExecutor, gradient_buckets
 from core.errors import UserInputError, require_int
 from harness import metrics, systems
-from baselines.ddp import DDPExecutor, gradient_buckets
 from harness.config import RunConfig
 from harness.reporting.progress import Progress
 from harness.sim.costs import MachineModel
