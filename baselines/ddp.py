@@ -6,8 +6,8 @@ its 1/W slice of each global minibatch (the same minibatches, in the same order,
 other system), and DDP averages the gradients; clipping, when a workload asks for it, sees
 the averaged gradients, as in one process. Bytes come from a DDP communication hook: for
 each gradient bucket it reduces, a rank sends 2 (W-1)/W x the bucket's bytes (ring).
-``gradient_buckets`` says which buckets those are, so that the simulator can count one
-all-reduce call per bucket.
+``gradient_buckets`` says which buckets those are, so that the simulator's validation can
+measure the all-reduce DDP does: its buckets, each at its size.
 """
 
 from __future__ import annotations

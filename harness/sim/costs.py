@@ -25,8 +25,8 @@ receive, plus all-reduce); ``ClusterCosts`` answers them from a profile and a cl
   ``Sync`` mode's closed form (``core.collectives``): ``ring`` (2 (n-1)/n, ``2 (n-1)``
   latencies), ``ps`` (k CPU server machines: max(1, n/k)), ``ps-colocated`` (2 (n-1)/n)
   or ``byteps`` (2 n (n-1)/(n^2 + k n - 2k)) x bytes / bandwidth, 2 latencies for the
-  last three; summed over levels (``MachineModel.allreduce_fit``: a measured fixed +
-  per-byte time instead, the fixed time paid once per call: ``allreduce_calls``). Bytes
+  last three; summed over levels (``MachineModel.allreduce_s``: a measured time instead,
+  bytes still counted by the formula). Bytes
   per level are what the links of the level carry: at each level every member of a ring
   sends 2 (k-1)/k x bytes, so a machine's NIC carries its ring share once, not once per
   GPU (a hierarchical ring over g x n ranks then moves 2 (gn-1)/(gn) x bytes per rank, a
@@ -84,10 +84,10 @@ class MachineModel:
     # receive (measured here: a message sent a second earlier still takes its full
     # transfer time after the receive is posted); default: eager, moving at send time
     rendezvous: bool = False
-    allreduce_fit: tuple[float, float] | None = None  # measured: fixed s + s per byte
-    # all-reduce calls per update of each stage, each paying the fit's fixed time (DDP: one
-    # per gradient bucket, ``baselines.ddp.gradient_buckets``); default one
-    allreduce_calls: dict[int, int] | None = None
+    # per stage: measured seconds of its all-reduce per update (DDP: its gradient buckets
+    # all-reduced one after another, ``microbench.measure_allreduce``); replaces the
+    # formula's time for that stage
+    allreduce_s: dict[int, float] | None = None
     # CPU cores the workers share (None: one device each). The schedule runs at full speed
     # and the run then takes at least (busy time of all ranks) / cores: a rank only slows
     # others while it computes (model parallelism on 4 workers and 2 cores is not halved)
@@ -280,14 +280,12 @@ class ClusterCosts:
 
     def allreduce(self, stage: int, ranks: tuple[int, ...], t: float) -> float:
         nbytes = self.stages[stage].parameter_bytes
-        fit = self.machine.allreduce_fit
+        measured = (self.machine.allreduce_s or {}).get(stage)
         levels = sync_levels(self.topology, ranks, self.sync, nbytes, self.latency)
         for lv, _, moved in levels:  # every replica calls once: each adds its share
             self.bytes_per_level[lv] += moved / len(ranks)
-        calls = (self.machine.allreduce_calls or {}).get(stage, 1)
-        dur = calls * fit[0] + fit[1] * nbytes if fit is not None else \
-            sum(s for _, s, _ in levels)
-        if self.model is not None and fit is None:
+        dur = measured if measured is not None else sum(s for _, s, _ in levels)
+        if self.model is not None and measured is None:
             dur = self.model.seconds(self.topology, ranks, nbytes)
         # hidden behind the backward that produced the gradients
         if self.overlap or (self.model is not None and self.model.overlap):

@@ -2,8 +2,10 @@
 
 Each measurement runs W real processes in a gloo group (``_bench``), optionally with the
 cores kept busy by spinning processes (a loaded machine, as when every worker computes):
-the plain ping-pong's latency and bandwidth (``measure_link``), the all-reduce among W
-fitted as fixed + per-byte time (``measure_allreduce``), and each stage's typical message
+the plain ping-pong's latency and bandwidth (``measure_link``), the all-reduce among W of
+a model's gradient buckets one after another, at their own sizes (``measure_allreduce``:
+gloo's time is far from linear in the bytes, a 0.5 MB all-reduce here taking about as long
+as a 4 MB one), and each stage's typical message
 sent through the runtime's own ``Comm`` (``measure_transfers``: one-way time and the
 sender's own time in the send call).
 """
@@ -110,29 +112,27 @@ def link_rate(latency: float, big: float, nbytes: int) -> float:
     return nbytes / (big - latency if big - latency > big / 2 else big)
 
 
-def _allreduce_bench(rank: int, sizes: list[int], reps: int) -> dict[int, float]:
+def _allreduce_bench(rank: int, sizes: tuple[int, ...], reps: int) -> float:
     import torch.distributed as dist
 
-    times = {}
-    for n in sizes:
-        t = torch.ones(max(1, n // 4))
-        for _ in range(3):
-            dist.all_reduce(t)
+    buckets = [torch.ones(max(1, n // 4)) for n in sizes]
+    times = []
+    for rep in range(reps + 3):  # three to warm up
+        dist.barrier()  # every rank starts the buckets together, as after a backward
         t0 = time.perf_counter()
-        for _ in range(reps):
+        for t in buckets:
             dist.all_reduce(t)
-        times[n] = (time.perf_counter() - t0) / reps
-    return times
+        if rep >= 3:
+            times.append(time.perf_counter() - t0)
+    return statistics.median(times)
 
 
-def measure_allreduce(world: int, reps: int = 20, load: int = 0) -> tuple[float, float]:
-    """(fixed s, s per byte) of a gloo all-reduce among ``world`` local processes, from a
-    4-byte and a 4 MiB all-reduce; ``load``: that many other processes computing
-    meanwhile."""
-    sizes = [4, 4 << 20]
-    times = _bench(_allreduce_bench, world, (sizes, reps), load)
-    fixed = times[sizes[0]]
-    return fixed, max(0.0, times[sizes[1]] - fixed) / sizes[1]
+def measure_allreduce(world: int, sizes: tuple[int, ...], reps: int = 20, load: int = 0) \
+        -> float:
+    """Seconds to all-reduce buckets of these byte sizes one after another among ``world``
+    local processes with gloo (the median over ``reps``, each started together after a
+    barrier); ``load``: that many other processes computing meanwhile."""
+    return _bench(_allreduce_bench, world, (tuple(sizes), reps), load)
 
 
 def _transfer_bench(rank: int, messages: list, static: bool, reps: int) \

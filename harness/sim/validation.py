@@ -24,9 +24,10 @@ off the runs it is compared with:
   gloo moves a message only once its receive is posted (``MachineModel.rendezvous``);
   the sender's own time in the send call is charged to the sender (``send_s``);
   the plain ping-pong's latency and bandwidth are reported beside;
-- the gloo all-reduce among W processes, fitted as fixed + per-byte time at two sizes,
-  with the cores kept busy (DDP reduces while every worker computes); DDP pays the fixed
-  time once per gradient bucket (``baselines.ddp.gradient_buckets``);
+- data parallelism's all-reduce: its gradient buckets (DDP's, from
+  ``baselines.ddp.gradient_buckets``; else one of all the bytes) all-reduced one after
+  another among W processes with gloo, at their own sizes, with the cores kept busy (DDP
+  reduces while every worker computes), measured just before the run;
 - cores: with no spare core DDP (and our pipeline's replicated stages) cannot overlap the
   all-reduce with the backward; with more workers than cores a run takes at least all
   ranks' busy time divided by the cores (``MachineModel.cores``).
@@ -148,7 +149,6 @@ class _Setup:
     cores: int
     latency: float
     bandwidth: float
-    allreduce: dict[int, tuple[float, float]]  # workers -> measured fit
     tmp: Path
     meta: dict  # the training split's, to build the model
 
@@ -168,13 +168,6 @@ def validate(workloads: tuple[str, ...], worker_counts: tuple[int, ...],
                "repeats": repeats}
     progress.note(f"gloo link here: latency {latency * 1e6:.0f} us, "
                   f"{bandwidth / 1e9:.2f} GB/s")
-    # DDP's all-reduce runs while every core computes: measured with the cores kept busy
-    allreduce = {w: measure_allreduce(w, load=cores) for w in worker_counts
-                 if w > 1 and any(systems.simulated(s).kind == "data-parallel"
-                                  for s in system_names)}
-    for w, (fixed, per_byte) in allreduce.items():
-        machine[f"allreduce_fixed_s.{w}"] = fixed
-        machine[f"allreduce_s_per_byte.{w}"] = per_byte
     rows = []
     with tempfile.TemporaryDirectory(prefix="pipebench-validate-") as tmp:
         cells = []  # (setup, profile, system, workers): one per row, profiled once
@@ -183,7 +176,7 @@ def validate(workloads: tuple[str, ...], worker_counts: tuple[int, ...],
             b = wl.spec("tiny").batch_size
             train = load_splits(wl, "tiny", None, 0).train
             setup = _Setup(name, b, min(steps, len(train) // b), epochs, experiment, cores,
-                           latency, bandwidth, allreduce, Path(tmp), train.meta)
+                           latency, bandwidth, Path(tmp), train.meta)
             prof = profile_workload(wl, "tiny", b, torch.device("cpu"), steps=5)
             cells += [(setup, prof, system, w) for w in worker_counts for system in system_names
                       # one worker: the single-process run, simulated once
@@ -238,13 +231,17 @@ def _one(setup: _Setup, prof: Profile, system: str, w: int, progress: Progress) 
     m = schedules.microbatches(sys_.schedule, w) if sys_.microbatched else 1
     spare = setup.cores > w  # a core left over for communication
     idle: dict = {}  # one-way times on idle cores, where the model takes loaded ones
-    calls = None  # all-reduce calls per update: DDP's gradient buckets
+    allreduce = None  # data parallelism: its all-reduce's measured seconds per update
     if kind == "data-parallel":  # global minibatch b: each replica trains b / w of it
         groups, replicas, placement = [tuple(prof.graph().nodes)], (w,), None
         actions, _ = measured_actions(name, (1,), ((0, bounds[-1][1]),), b // w, k * w)
         transfers = {}
-        if sys_.executor == f"{DDPExecutor.__module__}:{DDPExecutor.__qualname__}":
-            calls = {0: len(gradient_buckets(wl.build("tiny", setup.meta).parameters()))}
+        params = list(wl.build("tiny", setup.meta).parameters())
+        buckets = gradient_buckets(params) if sys_.executor == \
+            f"{DDPExecutor.__module__}:{DDPExecutor.__qualname__}" else \
+            (sum(p.numel() * p.element_size() for p in params),)
+        # it runs while every core computes: measured with the cores kept busy
+        allreduce = {0: measure_allreduce(w, buckets, load=setup.cores)}
     else:
         groups, replicas, placement = plan_groups(straight)
         actions, messages = measured_actions(name, replicas, bounds, b, k,
@@ -261,8 +258,7 @@ def _one(setup: _Setup, prof: Profile, system: str, w: int, progress: Progress) 
                          send_s={key: t[1] for key, t in transfers.items()} or None,
                          header_messages=0 if wl.static_shapes else 1,
                          rendezvous=not wl.static_shapes,  # else posted ahead (Comm.recv)
-                         allreduce_fit=setup.allreduce.get(w) if kind == "data-parallel" else None,
-                         allreduce_calls=calls,
+                         allreduce_s=allreduce,
                          cores=setup.cores)
     one_process = next(s for s in systems.SYSTEMS if not s.multi_process)
     cfg = RunConfig.from_flags(
@@ -295,7 +291,7 @@ def _one(setup: _Setup, prof: Profile, system: str, w: int, progress: Progress) 
                                    + f" ({1e3 * transfers[(st, kind)][1]:.2f})"
                                    for kind in ("F", "B") if (st, kind) in transfers])
                        for st in sorted(actions)) + \
-        "".join(f" all-reduces {n}" for n in (calls or {}).values())
+        (f" AR {1e3 * allreduce[0]:.2f} ({len(buckets)} buckets)" if allreduce else "")
     bubble = metrics.mean_bubble(summary.final_metrics)
     sim_bubble = statistics.mean(
         1 - sum(e - s for s, e, a in row if a.kind in ("F", *BACKWARDS, "U", "A")) / sim.total_s

@@ -90,14 +90,9 @@ def markdown(rows: list[ValidationRow], machine: dict[str, float], command: str)
              "Simulated with idle-core transfers: the simulation again with the idle cores' "
              "one-way times (on busy cores a median falls on a scheduler slice, about 2 ms "
              "here, or not, from one measurement to the next; a receiver that waits leaves "
-             "its core idle)."]
-    for k, v in machine.items():
-        if k.startswith("allreduce_fixed_s."):
-            w = k.split(".", 1)[1]
-            lines.append(f"gloo all-reduce among {w}: {v * 1e3:.2f} ms + "
-                         f"{machine[f'allreduce_s_per_byte.{w}'] * 1e9:.2f} ns per byte, "
-                         "the fixed time once per call (DDP: one call per gradient bucket, "
-                         "`all-reduces` in its row).")
+             "its core idle). AR (data parallelism): its gradient buckets (DDP's own "
+             "assignment) all-reduced one after another among the workers, each at its "
+             "size, with the cores busy (a median)."]
     lines += ["", "Compute in the run / alone: each stage's compute per minibatch in the run "
               "(its workers' timed F, B and U) over the same from the action costs measured "
               "alone, in one process (the warm-up epoch counts in the run's figure, not in "
