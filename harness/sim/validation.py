@@ -26,8 +26,11 @@ off the runs it is compared with:
   the plain ping-pong's latency and bandwidth are reported beside;
 - data parallelism's all-reduce: its gradient buckets (DDP's, from
   ``baselines.ddp.gradient_buckets``; else one of all the bytes) all-reduced one after
-  another among W processes with gloo, at their own sizes, with the cores kept busy (DDP
-  reduces while every worker computes), measured just before the run;
+  another among W processes with gloo, at their own sizes, on cores idle but for gloo:
+  with no spare core nothing overlaps, and the all-reduce runs after the backward while
+  its workers wait for it (the same with the cores kept busy is reported beside: on this
+  machine gloo's all-reduce of one to two 1 MB buckets took several times less so, which
+  a run does not see); measured just before the run;
 - cores: with no spare core DDP (and our pipeline's replicated stages) cannot overlap the
   all-reduce with the backward; with more workers than cores a run takes at least all
   ranks' busy time divided by the cores (``MachineModel.cores``).
@@ -240,8 +243,11 @@ def _one(setup: _Setup, prof: Profile, system: str, w: int, progress: Progress) 
         buckets = gradient_buckets(params) if sys_.executor == \
             f"{DDPExecutor.__module__}:{DDPExecutor.__qualname__}" else \
             (sum(p.numel() * p.element_size() for p in params),)
-        # it runs while every core computes: measured with the cores kept busy
-        allreduce = {0: measure_allreduce(w, buckets, load=setup.cores)}
+        # with no spare core nothing overlaps: the all-reduce runs after the backward,
+        # its workers waiting for it (cores idle but for gloo); beside it, for the page,
+        # the same with every core kept busy
+        allreduce = {0: measure_allreduce(w, buckets)}
+        loaded_ar = measure_allreduce(w, buckets, load=setup.cores)
     else:
         groups, replicas, placement = plan_groups(straight)
         actions, messages = measured_actions(name, replicas, bounds, b, k,
@@ -291,7 +297,8 @@ def _one(setup: _Setup, prof: Profile, system: str, w: int, progress: Progress) 
                                    + f" ({1e3 * transfers[(st, kind)][1]:.2f})"
                                    for kind in ("F", "B") if (st, kind) in transfers])
                        for st in sorted(actions)) + \
-        (f" AR {1e3 * allreduce[0]:.2f} ({len(buckets)} buckets)" if allreduce else "")
+        (f" AR {1e3 * allreduce[0]:.2f} / {1e3 * loaded_ar:.2f} ({len(buckets)} buckets)"
+         if allreduce else "")
     bubble = metrics.mean_bubble(summary.final_metrics)
     sim_bubble = statistics.mean(
         1 - sum(e - s for s, e, a in row if a.kind in ("F", *BACKWARDS, "U", "A")) / sim.total_s

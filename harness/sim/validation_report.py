@@ -92,7 +92,9 @@ def markdown(rows: list[ValidationRow], machine: dict[str, float], command: str)
              "here, or not, from one measurement to the next; a receiver that waits leaves "
              "its core idle). AR (data parallelism): its gradient buckets (DDP's own "
              "assignment) all-reduced one after another among the workers, each at its "
-             "size, with the cores busy (a median)."]
+             "size (a median), on idle cores (with no spare core nothing overlaps: the "
+             "all-reduce runs after the backward while the workers wait), then after a "
+             "slash with the cores busy (not simulated)."]
     lines += ["", "Compute in the run / alone: each stage's compute per minibatch in the run "
               "(its workers' timed F, B and U) over the same from the action costs measured "
               "alone, in one process (the warm-up epoch counts in the run's figure, not in "
