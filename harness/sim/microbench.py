@@ -4,8 +4,8 @@ Each measurement runs W real processes in a gloo group (``_bench``), optionally 
 cores kept busy by spinning processes (a loaded machine, as when every worker computes):
 the plain ping-pong's latency and bandwidth (``measure_link``), the all-reduce among W of
 a model's gradient buckets one after another, at their own sizes (``measure_allreduce``:
-gloo's time is far from linear in the bytes, a 0.5 MB all-reduce here taking about as long
-as a 4 MB one), and each stage's typical message
+gloo's time is far from linear in the bytes between 4 B and 4 MiB, so a line through two
+sizes misplaces a bucket's), and each stage's typical message
 sent through the runtime's own ``Comm`` (``measure_transfers``: one-way time and the
 sender's own time in the send call).
 """

@@ -28,9 +28,8 @@ off the runs it is compared with:
   ``baselines.ddp.gradient_buckets``; else one of all the bytes) all-reduced one after
   another among W processes with gloo, at their own sizes, on cores idle but for gloo:
   with no spare core nothing overlaps, and the all-reduce runs after the backward while
-  its workers wait for it (the same with the cores kept busy is reported beside: on this
-  machine gloo's all-reduce of one to two 1 MB buckets took several times less so, which
-  a run does not see); measured just before the run;
+  its workers wait for it (the same with the cores kept busy is reported beside);
+  measured just before the run;
 - cores: with no spare core DDP (and our pipeline's replicated stages) cannot overlap the
   all-reduce with the backward; with more workers than cores a run takes at least all
   ranks' busy time divided by the cores (``MachineModel.cores``).

@@ -41,8 +41,9 @@ def test_buckets_are_the_ones_ddp_reduces_after_its_rebuild(name: str, one_rank_
             for g in ddp.reducer._get_zeros_like_grad_buckets()]
     total = sum(p.numel() * p.element_size() for p in model.parameters())
     assert sum(expected) == sum(held) == total
-    # as many buckets (what the simulator counts); a parameter whose gradient is ready out
-    # of the layers' order (GNMT's: a bias) may sit in the neighbouring bucket
+    # as many buckets, each near its counterpart's size (the validation all-reduces these):
+    # a parameter whose gradient is ready out of the layers' order (GNMT's: a bias) may sit
+    # in the neighbouring bucket
     assert len(held) == len(expected)
     assert all(abs(h - e) <= 0.01 * total
                for h, e in zip(sorted(held), sorted(expected), strict=True))
