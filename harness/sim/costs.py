@@ -26,11 +26,11 @@ receive, plus all-reduce); ``ClusterCosts`` answers them from a profile and a cl
   latencies), ``ps`` (k CPU server machines: max(1, n/k)), ``ps-colocated`` (2 (n-1)/n)
   or ``byteps`` (2 n (n-1)/(n^2 + k n - 2k)) x bytes / bandwidth, 2 latencies for the
   last three; summed over levels (``MachineModel.allreduce_s``: a measured time instead,
-  bytes still counted by the formula). Bytes
-  per level are what the links of the level carry: at each level every member of a ring
-  sends 2 (k-1)/k x bytes, so a machine's NIC carries its ring share once, not once per
-  GPU (a hierarchical ring over g x n ranks then moves 2 (gn-1)/(gn) x bytes per rank, a
-  flat ring's count), plus the CPU machines' traffic under ps and byteps;
+  bytes still counted by the formula). Bytes per level are what the links of the level
+  carry: at each level every member of a ring sends 2 (k-1)/k x bytes, so a machine's NIC
+  carries its ring share once, not once per GPU (a hierarchical ring over g x n ranks then
+  moves 2 (gn-1)/(gn) x bytes per rank, a flat ring's count), plus the CPU machines'
+  traffic under ps and byteps;
 - overlap: DDP/Horovod (``dp``) overlap the all-reduce with the backward, and so does our
   runtime's replicated pipeline stage (``pipedream_impl.runtime.grad_buckets``: buckets
   all-reduced during the round's last backward, B or W, the ``overlap_with`` kind), so

@@ -234,6 +234,7 @@ def _one(setup: _Setup, prof: Profile, system: str, w: int, progress: Progress) 
     spare = setup.cores > w  # a core left over for communication
     idle: dict = {}  # one-way times on idle cores, where the model takes loaded ones
     allreduce = None  # data parallelism: its all-reduce's measured seconds per update
+    ar_cell = ""  # ... and both figures for the row's action costs
     if kind == "data-parallel":  # global minibatch b: each replica trains b / w of it
         groups, replicas, placement = [tuple(prof.graph().nodes)], (w,), None
         actions, _ = measured_actions(name, (1,), ((0, bounds[-1][1]),), b // w, k * w)
@@ -246,7 +247,8 @@ def _one(setup: _Setup, prof: Profile, system: str, w: int, progress: Progress) 
         # its workers waiting for it (cores idle but for gloo); beside it, for the page,
         # the same with every core kept busy
         allreduce = {0: measure_allreduce(w, buckets)}
-        loaded_ar = measure_allreduce(w, buckets, load=setup.cores)
+        busy = measure_allreduce(w, buckets, load=setup.cores)
+        ar_cell = f" AR {1e3 * allreduce[0]:.2f} / {1e3 * busy:.2f} ({len(buckets)} buckets)"
     else:
         groups, replicas, placement = plan_groups(straight)
         actions, messages = measured_actions(name, replicas, bounds, b, k,
@@ -295,9 +297,7 @@ def _one(setup: _Setup, prof: Profile, system: str, w: int, progress: Progress) 
                                    + (f" / {1e3 * idle[(st, kind)]:.2f}" if idle else "")
                                    + f" ({1e3 * transfers[(st, kind)][1]:.2f})"
                                    for kind in ("F", "B") if (st, kind) in transfers])
-                       for st in sorted(actions)) + \
-        (f" AR {1e3 * allreduce[0]:.2f} / {1e3 * loaded_ar:.2f} ({len(buckets)} buckets)"
-         if allreduce else "")
+                       for st in sorted(actions)) + ar_cell
     bubble = metrics.mean_bubble(summary.final_metrics)
     sim_bubble = statistics.mean(
         1 - sum(e - s for s, e, a in row if a.kind in ("F", *BACKWARDS, "U", "A")) / sim.total_s
