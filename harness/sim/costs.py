@@ -88,9 +88,15 @@ class MachineModel:
     # all-reduced one after another, ``microbench.measure_allreduce``); replaces the
     # formula's time for that stage
     allreduce_s: dict[int, float] | None = None
-    # CPU cores the workers share (None: one device each). The schedule runs at full speed
-    # and the run then takes at least (busy time of all ranks) / cores: a rank only slows
-    # others while it computes (model parallelism on 4 workers and 2 cores is not halved)
+    # per stage: the CPU time one rank spends in that all-reduce (all its threads), what
+    # it takes from the cores the workers share: gloo waits off core for most of the
+    # elapsed time once ranks outnumber cores; default: the elapsed time
+    allreduce_cpu_s: dict[int, float] | None = None
+    # CPU cores the workers share (None: one device each). With more workers than cores,
+    # ranks computing at once share the cores (``harness.sim.shared_cores``) and the run
+    # takes at least (busy time of all ranks) / cores: a rank only slows others while it
+    # computes or spends CPU in its calls (``ClusterCosts.comm_busy_s``; model
+    # parallelism on 4 workers and 2 cores is not halved)
     cores: int | None = None
 
 
@@ -235,14 +241,18 @@ class ClusterCosts:
         self.model = model  # a calibrated all-reduce (time only), overlapped if it says so
         self.link_free: dict[tuple[int, int], float] = defaultdict(float)
         self.bytes_per_level: dict[int, float] = defaultdict(float)
-        self.comm_busy_s = 0.0  # senders' and receivers' own time in their calls
+        # CPU time in communication calls: senders' and receivers' own time, all-reduces'
+        self.comm_busy_s = 0.0
+        # (rank, compute action) -> how many times as long it takes on time-shared cores
+        self.shared: dict[tuple[int, Action], float] = {}
 
     def compute(self, rank: int, a: Action) -> float:
         s = self.layout.stage_of(rank)[0]
+        shared = self.shared.get((rank, a), 1.0)  # time-shared cores (``shared_cores``)
         if self.machine.action_s is not None:
-            return self.machine.action_s[s].get(a.kind, 0.0) / self.factor
+            return self.machine.action_s[s].get(a.kind, 0.0) / self.factor * shared
         st = self.stages[a.stage if a.stage >= 0 else s]
-        return action_s(st, a.kind) * self.unit_share / self.factor
+        return action_s(st, a.kind) * self.unit_share / self.factor * shared
 
     def send(self, src: int, dst: int, a: Action, t: float) -> tuple[float, float]:
         own = (self.machine.send_s or {}).get((self.layout.stage_of(src)[0], a.kind[1]), 0.0)
@@ -288,8 +298,11 @@ class ClusterCosts:
         if self.model is not None and measured is None:
             dur = self.model.seconds(self.topology, ranks, nbytes)
         # hidden behind the backward that produced the gradients
+        # the CPU it takes (its barrier wait for the other replicas takes none)
+        cpu = (self.machine.allreduce_cpu_s or {}).get(stage)
         if self.overlap or (self.model is not None and self.model.overlap):
             dur = max(0.0, dur - self.compute(ranks[0], Action(self.overlap_with, 0)))
+        self.comm_busy_s += dur if cpu is None else cpu
         return dur
 
 

@@ -5,7 +5,8 @@ cores kept busy by spinning processes (a loaded machine, as when every worker co
 the plain ping-pong's latency and bandwidth (``measure_link``), the all-reduce among W of
 a model's gradient buckets one after another, at their own sizes (``measure_allreduce``:
 gloo's time is far from linear in the bytes between 4 B and 4 MiB, so a line through two
-sizes misplaces a bucket's), and each stage's typical message
+sizes misplaces a bucket's; with its CPU time, which is what it takes from cores the
+workers share), and each stage's typical message
 sent through the runtime's own ``Comm`` (``measure_transfers``: one-way time and the
 sender's own time in the send call).
 """
@@ -112,26 +113,30 @@ def link_rate(latency: float, big: float, nbytes: int) -> float:
     return nbytes / (big - latency if big - latency > big / 2 else big)
 
 
-def _allreduce_bench(rank: int, sizes: tuple[int, ...], reps: int) -> float:
+def _allreduce_bench(rank: int, sizes: tuple[int, ...], reps: int) -> tuple[float, float]:
     import torch.distributed as dist
 
     buckets = [torch.ones(max(1, n // 4)) for n in sizes]
-    times = []
+    times, cpu = [], []
     for rep in range(reps + 3):  # three to warm up
         dist.barrier()  # every rank starts the buckets together, as after a backward
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         for t in buckets:
             dist.all_reduce(t)
         if rep >= 3:
             times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+            cpu.append(time.process_time() - c0)
+    return statistics.median(times), statistics.median(cpu)
 
 
 def measure_allreduce(world: int, sizes: tuple[int, ...], reps: int = 20, load: int = 0) \
-        -> float:
-    """Seconds to all-reduce buckets of these byte sizes one after another among ``world``
-    local processes with gloo (the median over ``reps``, each started together after a
-    barrier); ``load``: that many other processes computing meanwhile."""
+        -> tuple[float, float]:
+    """(seconds, CPU seconds of one rank) to all-reduce buckets of these byte sizes one
+    after another among ``world`` local processes with gloo (medians over ``reps``, each
+    started together after a barrier; the CPU time is rank 0's, all its threads, gloo's
+    included); ``load``: that many other processes computing meanwhile. With more ranks
+    than cores the two part: an all-reduce among 4 ranks on 2 cores here takes several
+    times its CPU time, its ranks waiting off core for each other's turns."""
     return _bench(_allreduce_bench, world, (tuple(sizes), reps), load)
 
 

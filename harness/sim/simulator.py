@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from core.collectives import Sync
 from core.errors import UserInputError, require_int, require_number
 from harness import layouts, systems
-from harness.sim import multistage
+from harness.sim import multistage, shared_cores
 from harness.sim.costs import (
     AllReduceModel,
     ClusterCosts,
@@ -157,15 +157,24 @@ def simulate_system(profile: Profile, cluster: Cluster, system: str, layout: Sim
     stages = stage_costs(profile, layout.groups)
     placement = layout.placement or list(range(sum(replicas)))
     share = 1.0 if o.unit_profiled else 1.0 / m
-    costs = ClusterCosts(sched.layout, stages, cluster, placement, share, o.compute_factor,
-                         o.latency_s, allreduce,
-                         overlap_allreduce=o.dp_overlap if kind == "data-parallel"
-                         else sys_.overlaps_allreduce and o.pipeline_overlap,
-                         machine=machine, cpu_machines=o.cpu_machines,
-                         model=o.allreduce_model,
-                         overlap_with="W" if any(a.kind == "W" for row in sched.actions
-                                                 for a in row) else "B")
-    timeline = simulate(sched, costs=costs)
+
+    def run(shared: dict) -> list:  # noqa: ANN001 - fresh link and byte counts each run
+        nonlocal costs
+        costs = ClusterCosts(sched.layout, stages, cluster, placement, share,
+                             o.compute_factor, o.latency_s, allreduce,
+                             overlap_allreduce=o.dp_overlap if kind == "data-parallel"
+                             else sys_.overlaps_allreduce and o.pipeline_overlap,
+                             machine=machine, cpu_machines=o.cpu_machines,
+                             model=o.allreduce_model,
+                             overlap_with="W" if any(a.kind == "W" for row in sched.actions
+                                                     for a in row) else "B")
+        costs.shared = shared
+        return simulate(sched, costs=costs)
+
+    costs: ClusterCosts
+    cores = machine.cores if machine is not None else None
+    oversubscribed = cores is not None and sched.layout.workers > cores
+    timeline, shared = shared_cores.stretch(run, cores) if oversubscribed else (run({}), {})
     total = max((e for row in timeline for _, e, _ in row), default=0.0)
     n = sched.minibatches
     # steady state: minibatches finish when stage 0 ends their backward (the last unit's,
@@ -176,10 +185,10 @@ def simulate_system(profile: Profile, cluster: Cluster, system: str, layout: Sim
     rnd = math.lcm(*replicas)
     lo, hi = max(1, round(n / 4 / rnd)) * rnd, (3 * n // 4) // rnd * rnd
     steady = (done[hi - 1] - done[lo - 1]) / (hi - lo) if hi > lo else total / n
-    cores = costs.machine.cores
-    if cores is not None and sched.layout.workers > cores:  # the CPU's capacity bound
-        busy = costs.comm_busy_s + sum(e - s for row in timeline for s, e, a in row
-                                     if a.kind in (*COMPUTE, "U", "A"))
+    if oversubscribed:  # the CPU's capacity bound, on the compute's own (unshared) time
+        busy = costs.comm_busy_s + sum((e - s) / shared.get((r, a), 1.0)
+                                       for r, row in enumerate(timeline) for s, e, a in row
+                                       if a.kind in (*COMPUTE, "U"))
         total = max(total, busy / cores)
         steady = max(steady, busy / cores / n)
     util = {r: sum(e - s for s, e, a in row if a.kind in COMPUTE) / total if total else 0.0

@@ -233,7 +233,8 @@ def _one(setup: _Setup, prof: Profile, system: str, w: int, progress: Progress) 
     m = schedules.microbatches(sys_.schedule, w) if sys_.microbatched else 1
     spare = setup.cores > w  # a core left over for communication
     idle: dict = {}  # one-way times on idle cores, where the model takes loaded ones
-    allreduce = None  # data parallelism: its all-reduce's measured seconds per update
+    allreduce = allreduce_cpu = None  # data parallelism: its all-reduce's seconds per
+    # update, measured: elapsed and one rank's CPU time
     ar_cell = ""  # ... and both figures for the row's action costs
     if kind == "data-parallel":  # global minibatch b: each replica trains b / w of it
         groups, replicas, placement = [tuple(prof.graph().nodes)], (w,), None
@@ -246,9 +247,11 @@ def _one(setup: _Setup, prof: Profile, system: str, w: int, progress: Progress) 
         # with no spare core nothing overlaps: the all-reduce runs after the backward,
         # its workers waiting for it (cores idle but for gloo); beside it, for the page,
         # the same with every core kept busy
-        allreduce = {0: measure_allreduce(w, buckets)}
-        busy = measure_allreduce(w, buckets, load=setup.cores)
-        ar_cell = f" AR {1e3 * allreduce[0]:.2f} / {1e3 * busy:.2f} ({len(buckets)} buckets)"
+        elapsed, cpu = measure_allreduce(w, buckets)
+        allreduce, allreduce_cpu = {0: elapsed}, {0: cpu}
+        busy, _ = measure_allreduce(w, buckets, load=setup.cores)
+        ar_cell = (f" AR {1e3 * elapsed:.2f} / {1e3 * busy:.2f} (CPU {1e3 * cpu:.2f}; "
+                   f"{len(buckets)} buckets)")
     else:
         groups, replicas, placement = plan_groups(straight)
         actions, messages = measured_actions(name, replicas, bounds, b, k,
@@ -265,7 +268,7 @@ def _one(setup: _Setup, prof: Profile, system: str, w: int, progress: Progress) 
                          send_s={key: t[1] for key, t in transfers.items()} or None,
                          header_messages=0 if wl.static_shapes else 1,
                          rendezvous=not wl.static_shapes,  # else posted ahead (Comm.recv)
-                         allreduce_s=allreduce,
+                         allreduce_s=allreduce, allreduce_cpu_s=allreduce_cpu,
                          cores=setup.cores)
     one_process = next(s for s in systems.SYSTEMS if not s.multi_process)
     cfg = RunConfig.from_flags(
@@ -305,9 +308,10 @@ def _one(setup: _Setup, prof: Profile, system: str, w: int, progress: Progress) 
     ratios = compute_in_run(actions, summary.final_metrics, m)
     per_kind = kinds_in_run(actions, summary.final_metrics, m, replicas)
     resimulated = with_comm = None
-    if ratios:  # (with more workers than cores, the run's times hold the wait for a core)
+    if ratios:  # with more workers than cores the run's times hold their wait for a core:
+        # simulated without sharing cores again (``harness.sim.shared_cores``)
         scaled = scale_compute(actions, ratios, per_kind)
-        resimulated = again(action_s=scaled)
+        resimulated = again(action_s=scaled, cores=None if w > setup.cores else setup.cores)
         done = sum(e.steps for e in summary.epochs) / k  # epochs' worth of minibatches
         sends, recvs = comm_in_run(summary.final_metrics, comm_counts(sys_, replicas, k, m),
                                    done)

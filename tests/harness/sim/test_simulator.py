@@ -172,6 +172,23 @@ def test_a_measured_all_reduce_replaces_the_ring_formula() -> None:
     assert r.bytes_per_level == {0: pytest.approx(10 * 2 * 3 / 4 * 80 * MB * 4)}
 
 
+
+@pytest.mark.parametrize("cpu_s", [None, 0.004, 0.020])
+def test_shared_cores_charge_the_allreduce_cpu_time_not_its_elapsed(cpu_s) -> None:
+    """4 ranks on 2 cores: data parallelism's ranks compute together, each at half speed,
+    then all-reduce; and a run takes at least all ranks' busy time over the cores, where an
+    all-reduce counts by the CPU it takes (its elapsed time where that is not measured)."""
+    prof = chain([10.0, 10.0], [0.0, 0.0], [MB, MB])
+    four = Cluster((Level(4, BW),))
+    model = MachineModel(action_s={0: {"F": 0.020, "B": 0.040, "U": 0.005}},
+                         allreduce_s={0: 0.083},
+                         allreduce_cpu_s=None if cpu_s is None else {0: cpu_s}, cores=2)
+    r = simulate_system(prof, four, "dp", layout_for(prof, four, "dp"),
+                        SimOptions(minibatches=40, dp_overlap=False, machine=model))
+    schedule = (0.065 * 4 / 2 + 0.083) / 4  # a round: 4 minibatches, one a rank
+    busy = 4 * (0.065 + (0.083 if cpu_s is None else cpu_s)) / 2 / 4  # per minibatch
+    assert r.time_per_minibatch_s == pytest.approx(max(schedule, busy), rel=1e-3)
+
 def test_gpipe_bubble_follows_the_flush_formula() -> None:
     m, n = 4, 20
     prof = chain([10.0, 10.0], [0.0, 0.0], [0.0, 0.0])  # no transfer time, no weights
