@@ -18,7 +18,14 @@ What, with ``PIPEBENCH_TRANSPORT_YIELD``:
   a worker that waits for a message leaves its core to the thread that reads it.
 - ``nice``: each transport thread at nice 19 (a weight of 15 against the main thread's
   1024): it still runs beside compute, but a spin costs a sliver of a core.
-- ``0`` (the default): gloo's threads as the kernel schedules them.
+- ``0``: gloo's threads as the kernel schedules them.
+- ``auto`` (the default): ``idle`` where this machine's workers' threads outnumber the CPUs
+  a worker may use (``crowded``: 4 workers of 1 thread on 2 cores; CPU runs only), else
+  ``0``. Measured here, 4 workers on 2 cores, 4 epochs each, two runs a side, ``idle``
+  against ``0``: gpipe on tiny VGG-16 +50%, DDP +18% to +31%, pipedream-flush about
+  +10%, pipedream 0% to +9%, none slower; with as many workers as cores the four
+  settings' A/Bs (``results/transport-yield-ab-*.md``, ``transport-idle-ab-*.md``) found
+  no rule that fits every engine, so there gloo's threads are left alone.
 
 The threads are found by name in ``/proc/self/task``; ``apply`` is cheap and idempotent,
 so every worker runs it before each epoch (``worker._serve``), which reaches the threads
@@ -34,25 +41,37 @@ from __future__ import annotations
 import os
 import sys
 
-__all__ = ["THREAD_NAME", "TRANSPORT_YIELD_ENV", "apply", "mode"]
+__all__ = ["THREAD_NAME", "TRANSPORT_YIELD_ENV", "apply", "crowded", "mode"]
 
 TRANSPORT_YIELD_ENV = "PIPEBENCH_TRANSPORT_YIELD"
 THREAD_NAME = "gloo_tcp_loop"  # gloo's transport loop (gloo/transport/tcp/loop.cc)
-_MODES = ("0", "idle", "nice")
+_MODES = ("auto", "0", "idle", "nice")
 _NICE = 19
 _state: dict[int, str] = {}  # each thread set so far, and how
 _warned = [False]
 
 
 def mode() -> str:
-    """``PIPEBENCH_TRANSPORT_YIELD``: ``0`` (the default, also when unset), ``idle`` or
-    ``nice``; anything else is an error, not a silent default."""
-    value = os.environ.get(TRANSPORT_YIELD_ENV, "0") or "0"
+    """``PIPEBENCH_TRANSPORT_YIELD``: ``auto`` (the default, also when unset), ``0``,
+    ``idle`` or ``nice``; anything else is an error, not a silent default."""
+    value = os.environ.get(TRANSPORT_YIELD_ENV, "auto") or "auto"
     if value not in _MODES:
         raise ValueError(f"{TRANSPORT_YIELD_ENV}={value!r}: give one of {', '.join(_MODES)} "
-                         "(0: gloo's threads as the kernel schedules them, the default; "
-                         "idle: SCHED_IDLE; nice: nice 19)")
+                         "(auto, the default: idle where the workers outnumber the cores, "
+                         "else 0; 0: gloo's threads as the kernel schedules them; idle: "
+                         "SCHED_IDLE; nice: nice 19)")
     return value
+
+
+def crowded(workers: int, threads: int) -> bool:
+    """Whether ``workers`` of ``threads`` threads each outnumber the CPUs this process may
+    use (``auto``'s test: the workers on this machine, ``LOCAL_WORLD_SIZE`` where a
+    launcher sets it)."""
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        cpus = os.cpu_count() or 1
+    return workers * threads > cpus
 
 
 def _threads() -> list[int]:
@@ -82,13 +101,16 @@ def _set(tid: int, how: str) -> None:
         os.PRIO_PROCESS, 0))
 
 
-def apply(how: str | None = None, strict: bool = False) -> int:
-    """Put every transport thread under ``how`` (default: the switch's ``mode()``); the
-    number of threads changed. Threads never set are left alone under ``0``; one set
-    before goes back to ``SCHED_OTHER`` at the calling thread's nice (which needs
-    ``CAP_SYS_NICE``: ``scripts/same_process_ab.py``, run as root, switches it epoch by
-    epoch). A refusal raises with ``strict``, else is said on stderr once."""
+def apply(how: str | None = None, strict: bool = False, busy: bool = False) -> int:
+    """Put every transport thread under ``how`` (default: the switch's ``mode()``; ``auto``
+    is ``idle`` where ``busy``, the workers crowded on the cores, else ``0``); the number of
+    threads changed. Threads never set are left alone under ``0``; one set before goes back
+    to ``SCHED_OTHER`` at the calling thread's nice (which needs ``CAP_SYS_NICE``:
+    ``scripts/same_process_ab.py``, run as root, switches it epoch by epoch). A refusal
+    raises with ``strict``, else is said on stderr once."""
     how = mode() if how is None else how
+    if how == "auto":
+        how = "idle" if busy else "0"
     if how not in _MODES:
         raise ValueError(f"{how!r}: not one of {', '.join(_MODES)}")
     if how == "0" and not _state:  # the default, nothing ever set: nothing to look at

@@ -1,7 +1,8 @@
 """pipedream_impl/runtime/transport_yield.py on real gloo processes: the switch puts gloo's
-transport threads, and only them, at nice 19 or under ``SCHED_IDLE``, as the kernel then
+transport threads, and only them, at nice 19 or under ``SCHED_IDLE`` (``auto``, the default:
+under ``SCHED_IDLE`` where the workers crowd the cores, else untouched), as the kernel then
 reports for each thread, and back to the kernel's default; a value it does not know is
-refused. Without the switch nothing is touched."""
+refused. Unset, nothing is touched unless the workers crowd the cores."""
 
 from __future__ import annotations
 
@@ -32,6 +33,8 @@ def _worker(rank: int, world: int, port: int, out) -> None:  # noqa: ANN001
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                             world_size=world, timeout=datetime.timedelta(seconds=60))
     seen = {"before": _threads(), "unset": (transport_yield.apply(), _threads())}
+    seen["auto, crowded"] = (transport_yield.apply(busy=True), _threads())
+    seen["0 after auto"] = (transport_yield.apply("0"), _threads())
     os.environ[TRANSPORT_YIELD_ENV] = "nice"
     seen["nice"] = (transport_yield.apply(), _threads())
     seen["idle"] = (transport_yield.apply("idle"), _threads())
@@ -57,6 +60,9 @@ def test_the_switch_sets_gloo_s_transport_threads_and_no_other() -> None:
         assert _sched(before) == normal
         n, now = seen["unset"]  # the switch unset: nothing touched
         assert n == 0 and {t: v for t, v in _sched(now).items() if t in before} == normal
+        n, now = seen["auto, crowded"]  # unset is auto: idle where the workers crowd
+        assert n == len(loops)
+        assert {tid for tid, (pol, _) in _sched(now).items() if pol == os.SCHED_IDLE} == loops
         for how in ("nice", "idle"):
             n, now = seen[how]
             assert n == len(loops)
@@ -76,8 +82,8 @@ def test_the_switch_sets_gloo_s_transport_threads_and_no_other() -> None:
 
 def test_the_switch_refuses_other_values(monkeypatch) -> None:
     monkeypatch.delenv(TRANSPORT_YIELD_ENV, raising=False)
-    assert transport_yield.mode() == "0"
-    for value in ("nice", "idle", "0"):
+    assert transport_yield.mode() == "auto"
+    for value in ("nice", "idle", "0", "auto"):
         monkeypatch.setenv(TRANSPORT_YIELD_ENV, value)
         assert transport_yield.mode() == value
     monkeypatch.setenv(TRANSPORT_YIELD_ENV, "1")
@@ -112,3 +118,11 @@ def test_a_refusal_stops_a_strict_caller_and_is_said_once_otherwise(monkeypatch,
     assert transport_yield.apply("0") == 0
     assert capsys.readouterr().err.count("not applied") == 1
     assert transport_yield._state == {2: "nice", 3: "nice"}  # as they were left
+
+
+def test_auto_counts_the_workers_threads_against_this_process_s_cpus() -> None:
+    cpus = len(os.sched_getaffinity(0))
+    assert not transport_yield.crowded(cpus, 1)
+    assert transport_yield.crowded(cpus + 1, 1)
+    assert transport_yield.crowded(cpus, 2)
+    assert not transport_yield.crowded(1, cpus)
