@@ -297,9 +297,9 @@ class ClusterCosts:
         dur = measured if measured is not None else sum(s for _, s, _ in levels)
         if self.model is not None and measured is None:
             dur = self.model.seconds(self.topology, ranks, nbytes)
-        # hidden behind the backward that produced the gradients
         # the CPU it takes (its barrier wait for the other replicas takes none)
         cpu = (self.machine.allreduce_cpu_s or {}).get(stage)
+        # hidden behind the backward that produced the gradients
         if self.overlap or (self.model is not None and self.model.overlap):
             dur = max(0.0, dur - self.compute(ranks[0], Action(self.overlap_with, 0)))
         self.comm_busy_s += dur if cpu is None else cpu
