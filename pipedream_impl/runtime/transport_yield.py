@@ -19,13 +19,17 @@ What, with ``PIPEBENCH_TRANSPORT_YIELD``:
 - ``nice``: each transport thread at nice 19 (a weight of 15 against the main thread's
   1024): it still runs beside compute, but a spin costs a sliver of a core.
 - ``0``: gloo's threads as the kernel schedules them.
-- ``auto`` (the default): ``idle`` where this machine's workers' threads outnumber the CPUs
-  a worker may use (``crowded``: 4 workers of 1 thread on 2 cores; CPU runs only), else
-  ``0``. Measured here, 4 workers on 2 cores, 4 epochs each, two runs a side, ``idle``
-  against ``0``: gpipe on tiny VGG-16 +50%, DDP +18% to +31%, pipedream-flush about
-  +10%, pipedream 0% to +9%, none slower; with as many workers as cores the four
-  settings' A/Bs (``results/transport-yield-ab-*.md``, ``transport-idle-ab-*.md``) found
-  no rule that fits every engine, so there gloo's threads are left alone.
+- ``auto`` (the default, CPU runs only): ``idle`` where this machine's workers' threads
+  outnumber the CPUs a worker may use (``crowded``: 4 workers of 1 thread on 2 cores),
+  else ``0``. Measured here with ``pipebench run``, 4 epochs, runs alternating, ``idle``
+  against ``0`` on 4 workers and 2 cores (two runs a side): gpipe on tiny VGG-16 +50%,
+  DDP +18% to +31%, pipedream-flush about +10%, pipedream 0% to +9%, none slower. For
+  our pipelines on as many workers as cores the four settings' A/Bs
+  (``results/transport-yield-ab-*.md``, ``transport-idle-ab-*.md``) found no rule that
+  fits every engine, so there gloo's threads are left alone. DDP on 2 workers, whose
+  bucket all-reduces run on gloo's threads during the backward, measured +21% (VGG-16)
+  and +20% (GNMT-8) under ``idle`` (three runs a side), but is left alone for now: the
+  nightly's and the power reports' DDP cells were measured without it.
 
 The threads are found by name in ``/proc/self/task``; ``apply`` is cheap and idempotent,
 so every worker runs it before each epoch (``worker._serve``), which reaches the threads
@@ -63,10 +67,12 @@ def mode() -> str:
     return value
 
 
-def crowded(workers: int, threads: int) -> bool:
-    """Whether ``workers`` of ``threads`` threads each outnumber the CPUs this process may
-    use (``auto``'s test: the workers on this machine, ``LOCAL_WORLD_SIZE`` where a
-    launcher sets it)."""
+def crowded(workers: int, threads: int, on_cpu: bool = True) -> bool:
+    """Whether ``workers`` of ``threads`` threads each, on CPUs, outnumber the CPUs this
+    process may use (``auto``'s test: the workers on this machine, ``LOCAL_WORLD_SIZE``
+    where a launcher sets it; GPU workers wait on their devices: never crowded)."""
+    if not on_cpu:
+        return False
     try:
         cpus = len(os.sched_getaffinity(0))
     except AttributeError:  # not Linux

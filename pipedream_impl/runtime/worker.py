@@ -84,9 +84,9 @@ def _serve(spec: WorkerSpec, control, results) -> None:  # noqa: ANN001
                                 world_size=sum(spec.system.replicas),
                                 timeout=datetime.timedelta(seconds=spec.run.timeout_s))
     executor = executor_cls(WorkerPieces.build(spec, device, own_peak=True))
-    # PIPEBENCH_TRANSPORT_YIELD's auto: gloo's threads yield where CPU workers crowd the cores
-    crowded = device.type == "cpu" and transport_yield.crowded(
-        int(os.environ.get("LOCAL_WORLD_SIZE", sum(spec.system.replicas))), spec.run.threads)
+    yields = transport_yield.crowded(  # what PIPEBENCH_TRANSPORT_YIELD=auto means here
+        int(os.environ.get("LOCAL_WORLD_SIZE", sum(spec.system.replicas))), spec.run.threads,
+        on_cpu=device.type == "cpu")
     while True:  # between epochs the launcher evaluates: wait long, but not forever (a
         # worker whose launcher was killed must not linger)
         msg = control.get(timeout=max(3600.0, 4 * spec.run.timeout_s))
@@ -95,7 +95,7 @@ def _serve(spec: WorkerSpec, control, results) -> None:  # noqa: ANN001
         if msg[0] == "restore":
             executor.load_checkpoint(msg[1])
             continue
-        transport_yield.apply(busy=crowded)  # PIPEBENCH_TRANSPORT_YIELD: on every gloo
+        transport_yield.apply(busy=yields)  # PIPEBENCH_TRANSPORT_YIELD: on every gloo
         # thread started so far, groups made in earlier epochs included
         report = executor.run_epoch(msg[1])
         if spec.run.checkpoint:

@@ -126,3 +126,5 @@ def test_auto_counts_the_workers_threads_against_this_process_s_cpus() -> None:
     assert transport_yield.crowded(cpus + 1, 1)
     assert transport_yield.crowded(cpus, 2)
     assert not transport_yield.crowded(1, cpus)
+    assert not transport_yield.crowded(cpus + 1, 1, on_cpu=False)  # GPU workers: never
+
