@@ -157,21 +157,21 @@ def simulate_system(profile: Profile, cluster: Cluster, system: str, layout: Sim
     stages = stage_costs(profile, layout.groups)
     placement = layout.placement or list(range(sum(replicas)))
     share = 1.0 if o.unit_profiled else 1.0 / m
+    overlap = o.dp_overlap if kind == "data-parallel" \
+        else sys_.overlaps_allreduce and o.pipeline_overlap
+    overlap_with = "W" if any(a.kind == "W" for row in sched.actions for a in row) else "B"
+    costs: ClusterCosts
 
     def run(shared: dict) -> list:  # noqa: ANN001 - fresh link and byte counts each run
         nonlocal costs
         costs = ClusterCosts(sched.layout, stages, cluster, placement, share,
                              o.compute_factor, o.latency_s, allreduce,
-                             overlap_allreduce=o.dp_overlap if kind == "data-parallel"
-                             else sys_.overlaps_allreduce and o.pipeline_overlap,
-                             machine=machine, cpu_machines=o.cpu_machines,
-                             model=o.allreduce_model,
-                             overlap_with="W" if any(a.kind == "W" for row in sched.actions
-                                                     for a in row) else "B")
+                             overlap_allreduce=overlap, machine=machine,
+                             cpu_machines=o.cpu_machines, model=o.allreduce_model,
+                             overlap_with=overlap_with)
         costs.shared = shared
         return simulate(sched, costs=costs)
 
-    costs: ClusterCosts
     cores = machine.cores if machine is not None else None
     oversubscribed = cores is not None and sched.layout.workers > cores
     timeline, shared = shared_cores.stretch(run, cores) if oversubscribed else (run({}), {})

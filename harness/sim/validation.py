@@ -31,8 +31,9 @@ off the runs it is compared with:
   its workers wait for it (the same with the cores kept busy is reported beside);
   measured just before the run;
 - cores: with no spare core DDP (and our pipeline's replicated stages) cannot overlap the
-  all-reduce with the backward; with more workers than cores a run takes at least all
-  ranks' busy time divided by the cores (``MachineModel.cores``).
+  all-reduce with the backward; with more workers than cores the ranks computing at once
+  share the cores (``harness.sim.shared_cores``) and a run takes at least all ranks' busy
+  time divided by the cores (``MachineModel.cores``).
 """
 
 from __future__ import annotations
@@ -311,7 +312,7 @@ def _one(setup: _Setup, prof: Profile, system: str, w: int, progress: Progress) 
     if ratios:  # with more workers than cores the run's times hold their wait for a core:
         # simulated without sharing cores again (``harness.sim.shared_cores``)
         scaled = scale_compute(actions, ratios, per_kind)
-        resimulated = again(action_s=scaled, cores=None if w > setup.cores else setup.cores)
+        resimulated = again(action_s=scaled, cores=None)
         done = sum(e.steps for e in summary.epochs) / k  # epochs' worth of minibatches
         sends, recvs = comm_in_run(summary.final_metrics, comm_counts(sys_, replicas, k, m),
                                    done)

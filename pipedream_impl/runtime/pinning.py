@@ -27,7 +27,7 @@ from pathlib import Path
 
 from pipedream_impl.runtime import switch
 
-__all__ = ["PIN_ENV", "cores_for", "pin", "pinning"]
+__all__ = ["PIN_ENV", "cores_for", "local_workers", "pin", "pinning"]
 
 PIN_ENV = "PIPEBENCH_PIN"  # "1": each CPU worker on cores of its own (see the module doc)
 
@@ -47,13 +47,19 @@ def cores_for(local_rank: int, threads: int, world: int, cores: list[int]) -> se
     return set(cores[local_rank * threads:(local_rank + 1) * threads])
 
 
+def local_workers(world: int) -> int:
+    """The run's workers on this machine: the launcher's ``LOCAL_WORLD_SIZE`` where set
+    (torchrun sets it), else all ``world`` of them."""
+    return int(os.environ.get("LOCAL_WORLD_SIZE", world))
+
+
 def pin(local_rank: int, threads: int, world: int) -> set[int]:
     """Pin this process's threads as the rule says, if ``PIPEBENCH_PIN=1``; returns the
     cores taken (empty: nothing pinned). ``world``: every worker of the run; the launcher's
     ``LOCAL_WORLD_SIZE``, where set, counts those on this machine instead."""
     if not pinning():
         return set()
-    local = int(os.environ.get("LOCAL_WORLD_SIZE", world))
+    local = local_workers(world)
     allowed = sorted(os.sched_getaffinity(0))
     mine = cores_for(local_rank, threads, local, allowed)
     if not mine:

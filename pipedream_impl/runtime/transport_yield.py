@@ -69,8 +69,8 @@ def mode() -> str:
 
 def crowded(workers: int, threads: int, on_cpu: bool = True) -> bool:
     """Whether ``workers`` of ``threads`` threads each, on CPUs, outnumber the CPUs this
-    process may use (``auto``'s test: the workers on this machine, ``LOCAL_WORLD_SIZE``
-    where a launcher sets it; GPU workers wait on their devices: never crowded)."""
+    process may use (``auto``'s test, given the workers on this machine,
+    ``pinning.local_workers``; GPU workers wait on their devices: never crowded)."""
     if not on_cpu:
         return False
     try:

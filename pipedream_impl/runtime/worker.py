@@ -29,7 +29,7 @@ import torch.distributed as dist
 from core.imports import load
 from pipedream_impl.runtime import no_halt, transport_yield
 from pipedream_impl.runtime.contract import WorkerPieces, WorkerSpec
-from pipedream_impl.runtime.pinning import pin
+from pipedream_impl.runtime.pinning import local_workers, pin
 
 __all__ = ["ORPHAN_CHECK_S", "worker_main"]
 
@@ -85,8 +85,7 @@ def _serve(spec: WorkerSpec, control, results) -> None:  # noqa: ANN001
                                 timeout=datetime.timedelta(seconds=spec.run.timeout_s))
     executor = executor_cls(WorkerPieces.build(spec, device, own_peak=True))
     yields = transport_yield.crowded(  # what PIPEBENCH_TRANSPORT_YIELD=auto means here
-        int(os.environ.get("LOCAL_WORLD_SIZE", sum(spec.system.replicas))), spec.run.threads,
-        on_cpu=device.type == "cpu")
+        local_workers(sum(spec.system.replicas)), spec.run.threads, on_cpu=device.type == "cpu")
     while True:  # between epochs the launcher evaluates: wait long, but not forever (a
         # worker whose launcher was killed must not linger)
         msg = control.get(timeout=max(3600.0, 4 * spec.run.timeout_s))

@@ -172,7 +172,6 @@ def test_a_measured_all_reduce_replaces_the_ring_formula() -> None:
     assert r.bytes_per_level == {0: pytest.approx(10 * 2 * 3 / 4 * 80 * MB * 4)}
 
 
-
 @pytest.mark.parametrize("cpu_s", [None, 0.004, 0.020])
 def test_shared_cores_charge_the_allreduce_cpu_time_not_its_elapsed(cpu_s) -> None:
     """4 ranks on 2 cores: data parallelism's ranks compute together, each at half speed,
@@ -188,6 +187,7 @@ def test_shared_cores_charge_the_allreduce_cpu_time_not_its_elapsed(cpu_s) -> No
     schedule = (0.065 * 4 / 2 + 0.083) / 4  # a round: 4 minibatches, one a rank
     busy = 4 * (0.065 + (0.083 if cpu_s is None else cpu_s)) / 2 / 4  # per minibatch
     assert r.time_per_minibatch_s == pytest.approx(max(schedule, busy), rel=1e-3)
+
 
 def test_gpipe_bubble_follows_the_flush_formula() -> None:
     m, n = 4, 20
