@@ -25,6 +25,8 @@ __all__ = ["DDPExecutor", "gradient_buckets"]
 
 
 class DDPExecutor(DataParallelExecutor):
+    collectives_beside_compute = True  # each bucket's all-reduce, during the backward
+
     def _wrap(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer):  # noqa: ANN202
         ddp = DistributedDataParallel(
             model, device_ids=[self.device.index] if self.device.type == "cuda" else None)

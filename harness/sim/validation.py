@@ -316,8 +316,9 @@ def _one(setup: _Setup, prof: Profile, system: str, w: int, progress: Progress) 
         done = sum(e.steps for e in summary.epochs) / k  # epochs' worth of minibatches
         sends, recvs = comm_in_run(summary.final_metrics, comm_counts(sys_, replicas, k, m),
                                    done)
-        if sends and all(r == 1 for r in replicas) and w <= setup.cores:
-            with_comm = again(action_s=scaled, send_s=sends, recv_s=recvs)
+        if sends and all(r == 1 for r in replicas):  # the run's sends hold their wait
+            # for a core too: on cores unshared, as above
+            with_comm = again(action_s=scaled, send_s=sends, recv_s=recvs, cores=None)
     return ValidationRow(name, cfg.system, w, "-".join(map(str, replicas)),
                          summary.throughput, simulated, costs,
                          bubble, None if bubble is None else sim_bubble,

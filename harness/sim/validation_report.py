@@ -113,7 +113,8 @@ def markdown(rows: list[ValidationRow], machine: dict[str, float], command: str)
               "known. ... and its sends and receives: the same, with each send's time and "
               "each receive's CPU time in the run (per unit, from the run's action times "
               "over the schedule's count; a receive's wall time holds its wait) charged to "
-              "the sender and the receiver. A diagnosis, not a prediction: the goal is "
+              "the sender and the receiver, on cores unshared as above. A diagnosis, not a "
+              "prediction: the goal is "
               "judged on the first error. "
               "'-' where the run times no compute per stage (data parallelism)."]
     lines += [""] + markdown_table(

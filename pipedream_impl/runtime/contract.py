@@ -196,6 +196,9 @@ class Executor:
     # times its actions by device events on a GPU (``device_clock``) rather than waiting
     # for the device after each one; the executor books them through ``timed``
     device_clock: ClassVar[bool] = False
+    # its collectives run on gloo's transport threads while it computes (DDP's bucket
+    # all-reduces, during the backward): ``transport_yield.crowded``'s ``beside_compute``
+    collectives_beside_compute: ClassVar[bool] = False
     clock: DeviceClock | None = None  # this epoch's, where device events time the actions
     n_steps: int  # minibatches per epoch, set by the subclass
 

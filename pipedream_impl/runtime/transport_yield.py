@@ -26,10 +26,18 @@ What, with ``PIPEBENCH_TRANSPORT_YIELD``:
   DDP +18% to +31%, pipedream-flush about +10%, pipedream 0% to +9%, none slower. For
   our pipelines on as many workers as cores the four settings' A/Bs
   (``results/transport-yield-ab-*.md``, ``transport-idle-ab-*.md``) found no rule that
-  fits every engine, so there gloo's threads are left alone. DDP on 2 workers, whose
-  bucket all-reduces run on gloo's threads during the backward, measured +21% (VGG-16)
-  and +20% (GNMT-8) under ``idle`` (three runs a side), but is left alone for now: the
-  nightly's and the power reports' DDP cells were measured without it.
+  fits every engine, so there gloo's threads are left alone. A worker whose collectives
+  run on gloo's threads while it computes (``Executor.collectives_beside_compute``:
+  DDP, whose bucket all-reduces run during the backward) is crowded already where the
+  threads *fill* the CPUs: DDP on 2 workers of 1 thread on 2 cores measured +21%
+  (VGG-16) and +20% (GNMT-8) under ``idle`` (three runs of ``pipebench run`` a side,
+  alternating), so ``auto`` gives it ``idle`` there too; left as gloo schedules them, our
+  DDP baseline ran a fifth slower than it can here, tilting every comparison with it.
+  ``idle`` rather than ``nice`` on crowded cores: at 4 workers on 2 cores ``nice``
+  measured no faster (tiny VGG-16, 4 epochs, three runs a side, alternating: gpipe
+  541-572 samples/s against 581-632 under ``idle``, pipedream 2807-2978 against
+  2902-2942), so a transport thread that runs late under ``idle`` is not what keeps
+  those runs below their simulation (``results/simulator-validation.md``).
 
 The threads are found by name in ``/proc/self/task``; ``apply`` is cheap and idempotent,
 so every worker runs it before each epoch (``worker._serve``), which reaches the threads
@@ -67,17 +75,20 @@ def mode() -> str:
     return value
 
 
-def crowded(workers: int, threads: int, on_cpu: bool = True) -> bool:
+def crowded(workers: int, threads: int, on_cpu: bool = True,
+            beside_compute: bool = False) -> bool:
     """Whether ``workers`` of ``threads`` threads each, on CPUs, outnumber the CPUs this
     process may use (``auto``'s test, given the workers on this machine,
-    ``pinning.local_workers``; GPU workers wait on their devices: never crowded)."""
+    ``pinning.local_workers``; GPU workers wait on their devices: never crowded); with
+    ``beside_compute`` (the workers' collectives run on gloo's threads while they
+    compute) whether they fill them."""
     if not on_cpu:
         return False
     try:
         cpus = len(os.sched_getaffinity(0))
     except AttributeError:  # not Linux
         cpus = os.cpu_count() or 1
-    return workers * threads > cpus
+    return workers * threads >= cpus if beside_compute else workers * threads > cpus
 
 
 def _threads() -> list[int]:

@@ -85,7 +85,8 @@ def _serve(spec: WorkerSpec, control, results) -> None:  # noqa: ANN001
                                 timeout=datetime.timedelta(seconds=spec.run.timeout_s))
     executor = executor_cls(WorkerPieces.build(spec, device, own_peak=True))
     yields = transport_yield.crowded(  # what PIPEBENCH_TRANSPORT_YIELD=auto means here
-        local_workers(sum(spec.system.replicas)), spec.run.threads, on_cpu=device.type == "cpu")
+        local_workers(sum(spec.system.replicas)), spec.run.threads, on_cpu=device.type == "cpu",
+        beside_compute=executor_cls.collectives_beside_compute)
     while True:  # between epochs the launcher evaluates: wait long, but not forever (a
         # worker whose launcher was killed must not linger)
         msg = control.get(timeout=max(3600.0, 4 * spec.run.timeout_s))

@@ -130,3 +130,17 @@ def test_auto_counts_the_workers_threads_against_this_process_s_cpus() -> None:
     assert not transport_yield.crowded(1, cpus)
     assert not transport_yield.crowded(cpus + 1, 1, on_cpu=False)  # GPU workers: never
 
+
+
+def test_collectives_beside_compute_are_crowded_where_the_threads_fill_the_cpus() -> None:
+    """DDP (its all-reduces on gloo's threads during the backward) yields from as many
+    threads as CPUs; every other executor only beyond them."""
+    from baselines.ddp import DDPExecutor
+    from pipedream_impl.runtime.contract import Executor
+
+    cpus = len(os.sched_getaffinity(0))
+    assert transport_yield.crowded(cpus, 1, beside_compute=True)
+    assert not transport_yield.crowded(cpus - 1, 1, beside_compute=True)
+    assert not transport_yield.crowded(cpus, 1, on_cpu=False, beside_compute=True)
+    assert DDPExecutor.collectives_beside_compute
+    assert not Executor.collectives_beside_compute
