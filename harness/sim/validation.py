@@ -63,6 +63,7 @@ from harness.sim.validation_compute import (
     comm_counts,
     comm_in_run,
     compute_in_run,
+    cpu_of_kinds,
     kinds_in_run,
     scale_compute,
 )
@@ -108,6 +109,10 @@ class ValidationRow:
     # the simulation with the run's compute (``resimulated``) and the run's own time per
     # send and per receive (``comm_in_run``): what remains once both are known
     with_comm: float | None = None
+    # the simulation with every action's CPU in the run (``cpu_of_kinds``, ``comm_in_run``
+    # with ``cpu``) on the machine's cores, shared where the workers outnumber them: what
+    # remains once the run's CPU per action is known and its wait for a core is modelled
+    with_cpu: float | None = None
     # (measured, simulated) samples/s of every repeat of the row, in the order they ran;
     # the row's other figures are its median repeat's (``validation_report.merge``)
     repeats: tuple[tuple[float, float], ...] = ()
@@ -308,19 +313,25 @@ def _one(setup: _Setup, prof: Profile, system: str, w: int, progress: Progress) 
         for row in sim.timeline)
     ratios = compute_in_run(actions, summary.final_metrics, m)
     per_kind = kinds_in_run(actions, summary.final_metrics, m, replicas)
-    resimulated = with_comm = None
+    resimulated = with_comm = with_cpu = None
     if ratios:  # with more workers than cores the run's times hold their wait for a core:
         # simulated without sharing cores again (``harness.sim.shared_cores``)
         scaled = scale_compute(actions, ratios, per_kind)
         resimulated = again(action_s=scaled, cores=None)
         done = sum(e.steps for e in summary.epochs) / k  # epochs' worth of minibatches
-        sends, recvs = comm_in_run(summary.final_metrics, comm_counts(sys_, replicas, k, m),
-                                   done)
+        counts = comm_counts(sys_, replicas, k, m)
+        sends, recvs = comm_in_run(summary.final_metrics, counts, done)
         if sends and all(r == 1 for r in replicas):  # the run's sends hold their wait
             # for a core too: on cores unshared, as above
             with_comm = again(action_s=scaled, send_s=sends, recv_s=recvs, cores=None)
+            cpu = cpu_of_kinds(per_kind, summary.final_metrics)
+            sends_cpu, _ = comm_in_run(summary.final_metrics, counts, done, cpu=True)
+            if cpu and sends_cpu:
+                with_cpu = again(action_s=scale_compute(actions, ratios, cpu),
+                                 send_s=sends_cpu, recv_s=recvs)
     return ValidationRow(name, cfg.system, w, "-".join(map(str, replicas)),
                          summary.throughput, simulated, costs,
                          bubble, None if bubble is None else sim_bubble,
                          tuple(ratios[st] for st in sorted(ratios)), resimulated,
-                         tuple(per_kind[st] for st in sorted(per_kind)), unloaded, with_comm)
+                         tuple(per_kind[st] for st in sorted(per_kind)), unloaded, with_comm,
+                         with_cpu)

@@ -14,8 +14,8 @@ from harness import metrics
 from harness.sim.simulator import build_schedule
 from pipedream_impl.runtime.faults import COMPUTE_KINDS  # F, B, I, W, U: what is computed
 
-__all__ = ["comm_counts", "comm_in_run", "compute_in_run", "kinds_in_run", "ratios_cell",
-           "scale_compute"]
+__all__ = ["comm_counts", "comm_in_run", "compute_in_run", "cpu_of_kinds", "kinds_in_run",
+           "ratios_cell", "scale_compute"]
 
 
 def scale_compute(actions: dict[int, dict[str, float]], ratios: dict[int, float],
@@ -73,6 +73,25 @@ def kinds_in_run(actions: dict[int, dict[str, float]], final: dict[str, float],
     return out
 
 
+def cpu_of_kinds(per_kind: dict[int, dict[str, float]], final: dict[str, float]
+                 ) -> dict[int, dict[str, float]]:
+    """``kinds_in_run``'s ratios as CPU: each kind's ratio times the share of its timed
+    seconds the worker's main thread spent on a core (``metrics.ACTION_CPU`` over
+    ``metrics.ACTION_TIME`` of the kind; rank = stage): the compute's own CPU per unit in
+    the run over its cost alone, without the time it waited for a core. Empty where
+    ``per_kind`` is or the run did not log both."""
+    out = {}
+    for st, kinds in per_kind.items():
+        out[st] = {}
+        for kd, ratio in kinds.items():
+            wall = final.get(metrics.key(metrics.ACTION_TIME, kind=kd, worker=st))
+            cpu = final.get(metrics.key(metrics.ACTION_CPU, kind=kd, worker=st))
+            if not wall or cpu is None:
+                return {}
+            out[st][kd] = ratio * cpu / wall
+    return out
+
+
 def ratios_cell(stage_ratios: tuple[float, ...],
                 kind_ratios: tuple[dict[str, float], ...]) -> str:
     """``1.18 (F 1.20 B 1.25 U 0.95) / ...``: each stage's ratio and its kinds', or ``-``."""
@@ -84,8 +103,9 @@ def ratios_cell(stage_ratios: tuple[float, ...],
                       for x, k in zip(stage_ratios, kinds, strict=True))
 
 
-def comm_in_run(final: dict[str, float], counts: dict[int, dict[str, int]], epochs: float) \
-        -> tuple[dict[tuple[int, str], float], dict[tuple[int, str], float]]:
+def comm_in_run(final: dict[str, float], counts: dict[int, dict[str, int]], epochs: float,
+                cpu: bool = False
+                ) -> tuple[dict[tuple[int, str], float], dict[tuple[int, str], float]]:
     """The run's own seconds per send and per receive of each stage, keyed as the machine
     model's ``send_s`` and ``recv_s`` ((stage, "F" or "B")): a send's whole time in the run
     (``metrics.ACTION_TIME`` of SF, SB), a receive's CPU time on the worker's main thread
@@ -93,12 +113,12 @@ def comm_in_run(final: dict[str, float], counts: dict[int, dict[str, int]], epoc
     the simulation makes itself; so without the time the thread was off its core, a lower
     bound), each over how many the run did: ``counts`` of each kind per epoch on each rank
     (rank = stage, as on the validation's straight splits) times ``epochs``, the
-    minibatches the run did over an epoch's (warm-up included). Empty where the run did
-    not log them all."""
+    minibatches the run did over an epoch's (warm-up included). ``cpu``: a send's CPU
+    time too, not its wall time. Empty where the run did not log them all."""
     send, recv = {}, {}
     for st, kinds in counts.items():
         for kind, n in kinds.items():
-            name = metrics.ACTION_TIME if kind[0] == "S" else metrics.ACTION_CPU
+            name = metrics.ACTION_TIME if kind[0] == "S" and not cpu else metrics.ACTION_CPU
             secs = final.get(metrics.key(name, kind=kind, worker=st))
             if secs is None or not n or not epochs:
                 return {}, {}

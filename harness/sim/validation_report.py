@@ -113,7 +113,12 @@ def markdown(rows: list[ValidationRow], machine: dict[str, float], command: str)
               "known. ... and its sends and receives: the same, with each send's time and "
               "each receive's CPU time in the run (per unit, from the run's action times "
               "over the schedule's count; a receive's wall time holds its wait) charged to "
-              "the sender and the receiver, on cores unshared as above. A diagnosis, not a "
+              "the sender and the receiver, on cores unshared as above. ... as CPU, on "
+              "shared cores: the same with each action's CPU time in the run instead (each "
+              "compute kind's ratio times the share of its timed seconds its worker's main "
+              "thread was on a core; each send's CPU time), on the machine's cores, shared "
+              "where the workers outnumber them: what remains once the run's CPU per action "
+              "is known and its wait for a core is modelled. A diagnosis, not a "
               "prediction: the goal is "
               "judged on the first error. "
               "'-' where the run times no compute per stage (data parallelism)."]
@@ -121,6 +126,7 @@ def markdown(rows: list[ValidationRow], machine: dict[str, float], command: str)
         ("workload", "system", "workers", "config", "measured samples/s",
          "simulated samples/s", "error", "compute in the run / alone",
          "simulated with the run's compute", "... and its sends and receives",
+         "... as CPU, on shared cores",
          "simulated with idle-core transfers",
          "bubble measured / simulated",
          "action costs per stage (ms per unit)"),
@@ -151,6 +157,7 @@ def markdown(rows: list[ValidationRow], machine: dict[str, float], command: str)
 # the diagnostic simulations, in the table's order: the row's field -> its summary's words
 _DIAGNOSES = {"resimulated": "with the run's own compute",
               "with_comm": "with its sends and receives too",
+              "with_cpu": "with the run's CPU per action on shared cores",
               "unloaded": "with idle-core transfers, of the rows that measured them"}
 
 

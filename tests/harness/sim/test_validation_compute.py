@@ -13,6 +13,7 @@ from harness.sim.validation_compute import (
     comm_counts,
     comm_in_run,
     compute_in_run,
+    cpu_of_kinds,
     kinds_in_run,
     scale_compute,
 )
@@ -72,17 +73,18 @@ def test_the_report_shows_the_ratio_and_the_error_left_once_it_is_known() -> Non
                         simulated=520.0, measured_bubble=0.3, simulated_bubble=0.2,
                         compute_in_run=(1.3, 1.25), resimulated=420.0,
                         kinds_in_run=({"F": 1.5, "U": 0.9}, {"F": 1.25}), unloaded=460.0,
-                        with_comm=412.0)
+                        with_comm=412.0, with_cpu=428.0)
     dp = ValidationRow("vgg16", "ddp", 2, "2", measured=500.0, simulated=520.0)
     text = markdown([row, dp], {"latency_s": 5e-5, "bandwidth_Bps": 3e9, "cores": 2},
                     "pipebench reproduce validation")
     line = next(ln for ln in text.splitlines() if "pipedream-flush" in ln)
     assert ("| +30% | 1.30 (F 1.50 U 0.90) / 1.25 (F 1.25) | 420 (+5%) | 412 (+3%) | "
-            "460 (+15%) |") in line
-    assert "| +4% | - | - | - | - |" in next(ln for ln in text.splitlines() if "| ddp |" in ln)
+            "428 (+7%) | 460 (+15%) |") in line
+    assert "| +4% | - | - | - | - | - |" in next(ln for ln in text.splitlines() if "| ddp |" in ln)
     assert ("At 2 worker(s): 1 of 2 within 10% (goal: all); median |error| 17%, worst 30%; "
             "with the run's own compute 1 of 1 within 10%, median |error| 5%; with its sends "
-            "and receives too 1 of 1 within 10%, median |error| 3%; with idle-core "
+            "and receives too 1 of 1 within 10%, median |error| 3%; with the run's CPU per "
+            "action on shared cores 1 of 1 within 10%, median |error| 7%; with idle-core "
             "transfers, of the rows that measured them 0 of 1 within 10%, median |error| "
             "15%.") in text
 
@@ -119,3 +121,24 @@ def test_the_runs_own_send_and_receive_times_are_per_unit_over_every_epoch() -> 
     no_cpu = {k: v for k, v in final.items() if not k.startswith("action_cpu_s_RF")}
     assert comm_in_run(no_cpu, counts, 2.0) == ({}, {})
     assert comm_in_run(final, counts, 1.0)[0][(0, "F")] == pytest.approx(0.002)
+
+
+def test_each_kind_s_cpu_ratio_is_its_ratio_times_its_share_on_a_core() -> None:
+    """A kind whose worker's main thread was on a core for 3/4 of the seconds it timed
+    it: its CPU ratio is 3/4 of its wall ratio; a send charged by its CPU time in the
+    CPU variant; a kind whose CPU the run did not log: no diagnosis."""
+    per_kind = {0: {"F": 1.6, "B": 1.2}, 1: {"F": 2.0}}
+    final = {_timed("F", 0): 4.0, metrics.key(metrics.ACTION_CPU, kind="F", worker=0): 3.0,
+             _timed("B", 0): 2.0, metrics.key(metrics.ACTION_CPU, kind="B", worker=0): 2.0,
+             _timed("F", 1): 1.0, metrics.key(metrics.ACTION_CPU, kind="F", worker=1): 0.5}
+    assert cpu_of_kinds(per_kind, final) == {0: {"F": pytest.approx(1.2),
+                                                 "B": pytest.approx(1.2)},
+                                             1: {"F": pytest.approx(1.0)}}
+    lost = {k: v for k, v in final.items() if k != _timed("F", 1)}
+    assert cpu_of_kinds(per_kind, lost) == {}
+    assert cpu_of_kinds({}, final) == {}
+    counts = {0: {"SF": 32, "RB": 32}}
+    comm = {"action_s_SF_worker_0": 0.064, "action_cpu_s_SF_worker_0": 0.016,
+            "action_cpu_s_RB_worker_0": 0.032}
+    assert comm_in_run(comm, counts, 2.0, cpu=True)[0] == {(0, "F"): pytest.approx(0.00025)}
+    assert comm_in_run(comm, counts, 2.0)[0] == {(0, "F"): pytest.approx(0.001)}
