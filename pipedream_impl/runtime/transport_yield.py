@@ -70,8 +70,8 @@ def mode() -> str:
     if value not in _MODES:
         raise ValueError(f"{TRANSPORT_YIELD_ENV}={value!r}: give one of {', '.join(_MODES)} "
                          "(auto, the default: idle where the workers outnumber the cores, or "
-                         "fill them for DDP, else 0; 0: gloo's threads as the kernel schedules them; idle: "
-                         "SCHED_IDLE; nice: nice 19)")
+                         "fill them for DDP, else 0; 0: gloo's threads as the kernel "
+                         "schedules them; idle: SCHED_IDLE; nice: nice 19)")
     return value
 
 
