@@ -56,6 +56,16 @@ def _bench(suite: str, out: Path, plants: list[str], reuse: bool,
     return load_result(out)
 
 
+def plant_file(work: Path, systems: list[str], factor: str) -> Path:
+    """Where the run with ``systems`` planted at ``factor`` is kept in ``work``."""
+    return work / f"plant-{'+'.join(systems)}-{factor}.json"
+
+
+def planted_systems(path: Path) -> list[str]:
+    """The systems planted in a run kept at ``path`` (``plant_file``'s name read back)."""
+    return path.stem[len("plant-"):].rsplit("-", 1)[0].split("+")
+
+
 def _flags(base: dict, cur: dict) -> list[regressions.Change]:
     """``cur`` judged against ``base`` as `pipebench regressions` judges a pair: its flags."""
     return [c for c in regressions.compare_at_rate([base], cur)[0]
@@ -367,7 +377,7 @@ def main() -> None:
         names, factor = spec.split("=")
         chosen = names.split(",")
         plant_runs.append((chosen, factor, [f"{s}=slow:*:*:{factor}" for s in chosen],
-                           work / f"plant-{'+'.join(chosen)}-{factor}.json"))
+                           plant_file(work, chosen, factor)))
     if args.reuse:  # the kept runs' repeats, before any new run is spent on a mismatch
         kept = [p for p in [*aa_paths, *(r[3] for r in plant_runs)] if p.exists()]
         if kept:

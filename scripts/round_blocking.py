@@ -28,7 +28,7 @@ false-alarm rate of ``verdicts.SUITE_ALPHA`` per comparison), raw and blocked.
         -o results/round-blocking.md
 
 A trial is a --workdir of ``scripts/nightly_power.py`` (``aa-*.json``, and
-``plant-SYSTEM+SYSTEM-FACTOR.json`` whose systems are the planted ones).
+``plant-SYSTEM+SYSTEM-FACTOR.json``, ``nightly_power.plant_file``: the systems planted).
 """
 
 from __future__ import annotations
@@ -42,10 +42,13 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "scripts"))
+
+from nightly_power import _flags, planted_systems  # noqa: E402 - its runs, its judging
 
 from core.markdown import markdown_table  # noqa: E402
 from harness import metrics  # noqa: E402
-from harness.reporting import between, regressions, verdicts  # noqa: E402
+from harness.reporting import between, verdicts  # noqa: E402
 from harness.reporting.results import load_result  # noqa: E402
 
 BLOCKED = (*metrics.THROUGHPUT_FIGURES, metrics.CPU_PER_SAMPLE, metrics.CPU_PER_REFERENCE)
@@ -92,15 +95,10 @@ def _sd(result: dict) -> float:
     return statistics.median(s for s in sds if math.isfinite(s))
 
 
-def _flags(base: dict, cur: dict) -> list[regressions.Change]:
-    return [c for c in regressions.compare_at_rate([base], cur)[0]
-            if c.verdict in verdicts.BROKEN]
-
-
 def _trial(work: Path, way) -> dict:  # noqa: ANN001 - the identity or block
     """One trial judged one way: its numbers for the table."""
     aa = [way(load_result(p)) for p in sorted(work.glob("aa-*.json"))]
-    plants = [(p.stem[len("plant-"):].rsplit("-", 1)[0].split("+"), way(load_result(p)))
+    plants = [(planted_systems(p), way(load_result(p)))
               for p in sorted(work.glob("plant-*.json"))]
     false = [bool(_flags(a, b)) for a, b in zip(aa, aa[1:], strict=False)]
     hits = planted = others = 0
