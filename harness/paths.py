@@ -1,11 +1,41 @@
 """Where the repository and its results folder are: the default MLflow store and the cached
-CPU profiles live under results/ (no torch or mlflow imported here)."""
+CPU profiles live under results/ (no torch or mlflow imported here).
+
+``REPO`` is the checkout whose code runs, wherever the command was started. With the
+project installed in editable mode, a second checkout of it (a ``git worktree`` of an older
+commit, say) shares the first one's environment, and a command started in the second runs
+the first one's code, records its commit and writes its default store: an A/B of two
+commits made so compares one commit with itself. ``other_checkout`` finds that case, and
+the command line warns of it (``harness.cli.app.main``); ``PYTHONPATH=<the checkout>``
+runs the checkout's own code.
+"""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
-__all__ = ["REPO", "RESULTS"]
+__all__ = ["REPO", "RESULTS", "other_checkout"]
 
 REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "results"
+
+_NAME = re.compile(r'^name\s*=\s*"pipebench"\s*$', re.MULTILINE)
+
+
+def other_checkout(cwd: Path, repo: Path = REPO) -> Path | None:
+    """The pipebench checkout that holds ``cwd`` where it is not ``repo`` (the one whose
+    code runs); None where ``cwd`` is in ``repo`` or in no checkout of pipebench. The
+    nearest ``pyproject.toml`` at or above ``cwd`` decides."""
+    cwd, repo = cwd.resolve(), repo.resolve()
+    for folder in (cwd, *cwd.parents):
+        project = folder / "pyproject.toml"
+        if not project.is_file():
+            continue
+        if folder == repo:
+            return None
+        try:
+            return folder if _NAME.search(project.read_text()) else None
+        except OSError:
+            return None
+    return None

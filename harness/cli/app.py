@@ -90,6 +90,7 @@ def main() -> None:
     # MLflow's INFO lines when it creates a store's tables ("Creating initial MLflow
     # database tables...") are noise on a first run, and printed even under --quiet
     logging.getLogger("mlflow.store.db.utils").setLevel(logging.WARNING)
+    _warn_other_checkout()
     interrupted = _count_ctrl_c()
     try:
         code = app(standalone_mode=False)  # click returns typer.Exit's code here
@@ -116,6 +117,19 @@ def main() -> None:
         _stopped("interrupted (Ctrl-C)", 130)
     if isinstance(code, int) and code:
         sys.exit(code)
+
+
+def _warn_other_checkout() -> None:
+    """Say so where the command was started in a checkout of pipebench whose code is not
+    the code that runs (an editable install of another checkout: ``harness.paths``)."""
+    from harness.paths import REPO, other_checkout
+
+    here = other_checkout(Path.cwd())
+    if here is not None:
+        Console(stderr=True).print(
+            f"warning: started in the checkout {here}, but the code that runs is {REPO}'s "
+            f"(its commit is the one recorded); PYTHONPATH={here} runs this checkout's "
+            f"own", highlight=False, markup=False, soft_wrap=True)
 
 
 def _error(message: str, code: int) -> None:
