@@ -167,8 +167,9 @@ def seed_claims(cells: list[dict]) -> list[str]:
              if metrics.TIME_TO_TARGET in c.get("metrics", {})}
     out = []
     names = sorted(times)
-    for i, a in enumerate(names):
-        for b in names[i + 1:]:
+    for i, first in enumerate(names):
+        for second in names[i + 1:]:
+            a, b = first, second  # the swap below must not rebind the loop's names
             f = seeds.faster(times[a], times[b])
             if math.isnan(f.ratio):
                 out.append(f"- {a} vs {b}: fewer than 2 seeds reached the target on a side")
