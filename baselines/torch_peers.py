@@ -8,7 +8,8 @@ last stage and computes the loss).
 The model is split into W x v stages by the runtime's own balancing (harness layout); the
 executor learns v as ``len(bounds) // workers``. Every schedule averages the microbatch
 gradients of a minibatch (``scale_grads``) and takes one optimizer step, so each computes
-the same update as single-process training on whole minibatches.
+the same update as single-process training on whole minibatches (up to a token-mean loss's
+weighting and a clip of each stage's own norm: docs/systems.md).
 
 Stage metadata is given to torch up front (static mode: ``PipelineStage(input_args=...,
 output_args=...)``, example tensors from one microbatch run through the preceding layers

@@ -12,7 +12,7 @@ runs the checkout's own code.
 
 from __future__ import annotations
 
-import re
+import tomllib
 from pathlib import Path
 
 __all__ = ["REPO", "RESULTS", "other_checkout"]
@@ -20,22 +20,23 @@ __all__ = ["REPO", "RESULTS", "other_checkout"]
 REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "results"
 
-_NAME = re.compile(r'^name\s*=\s*"pipebench"\s*$', re.MULTILINE)
-
 
 def other_checkout(cwd: Path, repo: Path = REPO) -> Path | None:
     """The pipebench checkout that holds ``cwd`` where it is not ``repo`` (the one whose
-    code runs); None where ``cwd`` is in ``repo`` or in no checkout of pipebench. The
-    nearest ``pyproject.toml`` at or above ``cwd`` decides."""
-    cwd, repo = cwd.resolve(), repo.resolve()
-    for folder in (cwd, *cwd.parents):
-        project = folder / "pyproject.toml"
-        if not project.is_file():
-            continue
-        if folder == repo:
-            return None
-        try:
-            return folder if _NAME.search(project.read_text()) else None
-        except OSError:
-            return None
+    code runs); None where ``cwd`` is in ``repo`` or in no checkout of pipebench, and where
+    it cannot be told (a folder or file that cannot be read). The nearest
+    ``pyproject.toml`` at or above ``cwd`` decides, by its ``[project]`` name."""
+    try:
+        cwd, repo = cwd.resolve(), repo.resolve()
+        for folder in (cwd, *cwd.parents):
+            project = folder / "pyproject.toml"
+            if not project.is_file():
+                continue
+            if folder == repo:
+                return None
+            name = tomllib.loads(project.read_text(encoding="utf-8")).get("project", {})
+            return folder if isinstance(name, dict) and name.get("name") == "pipebench" \
+                else None
+    except (OSError, ValueError):  # unreadable, not UTF-8, not TOML (TOMLDecodeError)
+        return None
     return None

@@ -124,12 +124,15 @@ def _warn_other_checkout() -> None:
     the code that runs (an editable install of another checkout: ``harness.paths``)."""
     from harness.paths import REPO, other_checkout
 
-    here = other_checkout(Path.cwd())
+    try:
+        here = other_checkout(Path.cwd())
+    except OSError:  # the working directory is gone: nothing to tell
+        return
     if here is not None:
         Console(stderr=True).print(
             f"warning: started in the checkout {here}, but the code that runs is {REPO}'s "
             f"(its commit is the one recorded); PYTHONPATH={here} runs this checkout's "
-            f"own", highlight=False, markup=False, soft_wrap=True)
+            f"own code", highlight=False, markup=False, soft_wrap=True)
 
 
 def _error(message: str, code: int) -> None:

@@ -40,8 +40,8 @@ def test_the_running_checkout_and_other_projects_are_not(tmp_path: Path) -> None
     assert other_checkout(inner, repo=REPO) is None
 
 
-def test_the_command_line_warns_once_on_stderr(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                               capsys: pytest.CaptureFixture) -> None:
+def test_the_command_line_warns_on_stderr_only_in_another_checkout(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture) -> None:
     other = _project(tmp_path / "wt", "pipebench")
     monkeypatch.chdir(other)
     cli._warn_other_checkout()
@@ -52,3 +52,17 @@ def test_the_command_line_warns_once_on_stderr(tmp_path: Path, monkeypatch: pyte
     monkeypatch.chdir(REPO)
     cli._warn_other_checkout()
     assert capsys.readouterr() == ("", "")
+
+
+def test_what_cannot_be_read_or_parsed_is_no_checkout(tmp_path: Path) -> None:
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "pyproject.toml").write_bytes(b"[project\nname = \xff")  # neither TOML nor UTF-8
+    assert other_checkout(broken, repo=REPO) is None
+    quoted = _project(tmp_path / "quoted", "pipebench")
+    (quoted / "pyproject.toml").write_text("[project]\nname = 'pipebench'  # single quotes\n")
+    assert other_checkout(quoted, repo=REPO) == quoted.resolve()
+    tool = tmp_path / "tool"
+    tool.mkdir()
+    (tool / "pyproject.toml").write_text('[tool.x]\nname = "pipebench"\n')  # not [project]
+    assert other_checkout(tool, repo=REPO) is None
