@@ -34,8 +34,8 @@ def other_checkout(cwd: Path, repo: Path = REPO) -> Path | None:
                 continue
             if folder == repo:
                 return None
-            name = tomllib.loads(project.read_text(encoding="utf-8")).get("project", {})
-            return folder if isinstance(name, dict) and name.get("name") == "pipebench" \
+            table = tomllib.loads(project.read_text(encoding="utf-8")).get("project", {})
+            return folder if isinstance(table, dict) and table.get("name") == "pipebench" \
                 else None
     except (OSError, ValueError):  # unreadable, not UTF-8, not TOML (TOMLDecodeError)
         return None

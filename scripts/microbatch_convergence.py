@@ -84,12 +84,18 @@ def clip(model, mode: str, split: int, max_norm: float) -> None:  # noqa: ANN001
         torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
 
 
+def _setup(name: str, seed: int) -> tuple:
+    """The workload, its tiny spec, its data and the model built as the one-process
+    trainer builds it for ``seed``."""
+    wl = registry.get(name)
+    spec, splits = wl.spec("tiny"), load_splits(wl, "tiny", None, seed)
+    return wl, spec, splits, wl.build("tiny", {**splits.train.meta, "init_seed": seed})
+
+
 def train(name: str, seed: int, mode: str, m: int, split: int) -> int | None:
     """Epochs to the target (None: not within the budget)."""
     torch.set_num_threads(2 if mode.endswith("2 threads") else 1)
-    wl = registry.get(name)
-    spec, splits = wl.spec("tiny"), load_splits(wl, "tiny", None, seed)
-    model = wl.build("tiny", {**splits.train.meta, "init_seed": seed})
+    wl, spec, splits, model = _setup(name, seed)
     opt = make_optimizer(spec, model.parameters(), None)
     for epoch in range(spec.epochs):
         model.train()
@@ -109,10 +115,8 @@ def train(name: str, seed: int, mode: str, m: int, split: int) -> int | None:
 def first_gradients(name: str, m: int) -> dict[str, float]:
     """Each way's gradient at seed 0's first minibatch, relative distance from whole's."""
     torch.set_num_threads(1)
-    wl = registry.get(name)
-    splits = load_splits(wl, "tiny", None, 0)
-    model = wl.build("tiny", {**splits.train.meta, "init_seed": 0})
-    batch = next(minibatches(splits.train, wl, wl.spec("tiny").batch_size, 0, 0))
+    wl, spec, splits, model = _setup(name, 0)
+    batch = next(minibatches(splits.train, wl, spec.batch_size, 0, 0))
     flat = {}
     for mode in ("whole", "means", "tokens"):
         model.zero_grad(set_to_none=True)
@@ -151,9 +155,9 @@ def main() -> None:
         f"{spec.lr:g}, gradient norms clipped at {spec.grad_clip}), target {spec.target:g} "
         f"within {spec.epochs} epochs; {len(MODES)} ways of computing each step (the "
         f"script's docstring), {m} microbatches of {spec.batch_size // m} where cut, stages "
-        f"[0, {args.split}) and [{args.split}, {len(spec_layers(name))}) where clipped per "
-        "stage; seed s is the initial weights and the sample order (the tiny dataset is "
-        "fixed), the same for every way.", "",
+        f"[0, {args.split}) and [{args.split}, {len(_setup(name, 0)[3].layers)}) where "
+        "clipped per stage; seed s is the initial weights and the sample order (the tiny "
+        "dataset is fixed), the same for every way.", "",
         "Epochs to the target (`-`: not within the budget):", "",
         *markdown_table(["seed", *MODES], rows), "",
         f"At seed 0's first minibatch, each way's gradient from `whole`'s (relative "
@@ -161,11 +165,6 @@ def main() -> None:
     if args.output:
         args.output.write_text(text)
     print(text)
-
-
-def spec_layers(name: str) -> list:
-    """The tiny model's layers (for the stages' bounds in the report)."""
-    return list(registry.get(name).build("tiny", {}).layers)
 
 
 def _ep(epochs: int | None) -> str:

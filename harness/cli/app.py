@@ -125,9 +125,10 @@ def _warn_other_checkout() -> None:
     from harness.paths import REPO, other_checkout
 
     try:
-        here = other_checkout(Path.cwd())
+        cwd = Path.cwd()
     except OSError:  # the working directory is gone: nothing to tell
         return
+    here = other_checkout(cwd)  # None on anything it cannot read
     if here is not None:
         Console(stderr=True).print(
             f"warning: started in the checkout {here}, but the code that runs is {REPO}'s "

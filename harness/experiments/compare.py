@@ -2,15 +2,16 @@
 
 Every system gets the same workload, data, seed, global batch, optimizer and learning rate
 (``RunConfig`` defaults, shared by all). The global batch is one minibatch's samples; a
-PipeDream stage of r replicas averages r minibatches per update (PipeDream's rule), so a
-replicated plan updates on r times as many samples as the others. The stage split is
-computed once from one local profile: PipeDream runs the planner's plan for the worker
-count, and the unreplicated pipelines (gpipe, model-parallel, torch-gpipe, torch-1f1b,
-deepspeed-pipe) all run the planner's straight pipeline, so they share their stage
-boundaries exactly; the peers that hold ``v`` stages per worker (torch-interleaved-1f1b,
-torch-zb, torch-zbv, torch-dualpipev) run the planner's straight pipeline of ``workers x v``
-stages on the same profile (``plan_key``), so their split, too, is decided once, not per
-run. ``single`` runs one worker with the whole thread budget (workers x threads per worker).
+PipeDream stage of r replicas averages r minibatches per update (PipeDream's rule), so where
+the plan is data parallelism (one stage on every worker) PipeDream updates on r times as
+many samples as the others, r times less often. The stage split is computed once from one
+local profile: PipeDream runs the planner's plan for the worker count, and the unreplicated
+pipelines (gpipe, model-parallel, torch-gpipe, torch-1f1b, deepspeed-pipe) all run the
+planner's straight pipeline, so they share their stage boundaries exactly; the peers that
+hold ``v`` stages per worker (torch-interleaved-1f1b, torch-zb, torch-zbv, torch-dualpipev)
+run the planner's straight pipeline of ``workers x v`` stages on the same profile
+(``plan_key``), so their split, too, is decided once, not per run. ``single`` runs one
+worker with the whole thread budget (workers x threads per worker).
 
 Each system is its own MLflow run, nested under a parent run for the comparison, which
 also holds the table (``comparison.md``) and the plans. A system that cannot run this
