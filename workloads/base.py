@@ -23,7 +23,8 @@ from core.errors import WorkloadError
 
 __all__ = ["Batch", "DataSplits", "Dataset", "Flatten", "Layer", "LayerModel", "SCALES",
            "STALL_TIMEOUT_S", "ScaleSpec", "TensorData", "Workload", "Wrap",
-           "classification_loss", "count_parameters", "cross_entropy_tokens", "run_layers"]
+           "classification_loss", "count_parameters", "cross_entropy_tokens", "run_layers",
+           "to_device"]
 
 Tuple = tuple[Tensor, ...]
 
@@ -135,6 +136,20 @@ class ScaleSpec:
     stall_timeout_s: float | None = None  # watchdog bound; None: STALL_TIMEOUT_S of the scale
 
 
+def to_device(t: Tensor, device: torch.device | str) -> Tensor:
+    """``t`` on ``device``. A host tensor bound for a CUDA device goes through pinned
+    (page-locked) memory with a copy that does not wait: a copy from pageable memory waits
+    for the device's stream to drain before it returns, so a minibatch's inputs copied
+    after the previous step's kernels were queued held the host until they ran (seen in
+    the H100 traces, results/gpu/README.md). The pinned block is torch's caching host
+    allocator's, which keeps it until the copy has run; the copy is ordered before any
+    later kernel on the same stream."""
+    dev = torch.device(device)
+    if dev.type != "cuda" or t.device.type != "cpu":
+        return t.to(dev)
+    return t.pin_memory().to(dev, non_blocking=True)
+
+
 @dataclass
 class Batch:
     """One minibatch: ``inputs`` go to layer 0, ``targets`` to the loss."""
@@ -143,7 +158,8 @@ class Batch:
     targets: Tensor
 
     def to(self, device: torch.device | str) -> Batch:
-        return Batch(tuple(t.to(device) for t in self.inputs), self.targets.to(device))
+        return Batch(tuple(to_device(t, device) for t in self.inputs),
+                     to_device(self.targets, device))
 
     @property
     def size(self) -> int:

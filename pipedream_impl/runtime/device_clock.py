@@ -28,9 +28,10 @@ A minibatch's completion (the steady-state throughput's stamp) is a mark: an eve
 recorded once its update's kernels are queued, read at the close like the spans, so the
 last stage no longer waits for the device after each update to stamp it (that wait kept
 the host from preparing the next minibatch while the update ran). Marks are one per
-minibatch and are all kept until the close. Other waits remain: a copy to the device from
-pageable memory (``tensor.to(device)``, a minibatch's inputs on the first stage and its
-targets on the last) waits for the stream to drain before it returns.
+minibatch and are all kept until the close. A minibatch's inputs (first stage) and targets
+(last stage) go to the device through pinned memory without waiting
+(``workloads.base.to_device``): a copy from pageable memory had waited for the stream to
+drain.
 
 Once ``FOLD_AT`` actions are pending, those at the front whose end the device has passed
 are read as each action ends, so a long epoch does not hold two events per action until

@@ -51,7 +51,7 @@ from pipedream_impl.runtime.weight_stash import WeightStore, direct_forwards, fu
 from pipedream_impl.schedule import Action, Schedule
 from pipedream_impl.schedule.delivery import delivered, receives_followed
 from pipedream_impl.schedule.registry import build
-from workloads.base import Batch
+from workloads.base import Batch, to_device
 from workloads.recipe import load_optimizer_state, microbatch
 
 __all__ = ["StageExecutor"]
@@ -265,7 +265,7 @@ class StageExecutor(Executor):
         batch = None
         if self.stage == 0:  # only stage 0 reads inputs
             batch = self._batch(k)
-            rec["x"] = tuple(t.to(self.device) for t in batch.inputs)
+            rec["x"] = tuple(to_device(t, self.device) for t in batch.inputs)
         if self.naive:
             with torch.no_grad():
                 out = self.module(rec["x"])
@@ -276,7 +276,7 @@ class StageExecutor(Executor):
             out = self.store.call(rec["snap"], rec["x"])
         if self.last:  # the last stage reads its targets (alone) through the same sampler
             batch = batch or self._batch(k, targets_only=True)
-            rec["targets"] = batch.targets.to(self.device)
+            rec["targets"] = to_device(batch.targets, self.device)
             if not self.naive:
                 rec["loss"] = self.wl.loss(out, rec["targets"]) / self.m
         if not (self.naive and self.last):  # a naive last stage recomputes its output at B

@@ -8,7 +8,7 @@ from torch import nn
 
 from core.errors import WorkloadError
 from workloads.awd_lm import tied_parameters
-from workloads.base import LayerModel, Wrap, count_parameters, run_layers
+from workloads.base import LayerModel, Wrap, count_parameters, run_layers, to_device
 from workloads.registry import WORKLOADS, get
 
 
@@ -52,3 +52,28 @@ def test_registry_lists_the_workloads_and_rejects_unknown_names() -> None:
 def test_stage_is_a_view_of_the_same_layers() -> None:
     m = LayerModel([Wrap(nn.Linear(2, 2)), Wrap(nn.Linear(2, 2))])
     assert m.stage(1, 2).layers[0] is m.layers[1]
+
+
+def test_to_device_on_the_cpu_is_a_plain_copy() -> None:
+    t = torch.arange(6).reshape(2, 3)
+    assert torch.equal(to_device(t, "cpu"), t)
+
+
+@pytest.mark.gpu
+def test_to_device_does_not_wait_for_queued_kernels_and_keeps_the_values() -> None:
+    """A copy from pageable memory would wait for the stream to drain: the queued sleep
+    would be over when it returns. Through pinned memory it returns at once, and the copy
+    still runs after the sleep, from a buffer the caller's later writes do not touch."""
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    host = torch.randn(1 << 20)
+    want = host.clone()
+    torch.cuda.synchronize()
+    torch.cuda._sleep(2_000_000_000)  # about a second of device time, queued
+    slept = torch.cuda.Event()
+    slept.record()
+    dev = to_device(host, "cuda")
+    assert not slept.query()  # returned before the queued kernel ran out
+    host.zero_()
+    torch.cuda.synchronize()
+    assert dev.is_cuda and torch.equal(dev.cpu(), want)
