@@ -13,8 +13,9 @@ action, comparable between a GPU at full scale and the CPU at tiny scale.
 Measured per workload (after one warm-up epoch, over ``--epochs`` epochs of ``--steps``
 minibatches, wall clock with the device synchronised at the epoch's end; closing an epoch,
 which copies each stage's weights to the host for its report, is timed apart):
-- ``trainer``: ``harness.experiments.training.train_step`` on the whole model (no per-step
-  synchronisation);
+- ``trainer``: ``harness.experiments.training.train_step`` on the whole model (it reads
+  each step's loss, which waits for the device, as the ``single`` system does; it runs
+  first, on a device that has just started working);
 - ``S stages``: the runtime's handlers on S balanced stages (layer times profiled on the
   device, ``balanced_bounds``), once as the runtime runs (on a GPU its actions timed by
   device events, ``pipedream_impl.runtime.device_clock``) and once waiting for the device
