@@ -9,7 +9,8 @@ The model is split into W x v stages by the runtime's own balancing (harness lay
 executor learns v as ``len(bounds) // workers``. Every schedule averages the microbatch
 gradients of a minibatch (``scale_grads``) and takes one optimizer step, so each computes
 the same update as single-process training on whole minibatches (up to a token-mean loss's
-weighting and a clip of each stage's own norm: docs/systems.md).
+weighting: docs/systems.md); where the workload clips, by the whole model's norm, one
+scalar all-reduce over the ranks before the step (``pipedream_impl.runtime.clipping``).
 
 Stage metadata is given to torch up front (static mode: ``PipelineStage(input_args=...,
 output_args=...)``, example tensors from one microbatch run through the preceding layers
@@ -31,6 +32,7 @@ between two stages of the same rank (the V's turn) is a local hand-off, not on a
 
 from __future__ import annotations
 
+import datetime
 import functools
 
 import torch
@@ -38,6 +40,7 @@ from torch import nn
 
 from baselines.peers import EngineStage, PeerExecutor
 from core.errors import UserInputError
+from pipedream_impl.runtime.clipping import clip_by, sq_norm, world_sum
 from pipedream_impl.runtime.contract import EpochReport, SystemSettings, WorkerPieces, cpu_copy
 from pipedream_impl.schedule import registry as schedules
 from workloads.recipe import load_optimizer_state
@@ -263,8 +266,14 @@ class TorchPipeExecutor(PeerExecutor):
         return [float(x.detach()) for x in losses]
 
     def _update(self) -> None:
-        if self.scale_spec.grad_clip is not None:
-            torch.nn.utils.clip_grad_norm_(self.params, self.scale_spec.grad_clip)
+        """Clip by the whole model's norm, summed over the ranks (every torch schedule
+        flushes: ``pipedream_impl.runtime.clipping``), then step."""
+        clip = self.scale_spec.grad_clip
+        if clip is not None:
+            grads = [p.grad for p in self.params if p.grad is not None]
+            total = world_sum(sq_norm(grads), self.device, lambda work: work.wait(
+                datetime.timedelta(seconds=self.run.timeout_s)))
+            clip_by(grads, total.sqrt(), clip)
         self.optimizer.step()
 
     def _links(self) -> dict[tuple[int, int], int]:

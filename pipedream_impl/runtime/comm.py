@@ -66,6 +66,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from pipedream_impl.runtime import switch
+from pipedream_impl.runtime.clipping import world_sum
 from pipedream_impl.runtime.hosts import Hierarchy, host_name
 
 __all__ = ["BACKWARD_LINK_ENV", "HEADER", "RECV_AHEAD_ENV", "SETTLE_ENV", "TAGS", "Comm",
@@ -303,6 +304,12 @@ class Comm:
         for t in tensors:
             t.copy_(flat[pos:pos + t.numel()].view_as(t))
             pos += t.numel()
+
+    def norm_sum(self, share: Tensor) -> Tensor:
+        """Every rank's scalar ``share`` summed over the world, blocking (a squared gradient
+        norm: ``clipping``); its 8 bytes are not counted."""
+        return world_sum(share, self._wire_device(),
+                         lambda work: self._wait(work, "the gradient norm's all-reduce"))
 
     def allreduce_start(self, flat: Tensor, ranks: tuple[int, ...]) -> Callable[[], None]:
         """Start summing ``flat`` over ``ranks`` in place; returns the wait (it raises

@@ -10,10 +10,10 @@ final gradient into its bucket; a full bucket's all-reduce starts at once
 starts what is left (a parameter the backward did not reach), waits for every bucket,
 divides by the replica count and copies the mean back into the gathered gradients.
 
-What is reduced is exactly what the executor's ``_gather_grads`` sums at A: the executor
+What is reduced is exactly what the executor's ``gather_grads`` sums at A: the executor
 gives ``arm`` a function that computes one parameter's gathered gradient from the state
 after the backward (the snapshots' and the module's gradients, added in the order
-``_gather_grads`` adds them), so the result is the blocking path's to the bit wherever the
+``gather_grads`` adds them), so the result is the blocking path's to the bit wherever the
 all-reduce's own sum is (two replicas; integer-valued gradients). Bytes are counted once
 per all-reduce at A, for the whole gradient, as the blocking path counts them.
 

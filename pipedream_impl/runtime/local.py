@@ -23,6 +23,7 @@ import torch
 from torch import Tensor
 
 from core.errors import UserInputError
+from pipedream_impl.runtime.clipping import sq_norm
 from pipedream_impl.runtime.comm import LinkStats
 from pipedream_impl.runtime.contract import EpochReport, WorkerPieces, WorkerSpec
 from pipedream_impl.runtime.stage_executor import StageExecutor
@@ -37,6 +38,7 @@ class LocalComm:
 
     def __init__(self, rank: int, mailbox: dict) -> None:
         self.rank, self.mailbox = rank, mailbox
+        self.norms_posted = self.norms_used = 0  # this rank's shares of global clipping
         self.stats = LinkStats()
         # (dst, kind) -> the (dtype, shape) of every message's tensors, in order
         self.messages: dict[tuple[int, str], list[list[tuple]]] = defaultdict(list)
@@ -56,6 +58,21 @@ class LocalComm:
     def allreduce_mean(self, tensors: list[Tensor], ranks: tuple[int, ...]) -> None:
         if len(ranks) > 1:
             raise UserInputError("in-process runs cover unreplicated pipelines only")
+
+    def post_norm(self, share: Tensor) -> None:
+        """This rank's share of the next ``norm_sum``, on the board every rank reads."""
+        self.mailbox[("norm", self.norms_posted)].append(share)
+        self.norms_posted += 1
+
+    def norm_ready(self, world: int) -> bool:
+        """Whether every rank has posted its share of this rank's next ``norm_sum``."""
+        return len(self.mailbox[("norm", self.norms_used)]) == world
+
+    def norm_sum(self, share: Tensor) -> Tensor:
+        """The sum of the shares posted (``share`` is this rank's, posted before)."""
+        total = torch.stack(self.mailbox[("norm", self.norms_used)]).double().sum()
+        self.norms_used += 1
+        return total.float()
 
     def settle(self, dst: int, kind: str, count: int) -> None:
         pass  # a mailbox holds no send handles
@@ -98,6 +115,11 @@ def play_epoch(executors: list[StageExecutor], epoch: int) -> None:
         ex = executors[rank]
         if a.kind in ("RF", "RB", "RT") and not ex.comm.ready(a.peer, a.kind[1]):
             return False
+        if a.kind == "U" and ex.clip_globally:  # every rank's norm first (clipping.py)
+            if ex.comm.norms_posted == ex.comm.norms_used:
+                ex.comm.post_norm(sq_norm(ex.gather_grads()))
+            if not ex.comm.norm_ready(len(executors)):
+                return False
         ex.step(a, pos)
         return True
 

@@ -28,10 +28,11 @@ intermediate gradients instead).
 A replicated stage all-reduces its gradients (the A action) overlapped with the round's
 last backward, bucket by bucket, as DDP does (``grad_buckets``); A waits for the buckets.
 
-Gradient clipping, where a workload asks for it, is applied per stage (a global norm would
-need another all-reduce across stages). Parameters tied across two stages (AWD-LM's
-embedding and decoder) are kept equal by ``ties.TieSync``: its ST/RT actions exchange the
-tied gradients, its ``before_update`` sets the gradient both copies apply (and clips).
+Gradient clipping, where a workload asks for it, is by the whole model's norm where every
+stage updates at one point (flush schedules, model parallelism: ``clipping``), else by each
+stage's own. Parameters tied across two stages (AWD-LM's embedding and decoder) are kept
+equal by ``ties.TieSync``: its ST/RT actions exchange the tied gradients, its
+``before_update`` sets the gradient both copies apply (and clips).
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ from functools import partial
 import torch
 from torch import Tensor
 
+from pipedream_impl.runtime.clipping import clip_by, clips_globally, sq_norm
 from pipedream_impl.runtime.comm import Comm, settle_sends
 from pipedream_impl.runtime.contract import EpochReport, Executor, WorkerPieces, cpu_copy
 from pipedream_impl.runtime.grad_buckets import GradBuckets, bucket_mb, last_backwards
@@ -76,8 +78,10 @@ class StageExecutor(Executor):
         a, b = system.bounds[self.stage]
         self.module = pieces.model.stage(a, b).to(self.device).train()
         self.params = list(self.module.parameters())
-        self.ties = TieSync.for_stage(ties, self.stage, layout, self.module,
-                                      self.scale_spec.grad_clip)  # None: holds no tied copy
+        self.clip = self.scale_spec.grad_clip
+        self.ties = TieSync.for_stage(ties, self.stage, layout, self.module, self.clip)
+        self.clip_globally = not ties and clips_globally(  # ties clip as ties.py says
+            system.schedule, system.in_flight, layout.replicas, self.clip)
         self.optimizer = self.optimizer_for(self.params)
         scale = stage_lr_scale(layout.replicas, self.stage, system.stage_lr)
         self.lrs = [g["lr"] * scale for g in self.optimizer.param_groups]  # stage_lr.py
@@ -195,14 +199,14 @@ class StageExecutor(Executor):
 
     @staticmethod
     def _sum_order(snaps: list[dict], module_has_grads: bool) -> tuple[dict | None, list[dict]]:
-        """The gathered gradient's one rule (``_gather_grads``, and the buckets' per-parameter
+        """The gathered gradient's one rule (``gather_grads``, and the buckets' per-parameter
         ``gathered``): the base (None: the module's own gradients, where it has any or no
         snapshot; else the last snapshot's) and the snapshots added to it, in order."""
         if snaps and not module_has_grads:
             return snaps[-1], snaps[:-1]
         return None, snaps
 
-    def _gather_grads(self) -> list[Tensor]:
+    def gather_grads(self) -> list[Tensor]:
         """The gradients accumulated since the last update: on the snapshots the backwards
         used (stash/vertical sync) or on the module itself (naive, recompute)."""
         if self.grads is None:
@@ -219,9 +223,9 @@ class StageExecutor(Executor):
 
     def _allreduce(self, act: Action, pos: int) -> bool:
         if self.buckets is not None and self.buckets.armed:  # started during the backward
-            self.buckets.finish(self._gather_grads())
+            self.buckets.finish(self.gather_grads())
         else:
-            self.comm.allreduce_mean(self._gather_grads(), self.replica_ranks)
+            self.comm.allreduce_mean(self.gather_grads(), self.replica_ranks)
         return True
 
     def _differentiate(self, pos: int, rec: dict, tensors: list[Tensor],
@@ -232,7 +236,7 @@ class StageExecutor(Executor):
             torch.autograd.backward(tensors, grads, **kw)
             return
         snap = rec.get("snap")
-        order = list(self.pending.values())  # the snapshots _gather_grads will sum, in order
+        order = list(self.pending.values())  # the snapshots gather_grads will sum, in order
         if snap is not None and id(snap) not in self.pending:
             order.append(snap)
         # a backward without a snapshot accumulates on the module: it will have gradients
@@ -240,7 +244,7 @@ class StageExecutor(Executor):
             order, snap is None or any(p.grad is not None for p in self.params))
         names = self.store.names
 
-        def gathered(i: int) -> Tensor:  # _gather_grads's sum for parameter i
+        def gathered(i: int) -> Tensor:  # gather_grads's sum for parameter i
             if base is None:
                 p = self.params[i]
                 g = p.grad.clone() if p.grad is not None else torch.zeros_like(p)
@@ -356,7 +360,7 @@ class StageExecutor(Executor):
         return False
 
     def _send_tie(self, act: Action, pos: int) -> bool:
-        self.ties.send(act, self._gather_grads(), self.comm)
+        self.ties.send(act, self.gather_grads(), self.comm)
         return False
 
     def _recv_tie(self, act: Action, pos: int) -> bool:
@@ -364,13 +368,15 @@ class StageExecutor(Executor):
         return True
 
     def _update(self, act: Action, pos: int) -> bool:
-        grads = self._gather_grads()
+        grads = self.gather_grads()
         if self.ties is not None:  # the tied copies' gradient G(j), clipped (ties.py)
             self.ties.before_update(act.mb // self.m, grads)
         for p, g in zip(self.params, grads, strict=True):
             p.grad = g
-        if self.scale_spec.grad_clip is not None and self.ties is None:
-            torch.nn.utils.clip_grad_norm_(self.params, self.scale_spec.grad_clip)
+        if self.clip_globally:  # one norm over every stage (clipping.py)
+            clip_by(grads, self.comm.norm_sum(sq_norm(grads)).sqrt(), self.clip)
+        elif self.clip is not None and self.ties is None:
+            torch.nn.utils.clip_grad_norm_(self.params, self.clip)
         self.store.before_update(self.future_f[pos])  # 2BW: the version it replaces
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)

@@ -75,10 +75,10 @@ from __future__ import annotations
 from bisect import bisect_left, bisect_right
 from dataclasses import dataclass, field
 
-import torch
 from torch import Tensor, nn
 
 from core.errors import ScheduleError, WorkloadError
+from pipedream_impl.runtime.clipping import clip_by, sq_norm
 from pipedream_impl.schedule import Action, Layout, Schedule, interleave, simulate
 
 __all__ = ["Tie", "TiePlan", "TieSync", "check_link_order", "check_ties", "find_ties",
@@ -256,18 +256,6 @@ def check_link_order(sched: Schedule) -> None:
                                 "the order of the sends (NCCL pairs them by order)")
 
 
-def _sq_norm(grads: list[Tensor]) -> Tensor:
-    if not grads:
-        return torch.zeros(())
-    return sum(g.detach().double().pow(2).sum() for g in grads).float()
-
-
-def _clip(grads: list[Tensor], total: Tensor, max_norm: float) -> None:
-    coef = torch.clamp(max_norm / (total + 1e-6), max=1.0)
-    for g in grads:
-        g.mul_(coef.to(g.device))
-
-
 @dataclass
 class TieSync:
     """One tied stage's side of the rule: what its ``ST``/``RT`` actions send and receive,
@@ -308,7 +296,7 @@ class TieSync:
         mine = [grads[k].detach().clone() for k in self.tied]
         msg = list(mine)
         if self.clip is not None and self.plan.joint:
-            self.untied_sq[act.mb] = _sq_norm(self._untied(grads)).to(mine[0].device)
+            self.untied_sq[act.mb] = sq_norm(self._untied(grads)).to(mine[0].device)
             msg.append(self.untied_sq[act.mb].reshape(1))
         if self.side == 0:
             self.own[act.mb] = mine
@@ -338,7 +326,7 @@ class TieSync:
             mine = self.untied_sq.pop(j)
             other = (b_part if self.side == 0 else a_parts[j])[k].reshape(())
             sq_a, sq_b = (mine, other) if self.side == 0 else (other, mine)
-            _clip(untied + g, (sq_a + sq_b + _sq_norm(g)).sqrt(), self.clip)
+            clip_by(untied + g, (sq_a + sq_b + sq_norm(g)).sqrt(), self.clip)
         else:
-            _clip(untied, _sq_norm(untied).sqrt(), self.clip)
-            _clip(g, _sq_norm(g).sqrt(), self.clip)
+            clip_by(untied, sq_norm(untied).sqrt(), self.clip)
+            clip_by(g, sq_norm(g).sqrt(), self.clip)
