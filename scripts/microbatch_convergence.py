@@ -6,9 +6,11 @@ pipeline's update differs from one process's in two ways, besides rounding (whic
 change of arithmetic order moves): each microbatch's loss is a mean over its own tokens
 and the minibatch's loss the mean of those means (as in torch.distributed.pipelining,
 DeepSpeed and DDP across replicas), where one process takes the mean over all the
-minibatch's tokens; and every pipeline clips its gradient's norm stage by stage (each
-worker sees only its own), where one process clips the whole model's. This script trains
-the whole model in one process, no pipeline, six ways, on the same seeds:
+minibatch's tokens; and every pipeline clipped its gradient's norm stage by stage (each
+worker saw only its own), where one process clips the whole model's (since commit 6bf091e
+the flush pipelines and model-parallel clip the whole model's norm too:
+``pipedream_impl/runtime/clipping.py``). This script trains the whole model in one
+process, no pipeline, six ways, on the same seeds:
 
 - ``whole``: one loss over the minibatch, the whole model's norm clipped (the one-process
   trainer's step, on one thread);
@@ -20,9 +22,10 @@ the whole model in one process, no pipeline, six ways, on the same seeds:
 - ``means``: the ``M`` microbatch losses each scaled by ``1 / M``, the whole model's norm
   clipped;
 - ``whole, clipped per stage``: ``whole`` with each stage's norm clipped on its own
-  (``--split``: the layer the second stage starts at): model-parallel's step;
-- ``means, clipped per stage``: ``means`` so clipped: the flush pipelines' step (gpipe,
-  pipedream-flush, torch-gpipe, torch-1f1b on that split).
+  (``--split``: the layer the second stage starts at): model-parallel's step before
+  6bf091e (now ``whole``'s);
+- ``means, clipped per stage``: ``means`` so clipped: the flush pipelines' step before
+  6bf091e (gpipe, pipedream-flush, torch-gpipe, torch-1f1b on that split; now ``means``).
 
 Each trains up to the workload's epoch budget and is evaluated after every epoch; the
 report gives the epochs each took to the target per seed, and at the first minibatch of

@@ -27,10 +27,9 @@ intermediate gradients instead).
 
 A replicated stage all-reduces its gradients (the A action) overlapped with the round's
 last backward, bucket by bucket, as DDP does (``grad_buckets``); A waits for the buckets.
-
 Gradient clipping, where a workload asks for it, is by the whole model's norm where every
-stage updates at one point (flush schedules, model parallelism: ``clipping``), else by each
-stage's own. Parameters tied across two stages (AWD-LM's embedding and decoder) are kept
+stage updates at one point (``clipping``; its all-reduce before U is booked as an A), else
+by each stage's own. Parameters tied across two stages (AWD-LM's embedding and decoder) are kept
 equal by ``ties.TieSync``: its ST/RT actions exchange the tied gradients, its
 ``before_update`` sets the gradient both copies apply (and clips).
 """
@@ -38,11 +37,13 @@ equal by ``ties.TieSync``: its ST/RT actions exchange the tied gradients, its
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from functools import partial
 
 import torch
 from torch import Tensor
 
+from pipedream_impl.runtime import weight_stash
 from pipedream_impl.runtime.clipping import clip_by, clips_globally, sq_norm
 from pipedream_impl.runtime.comm import Comm, settle_sends
 from pipedream_impl.runtime.contract import EpochReport, Executor, WorkerPieces, cpu_copy
@@ -141,10 +142,18 @@ class StageExecutor(Executor):
         return acts
 
     def step(self, act: Action, pos: int) -> None:
-        self.begin_action(act.kind, act.mb, act.kind in _WAITS)
-        self.timed(act.kind, lambda: self._act(act, pos),
-                   partial(self.record, self.report), waited=bool)
-        self.progress.leave(f"{act.kind}{act.mb}")
+        if act.kind == "U" and self.clip_globally:  # the norm's sum waits on every rank: A
+            self._timed("A", act.mb, self._sum_norm)
+        self._timed(act.kind, act.mb, lambda: self._act(act, pos))
+
+    def _timed(self, kind: str, mb: int, run: Callable[[], bool]) -> None:
+        self.begin_action(kind, mb, kind in _WAITS)
+        self.timed(kind, run, partial(self.record, self.report), waited=bool)
+        self.progress.leave(f"{kind}{mb}")
+
+    def _sum_norm(self) -> bool:  # the whole model's gradient norm of this update
+        self.norm = self.comm.norm_sum(sq_norm(self.gather_grads())).sqrt()
+        return True
 
     def _act(self, act: Action, pos: int) -> bool:
         waited = self.handlers[act.kind](act, pos)
@@ -285,7 +294,7 @@ class StageExecutor(Executor):
                 rec["loss"] = self.wl.loss(out, rec["targets"]) / self.m
         if not (self.naive and self.last):  # a naive last stage recomputes its output at B
             rec["out"] = out
-        self.act_bytes_peak = max(self.act_bytes_peak, _held_bytes(self.inflight))
+        self.act_bytes_peak = max(self.act_bytes_peak, weight_stash.held_bytes(self.inflight))
         return False
 
     def _send_forward(self, act: Action, pos: int) -> bool:
@@ -373,8 +382,8 @@ class StageExecutor(Executor):
             self.ties.before_update(act.mb // self.m, grads)
         for p, g in zip(self.params, grads, strict=True):
             p.grad = g
-        if self.clip_globally:  # one norm over every stage (clipping.py)
-            clip_by(grads, self.comm.norm_sum(sq_norm(grads)).sqrt(), self.clip)
+        if self.clip_globally:  # one norm over every stage, summed at A (clipping.py)
+            clip_by(grads, self.norm, self.clip)
         elif self.clip is not None and self.ties is None:
             torch.nn.utils.clip_grad_norm_(self.params, self.clip)
         self.store.before_update(self.future_f[pos])  # 2BW: the version it replaces
@@ -388,13 +397,4 @@ class StageExecutor(Executor):
 
 
 _WAITS = ("RF", "RB", "A", "RT")  # actions that wait on other ranks
-
-
-def _held_bytes(inflight: dict) -> int:
-    total = 0
-    for rec in inflight.values():
-        for key in ("x", "out"):
-            for t in rec.get(key, ()):
-                total += t.numel() * t.element_size()
-    return total
 

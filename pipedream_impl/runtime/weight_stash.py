@@ -46,8 +46,8 @@ from pipedream_impl.schedule.actions import GRADIENT_DONE, Action
 if TYPE_CHECKING:  # torch only for hints: the simulator imports this module's rules
     from torch import Tensor, nn
 
-__all__ = ["WeightStore", "direct_forwards", "future_versions", "snapshots_held", "staleness",
-           "versions_held"]
+__all__ = ["WeightStore", "direct_forwards", "future_versions", "held_bytes", "snapshots_held",
+           "staleness", "versions_held"]
 
 
 class WeightStore:
@@ -268,3 +268,14 @@ def staleness(acts: Sequence[Action], step_size: int) -> int:
             worst = max([worst, *(applied - used[mb] for mb in pending)])
             pending, applied = [], applied + step_size
     return worst
+
+
+def held_bytes(inflight: dict) -> int:
+    """The activations a stage holds for its backwards: the inputs (``x``) and outputs
+    (``out``) of its in-flight units' records (``stash_activation_bytes``)."""
+    total = 0
+    for rec in inflight.values():
+        for key in ("x", "out"):
+            for t in rec.get(key, ()):
+                total += t.numel() * t.element_size()
+    return total
