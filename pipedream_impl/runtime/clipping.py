@@ -4,10 +4,10 @@ Why: one process clips the whole model's gradient by its one norm
 (``clip_grad_norm_``). A pipeline whose stages each clip their own gradient by their own
 norm takes another step whenever the clip fires: a stage whose own norm passes the limit
 is scaled alone, and a stage under it is not scaled where the whole model's norm would
-have scaled it too. On tiny GNMT-8 that slowed the flush pipelines' convergence on 6 of 8
-seeds (``results/microbatch-convergence-gnmt8.md``). Megatron-LM and DeepSpeed all-reduce
-the squared norm over the pipeline before the optimizer step; so do we, where every stage
-updates at one point:
+have scaled it too. That is a different optimizer, not the same one pipelined (whether it
+trains slower is another question: ``results/seeds-gnmt8-tiny*.md``). Megatron-LM and
+DeepSpeed all-reduce the squared norm over the pipeline before the optimizer step; so do
+we, where every stage updates at one point:
 
 - a schedule that flushes (``ScheduleKind.flushes``: GPipe, 1F1B-Flush, zero bubble,
   interleaved) or keeps one minibatch in flight on unreplicated stages (model

@@ -54,7 +54,7 @@ Clipping, where the workload clips: with every u(i) = i (flush schedules) the tw
 clip jointly, by one norm over both stages' gradients that counts the tied gradient once,
 sqrt(|untied_a|^2 + |untied_b|^2 + |G|^2) (each tie message carries its sender's untied
 squared norm): for a two-stage split that is the single process's global norm. Otherwise
-each stage clips its untied parameters by their own norm (as the runtime clips any stage)
+each stage clips its untied parameters by their own norm (as any stage clips there)
 and both copies clip G(j) by its own norm.
 
 Messages are schedule actions (``with_ties`` inserts them into an epoch's schedule):
