@@ -36,7 +36,7 @@ import datetime
 import functools
 
 import torch
-from torch import nn
+from torch import Tensor, nn
 
 from baselines.peers import EngineStage, PeerExecutor
 from core.errors import UserInputError
@@ -262,18 +262,24 @@ class TorchPipeExecutor(PeerExecutor):
             kwargs["target_mbs"] = [b.targets for b in mbs]
             kwargs["losses"] = losses
         self.schedule.step(**kwargs)
-        self.timed("U", self._update, self._keep)
+        norm = self._whole_norm()  # untimed: a wait on the other ranks, booked idle
+        self.timed("U", lambda: self._update(norm), self._keep)
         return [float(x.detach()) for x in losses]
 
-    def _update(self) -> None:
-        """Clip by the whole model's norm, summed over the ranks (every torch schedule
-        flushes: ``pipedream_impl.runtime.clipping``), then step."""
-        clip = self.scale_spec.grad_clip
-        if clip is not None:
-            grads = [p.grad for p in self.params if p.grad is not None]
-            total = world_sum(sq_norm(grads), self.device, lambda work: work.wait(
-                datetime.timedelta(seconds=self.run.timeout_s)))
-            clip_by(grads, total.sqrt(), clip)
+    def _whole_norm(self) -> Tensor | None:
+        """The whole model's gradient norm, summed over the ranks (every torch schedule
+        flushes: ``pipedream_impl.runtime.clipping``); None where the workload does not
+        clip."""
+        if self.scale_spec.grad_clip is None:
+            return None
+        share = sq_norm([p.grad for p in self.params if p.grad is not None])
+        return world_sum(share, self.device, lambda work: work.wait(
+            datetime.timedelta(seconds=self.run.timeout_s))).sqrt()
+
+    def _update(self, norm: Tensor | None) -> None:
+        if norm is not None:
+            clip_by([p.grad for p in self.params if p.grad is not None], norm,
+                    self.scale_spec.grad_clip)
         self.optimizer.step()
 
     def _links(self) -> dict[tuple[int, int], int]:

@@ -25,7 +25,7 @@ from torch.func import functional_call
 
 from pipedream_impl.schedule import Schedule
 from workloads.base import DataSplits, LayerModel, Workload
-from workloads.recipe import epoch_order, make_optimizer
+from workloads.recipe import epoch_order, make_optimizer, microbatch
 
 
 def simulate_pipedream(workload: Workload, scale: str, splits: DataSplits, model: LayerModel,
@@ -105,6 +105,31 @@ def single_process_reference(workload: Workload, splits: DataSplits, steps: int)
                         torch.device("cpu"), quiet())
     stats = ref.train_epoch(0)
     return ref.model, stats
+
+
+def microbatch_mean_reference(workload: Workload, splits: DataSplits, steps: int, micro: int,
+                              lr: float | None = None, clip: float | None = None) \
+        -> tuple[LayerModel, list[float]]:
+    """(model, the whole model's gradient norm at each step) of single-process training
+    whose minibatch loss is the mean of its ``micro`` microbatches' losses (sequence losses
+    average over each microbatch's tokens, so this is the update every microbatched
+    pipeline computes; it differs from the whole-minibatch mean by the token counts), the
+    whole model's gradient clipped by its norm at ``clip`` (None: the workload's)."""
+    spec = workload.spec("tiny")
+    clip = spec.grad_clip if clip is None else clip
+    model = workload.build("tiny", {**splits.train.meta, "init_seed": 0})
+    opt = make_optimizer(spec, model.parameters(), lr)
+    order = epoch_order(len(splits.train), 0, 0)
+    norms = []
+    for k in range(steps):
+        opt.zero_grad(set_to_none=True)
+        for j in range(micro):
+            mb = microbatch(splits.train, workload, order, k, j, spec.batch_size, micro)
+            (workload.loss(model(mb.inputs), mb.targets) / micro).backward()
+        if clip is not None:
+            norms.append(float(torch.nn.utils.clip_grad_norm_(model.parameters(), clip)))
+        opt.step()
+    return model, norms
 
 
 def close(a: torch.nn.Module, b: torch.nn.Module) -> bool:

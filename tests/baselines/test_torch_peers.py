@@ -10,8 +10,7 @@ from baselines.torch_peers import boundary_examples, check_engine_microbatches, 
 from harness.config import RunConfig
 from harness.experiments.pipeline_trainer import PipelineTrainer
 from harness.reporting.progress import quiet
-from tests.pipeline_reference import single_process_reference
-from workloads.recipe import epoch_order, make_optimizer, microbatch
+from tests.pipeline_reference import microbatch_mean_reference, single_process_reference
 from workloads.registry import get
 
 STEPS = 4
@@ -130,27 +129,6 @@ def test_multi_stage_schedule_equals_single_process_and_counts_boundary_bytes(
         assert pipe.metrics.idle[r] > 0
 
 
-def _microbatch_mean_reference(workload: str, splits, steps: int, micro: int):
-    """Single-process training whose minibatch loss is the mean of its microbatches' losses
-    (sequence losses average over each microbatch's tokens, so this is the update every
-    microbatched pipeline computes; it differs from the whole-minibatch mean by the token
-    counts)."""
-    wl = get(workload)
-    spec = wl.spec("tiny")
-    model = wl.build("tiny", {**splits.train.meta, "init_seed": 0})
-    opt = make_optimizer(spec, model.parameters(), None)
-    order = epoch_order(len(splits.train), 0, 0)
-    for k in range(steps):
-        opt.zero_grad(set_to_none=True)
-        for j in range(micro):
-            mb = microbatch(splits.train, wl, order, k, j, spec.batch_size, micro)
-            (wl.loss(model(mb.inputs), mb.targets) / micro).backward()
-        if spec.grad_clip is not None:
-            torch.nn.utils.clip_grad_norm_(model.parameters(), spec.grad_clip)
-        opt.step()
-    return model
-
-
 @pytest.mark.multiprocess
 @pytest.mark.parametrize("workload, system", [("gnmt8", "torch-1f1b"), ("s2vt", "torch-1f1b"),
                                               ("gnmt8", "torch-zbv"),
@@ -169,7 +147,7 @@ def test_token_ids_cross_the_split_and_training_equals_one_process(workload: str
     if system == "torch-zbv":  # four stages, the ids crossing at stage 0 -> 1 (rank 0 -> 1)
         bounds = ((0, n // 2), (n // 2, n - 2), (n - 2, n - 1), (n - 1, n))
     pipe = _run(system, workload, bounds, splits)
-    _assert_same(pipe.model, _microbatch_mean_reference(workload, splits, STEPS, 4))
+    _assert_same(pipe.model, microbatch_mean_reference(get(workload), splits, STEPS, 4)[0])
     assert pipe.stats.steps == STEPS
     if system == "torch-zbv":
         return  # its bytes: the test above
