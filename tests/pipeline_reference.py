@@ -132,6 +132,13 @@ def microbatch_mean_reference(workload: Workload, splits: DataSplits, steps: int
     return model, norms
 
 
+def assert_same(a: torch.nn.Module, b: torch.nn.Module) -> None:
+    """``close``, asserted parameter by parameter: the first that differs is named, with
+    its largest difference."""
+    for (na, pa), (_, pb) in zip(a.named_parameters(), b.named_parameters(), strict=True):
+        assert torch.allclose(pa, pb, rtol=1e-4, atol=1e-5), (na, (pa - pb).abs().max())
+
+
 def close(a: torch.nn.Module, b: torch.nn.Module) -> bool:
     """Every parameter of ``a`` equal to ``b``'s within float32 accumulation noise."""
     return all(torch.allclose(pa, pb, rtol=1e-4, atol=1e-5)

@@ -10,7 +10,11 @@ from baselines.torch_peers import boundary_examples, check_engine_microbatches, 
 from harness.config import RunConfig
 from harness.experiments.pipeline_trainer import PipelineTrainer
 from harness.reporting.progress import quiet
-from tests.pipeline_reference import microbatch_mean_reference, single_process_reference
+from tests.pipeline_reference import (
+    assert_same,
+    microbatch_mean_reference,
+    single_process_reference,
+)
 from workloads.registry import get
 
 STEPS = 4
@@ -82,11 +86,6 @@ def _run(system: str, workload: str, bounds, splits, micro: int = 4) -> Pipeline
     return pipe
 
 
-def _assert_same(a: torch.nn.Module, b: torch.nn.Module) -> None:
-    for (na, pa), (_, pb) in zip(a.named_parameters(), b.named_parameters(), strict=True):
-        assert torch.allclose(pa, pb, rtol=1e-4, atol=1e-5), (na, (pa - pb).abs().max())
-
-
 @pytest.mark.multiprocess
 @pytest.mark.parametrize("system, v_shape", [("torch-interleaved-1f1b", False),
                                              ("torch-zb", False), ("torch-zbv", True),
@@ -101,7 +100,7 @@ def test_multi_stage_schedule_equals_single_process_and_counts_boundary_bytes(
     bounds = ((0, 6), (6, 12), (12, 26), (26, 40))
     pipe = _run(system, "vgg16", bounds, splits)
     ref_model, ref_stats = single_process_reference(wl, splits, STEPS)
-    _assert_same(pipe.model, ref_model)
+    assert_same(pipe.model, ref_model)
     assert pipe.stats.steps == STEPS
     assert pipe.stats.train_loss == pytest.approx(ref_stats.train_loss, rel=1e-4)
     model = wl.build("tiny", splits.train.meta)
@@ -147,7 +146,7 @@ def test_token_ids_cross_the_split_and_training_equals_one_process(workload: str
     if system == "torch-zbv":  # four stages, the ids crossing at stage 0 -> 1 (rank 0 -> 1)
         bounds = ((0, n // 2), (n // 2, n - 2), (n - 2, n - 1), (n - 1, n))
     pipe = _run(system, workload, bounds, splits)
-    _assert_same(pipe.model, microbatch_mean_reference(get(workload), splits, STEPS, 4)[0])
+    assert_same(pipe.model, microbatch_mean_reference(get(workload), splits, STEPS, 4)[0])
     assert pipe.stats.steps == STEPS
     if system == "torch-zbv":
         return  # its bytes: the test above
