@@ -305,10 +305,10 @@ class Comm:
             t.copy_(flat[pos:pos + t.numel()].view_as(t))
             pos += t.numel()
 
-    def norm_sum(self, share: Tensor) -> Tensor:
-        """Every rank's scalar ``share`` summed over the world, blocking (a squared gradient
-        norm: ``clipping``); its 8 bytes are not counted."""
-        return world_sum(share, self._wire_device(),
+    def norm_sum(self, share: Callable[[], Tensor]) -> Tensor:
+        """Every rank's scalar ``share()`` summed over the world, blocking (a squared
+        gradient norm: ``clipping``); its 8 bytes are not counted."""
+        return world_sum(share(), self._wire_device(),
                          lambda work: self._wait(work, "the gradient norm's all-reduce"))
 
     def allreduce_start(self, flat: Tensor, ranks: tuple[int, ...]) -> Callable[[], None]:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
+from collections.abc import Callable
 
 import torch
 from torch import Tensor
@@ -68,8 +69,9 @@ class LocalComm:
         """Whether every rank has posted its share of this rank's next ``norm_sum``."""
         return len(self.mailbox[("norm", self.norms_used)]) == world
 
-    def norm_sum(self, share: Tensor) -> Tensor:
-        """The sum of the shares posted (``share`` is this rank's, posted before)."""
+    def norm_sum(self, share: Callable[[], Tensor]) -> Tensor:
+        """The sum of the shares posted (this rank's posted before: ``share`` is not
+        called)."""
         total = torch.stack(self.mailbox[("norm", self.norms_used)]).double().sum()
         self.norms_used += 1
         return total.float()

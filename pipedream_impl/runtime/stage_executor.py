@@ -152,7 +152,7 @@ class StageExecutor(Executor):
         self.progress.leave(f"{kind}{mb}")
 
     def _sum_norm(self) -> bool:  # the whole model's gradient norm of this update
-        self.norm = self.comm.norm_sum(sq_norm(self.gather_grads())).sqrt()
+        self.norm = self.comm.norm_sum(lambda: sq_norm(self.gather_grads())).sqrt()
         return True
 
     def _act(self, act: Action, pos: int) -> bool:
