@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import torch
-from torch import nn
+from torch import Tensor, nn
 
 from core.errors import UserInputError
 from harness.config import RunConfig
@@ -36,7 +36,7 @@ from workloads.recipe import (
 )
 
 __all__ = ["EpochStats", "RunSummary", "SingleTrainer", "minibatches", "resolve_device",
-           "run_training", "train_step"]
+           "run_training", "step_loss", "train_step"]
 
 
 @dataclass
@@ -126,13 +126,20 @@ def minibatches(data: Dataset, workload: Workload, batch_size: int, seed: int, e
 
 def train_step(model: LayerModel, workload: Workload, spec: ScaleSpec,
                optimizer: torch.optim.Optimizer, batch: Batch) -> float:
+    """One step; its loss read as a number (on a GPU, a wait for the device)."""
+    return float(step_loss(model, workload, spec, optimizer, batch))
+
+
+def step_loss(model: LayerModel, workload: Workload, spec: ScaleSpec,
+              optimizer: torch.optim.Optimizer, batch: Batch) -> Tensor:
+    """One step; its loss left on the device, unread (nothing waits for the device)."""
     optimizer.zero_grad(set_to_none=True)
     loss = workload.loss(model(batch.inputs), batch.targets)
     loss.backward()
     if spec.grad_clip is not None:
         nn.utils.clip_grad_norm_(model.parameters(), spec.grad_clip)
     optimizer.step()
-    return float(loss.detach())
+    return loss.detach()
 
 
 def run_training(cfg: RunConfig, workload: Workload, target: float,
