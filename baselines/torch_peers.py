@@ -262,24 +262,23 @@ class TorchPipeExecutor(PeerExecutor):
             kwargs["target_mbs"] = [b.targets for b in mbs]
             kwargs["losses"] = losses
         self.schedule.step(**kwargs)
-        norm = self._whole_norm()  # untimed: a wait on the other ranks, booked idle
-        self.timed("U", lambda: self._update(norm), self._keep)
+        grads = [p.grad for p in self.params if p.grad is not None]
+        norm = self._whole_norm(grads)  # untimed: a wait on the other ranks, booked idle
+        self.timed("U", lambda: self._update(grads, norm), self._keep)
         return [float(x.detach()) for x in losses]
 
-    def _whole_norm(self) -> Tensor | None:
-        """The whole model's gradient norm, summed over the ranks (every torch schedule
-        flushes: ``pipedream_impl.runtime.clipping``); None where the workload does not
-        clip."""
+    def _whole_norm(self, grads: list[Tensor]) -> Tensor | None:
+        """The whole model's gradient norm, ``grads``' squared norm summed over the ranks
+        (every torch schedule flushes: ``pipedream_impl.runtime.clipping``); None where
+        the workload does not clip."""
         if self.scale_spec.grad_clip is None:
             return None
-        share = sq_norm([p.grad for p in self.params if p.grad is not None])
-        return world_sum(share, self.device, lambda work: work.wait(
+        return world_sum(sq_norm(grads), self.device, lambda work: work.wait(
             datetime.timedelta(seconds=self.run.timeout_s))).sqrt()
 
-    def _update(self, norm: Tensor | None) -> None:
+    def _update(self, grads: list[Tensor], norm: Tensor | None) -> None:
         if norm is not None:
-            clip_by([p.grad for p in self.params if p.grad is not None], norm,
-                    self.scale_spec.grad_clip)
+            clip_by(grads, norm, self.scale_spec.grad_clip)
         self.optimizer.step()
 
     def _links(self) -> dict[tuple[int, int], int]:

@@ -132,16 +132,24 @@ def microbatch_mean_reference(workload: Workload, splits: DataSplits, steps: int
     return model, norms
 
 
+RTOL, ATOL = 1e-4, 1e-5  # float32 accumulation noise: the same sums in another order
+
+
+def assert_close(name: str, got: torch.Tensor, want: torch.Tensor) -> None:
+    """``got`` equal to ``want`` within float32 accumulation noise; else the parameter
+    ``name`` is named, with its largest difference."""
+    assert torch.allclose(got, want, rtol=RTOL, atol=ATOL), (name, (got - want).abs().max())
+
+
 def assert_same(a: torch.nn.Module, b: torch.nn.Module) -> None:
-    """``close``, asserted parameter by parameter: the first that differs is named, with
-    its largest difference."""
+    """``close``, asserted parameter by parameter (``assert_close``)."""
     for (na, pa), (_, pb) in zip(a.named_parameters(), b.named_parameters(), strict=True):
-        assert torch.allclose(pa, pb, rtol=1e-4, atol=1e-5), (na, (pa - pb).abs().max())
+        assert_close(na, pa, pb)
 
 
 def close(a: torch.nn.Module, b: torch.nn.Module) -> bool:
     """Every parameter of ``a`` equal to ``b``'s within float32 accumulation noise."""
-    return all(torch.allclose(pa, pb, rtol=1e-4, atol=1e-5)
+    return all(torch.allclose(pa, pb, rtol=RTOL, atol=ATOL)
                for pa, pb in zip(a.parameters(), b.parameters(), strict=True))
 
 

@@ -9,7 +9,7 @@ from harness.config import RunConfig
 from harness.experiments.pipeline_trainer import PipelineTrainer
 from harness.reporting.progress import quiet
 from pipedream_impl.runtime.faults import Fault
-from tests.pipeline_reference import single_process_reference
+from tests.pipeline_reference import assert_same, single_process_reference
 from workloads.registry import get
 
 WL = get("vgg16")
@@ -33,11 +33,6 @@ def _one_epoch(trainer: PipelineTrainer):  # noqa: ANN202
         trainer.close()
 
 
-def _assert_same(a: torch.nn.Module, b: torch.nn.Module) -> None:
-    for (na, pa), (_, pb) in zip(a.named_parameters(), b.named_parameters(), strict=True):
-        assert torch.allclose(pa, pb, rtol=1e-4, atol=1e-5), (na, (pa - pb).abs().max())
-
-
 @pytest.mark.multiprocess
 @pytest.mark.parametrize("system", ["ddp", "horovod"])
 def test_data_parallel_equals_single_process_on_the_global_batch_and_counts_ring_bytes(
@@ -49,7 +44,7 @@ def test_data_parallel_equals_single_process_on_the_global_batch_and_counts_ring
                          quiet())
     stats = _one_epoch(dp)
     ref_model, ref_stats = sequential
-    _assert_same(dp.model, ref_model)
+    assert_same(dp.model, ref_model)
     assert stats.steps == STEPS
     assert stats.train_loss == pytest.approx(ref_stats.train_loss, rel=1e-5)
     s0, s1 = dp.replica_states[0], dp.replica_states[1]
@@ -95,7 +90,7 @@ def test_peer_engine_equals_single_process_on_whole_minibatches(splits, sequenti
     pipe = PipelineTrainer(cfg, WL, splits, (1, 1), bounds, torch.device("cpu"), quiet())
     stats = _one_epoch(pipe)
     ref_model, ref_stats = sequential
-    _assert_same(pipe.model, ref_model)
+    assert_same(pipe.model, ref_model)
     assert stats.steps == STEPS
     assert stats.train_loss == pytest.approx(ref_stats.train_loss, rel=1e-4)
     model = WL.build("tiny", splits.train.meta)

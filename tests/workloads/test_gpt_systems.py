@@ -15,6 +15,7 @@ from harness.experiments.pipeline_trainer import PipelineTrainer
 from harness.reporting.progress import quiet
 from pipedream_impl.schedule import Layout, gpipe, one_f_one_b
 from tests.pipeline_reference import (
+    assert_same,
     simulate_pipedream,
     single_process_reference,
     two_bw_reference,
@@ -54,24 +55,19 @@ def _train(workload, splits, system: str, replicas=(1, 1), bounds=SPLIT,  # noqa
     return t
 
 
-def _assert_same(a: torch.nn.Module, b: torch.nn.Module) -> None:
-    for (na, pa), (_, pb) in zip(a.named_parameters(), b.named_parameters(), strict=True):
-        assert torch.allclose(pa, pb, rtol=1e-4, atol=1e-5), (na, (pa - pb).abs().max())
-
-
 @pytest.mark.parametrize("system", ["gpipe", "torch-gpipe", "torch-1f1b", "deepspeed-pipe"])
 def test_flush_pipelines_equal_whole_minibatch_training(splits, sequential,
                                                         system: str) -> None:
     """Flush per minibatch, 4 microbatches' gradients averaged: whole-minibatch training
     (DeepSpeed's engine on the untied Llama variant, as the issue asks of the peers)."""
-    _assert_same(_train(LLAMA, splits, system, microbatches=4).model, sequential)
+    assert_same(_train(LLAMA, splits, system, microbatches=4).model, sequential)
 
 
 @pytest.mark.parametrize("system", ["ddp", "horovod"])
 def test_data_parallelism_equals_whole_minibatch_training(splits, sequential,
                                                           system: str) -> None:
     n = len(LLAMA.build("tiny", splits.train.meta).layers)
-    _assert_same(_train(LLAMA, splits, system, (2,), ((0, n),)).model, sequential)
+    assert_same(_train(LLAMA, splits, system, (2,), ((0, n),)).model, sequential)
 
 
 def test_pipedream_follows_the_weight_stashing_rule(splits) -> None:
@@ -79,14 +75,14 @@ def test_pipedream_follows_the_weight_stashing_rule(splits) -> None:
     model = LLAMA.build("tiny", {**splits.train.meta, "init_seed": 0})
     ref = simulate_pipedream(LLAMA, "tiny", splits, model, SPLIT,
                              one_f_one_b(Layout((1, 1)), STEPS), BATCH, 0)
-    _assert_same(pipe.model, ref)
+    assert_same(pipe.model, ref)
     initial = LLAMA.build("tiny", {**splits.train.meta, "init_seed": 0})
     assert not torch.allclose(initial.layers[0].tokens.weight, pipe.model.layers[0].tokens.weight)
 
 
 def test_pipedream_2bw_follows_the_delayed_update_rule(splits) -> None:
     pipe = _train(LLAMA, splits, "pipedream-2bw", microbatches=2)
-    _assert_same(pipe.model, two_bw_reference(LLAMA, splits, STEPS, BATCH))
+    assert_same(pipe.model, two_bw_reference(LLAMA, splits, STEPS, BATCH))
 
 
 @pytest.mark.parametrize("system", ["pipedream", "gpipe"])

@@ -13,7 +13,7 @@ from torch import nn
 from pipedream_impl.runtime.clipping import clips_globally
 from pipedream_impl.runtime.contract import RunSettings, SystemSettings, WorkerSpec
 from pipedream_impl.runtime.local import local_executors, run_local
-from tests.pipeline_reference import assert_same, microbatch_mean_reference
+from tests.pipeline_reference import assert_close, assert_same, microbatch_mean_reference
 from workloads.registry import get
 
 WL = get("gnmt8")  # no dropout at tiny scale: ranks sharing one process's random stream agree
@@ -34,8 +34,7 @@ def _bounds(splits) -> tuple[tuple[int, int], ...]:
 def _assert_stages_equal(stage_states: list[dict], model: nn.Module, bounds) -> None:
     for state, (a, b) in zip(stage_states, bounds, strict=True):
         for name, p in model.stage(a, b).named_parameters():
-            assert torch.allclose(state[name], p, rtol=1e-4, atol=1e-5), \
-                (name, (state[name] - p).abs().max())
+            assert_close(name, state[name], p)
 
 
 def test_which_systems_clip_by_the_whole_models_norm() -> None:

@@ -9,7 +9,7 @@ from core.errors import UserInputError
 from pipedream_impl.runtime.contract import RunSettings, SystemSettings, WorkerSpec
 from pipedream_impl.runtime.local import action_costs, local_executors, run_local, typical_messages
 from pipedream_impl.schedule import Layout, one_f_one_b
-from tests.pipeline_reference import simulate_pipedream
+from tests.pipeline_reference import assert_close, simulate_pipedream
 from workloads.registry import get
 
 WL = get("vgg16")
@@ -36,7 +36,7 @@ def test_in_process_run_follows_pipedreams_update_rule() -> None:
     for ex, (a, b) in zip(executors, BOUNDS, strict=True):
         for (name, p), (_, q) in zip(ex.module.named_parameters(),
                                      ref.stage(a, b).named_parameters(), strict=True):
-            assert torch.allclose(p, q, rtol=1e-4, atol=1e-5), name
+            assert_close(name, p, q)
     assert len(reports[-1].losses) == STEPS
     costs = action_costs(reports, executors)
     for stage, rep in enumerate(reports):
