@@ -119,9 +119,12 @@ def test_a_straggler_spec_parses_and_slows_only_its_rank_and_action(monkeypatch)
 @pytest.mark.multiprocess
 @pytest.mark.parametrize("system", ["pipedream", "ddp"])
 def test_a_straggler_slows_its_rank_s_action_in_a_real_run(system: str) -> None:
-    """Two real 2-process runs, with and without ``slow:1:F:10``: rank 1's forwards take
-    about ten times as long against its backwards, rank 0's forwards and rank 1's backwards
-    do not (wide margins: this checks where the fault acts, not a speed)."""
+    """Two real 2-process runs, with and without ``slow:1:F:30``: rank 1's forwards take
+    about thirty times as long against its backwards, rank 0's forwards and rank 1's
+    backwards do not (wide margins: this checks where the fault acts, not a speed). The
+    factor is 30, not 10, because under make test's load one action kind can run several
+    times slower than another in the same run (a CI run saw rank 1's backwards 7x, its
+    forwards' compute 2.4x): the first check needs that skew to stay under 30/4."""
     import torch
 
     from harness.experiments.pipeline_trainer import PipelineTrainer
@@ -131,7 +134,7 @@ def test_a_straggler_slows_its_rank_s_action_in_a_real_run(system: str) -> None:
     wl = registry.get("vgg16")
     splits = wl.default_data("tiny", 0)
     seconds = []
-    for fault in (None, Fault.parse("slow:1:F:10")):
+    for fault in (None, Fault.parse("slow:1:F:30")):
         cfg = RunConfig.from_flags(system=system, workload="vgg16", workers=2, threads=1,
                                    max_steps_per_epoch=6, epochs=1, fault=fault)
         layout = ((2,), ((0, 40),)) if system == "ddp" else ((1, 1), ((0, 12), (12, 40)))
