@@ -38,8 +38,6 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from scipy import stats
-
 from core.markdown import markdown_table
 from harness.reporting import verdicts
 from harness.reporting.regressions import Change, judged
@@ -91,8 +89,8 @@ def pair_rate(ratio: float, repeats: int, alpha: float = verdicts.ALPHA,
     df = 2 * repeats - 2 if df is None else df
     if df < 1 or not math.isfinite(ratio) or ratio <= 0:
         return math.nan
-    critical = stats.t.ppf(1 - alpha, df)
-    return float(stats.t.sf(critical / math.sqrt(ratio), df))
+    critical = verdicts.t_ppf(1 - alpha, df)
+    return verdicts.t_sf(critical / math.sqrt(ratio), df)
 
 
 def report(runs: list[dict], pairs: list[tuple[int, list[Change]]],

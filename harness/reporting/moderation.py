@@ -43,7 +43,7 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
-from scipy import special, stats
+from scipy import special
 
 __all__ = ["MAX_DF", "MIN_CELLS", "NONE", "OUTLIER", "Prior", "effective_cells", "fit",
            "fit_spreads", "trigamma_inverse"]
@@ -69,7 +69,7 @@ class Prior:
         one of the cells the prior describes, and pulled toward them it would flag far
         more often than the rate (after Phipson et al. 2016, who give such cells a
         smaller d0)."""
-        if self.d0 <= 0 or df < 1 or ss / df > self.s0sq * stats.f.isf(OUTLIER, df, self.d0):
+        if self.d0 <= 0 or df < 1 or ss / df > self.s0sq * special.fdtri(df, self.d0, 1 - OUTLIER):
             return (ss / df if df else math.nan), df
         return (self.d0 * self.s0sq + ss) / (self.d0 + df), self.d0 + df
 

@@ -204,3 +204,20 @@ def test_moved_agrees_with_scipy_s_two_sided_t_test_and_holds_its_level() -> Non
     assert verdicts.moved([[100.0, 101.0, 99.0]], [60.0, 61.0, 59.0])
     assert verdicts.moved([[100.0, 101.0, 99.0]], [160.0, 161.0, 159.0])
     assert not verdicts.moved([[100.0]], [60.0])  # no degree of freedom: no claim
+
+
+def test_the_fast_t_quantiles_equal_scipy_stats() -> None:
+    """``t_ppf`` and ``t_sf`` (the rule's quantiles without scipy.stats' argument checks)
+    give scipy.stats' values bit for bit, at the tails and at fractional and infinite
+    degrees of freedom; so does moderation's F quantile."""
+    from scipy import special
+
+    dfs = (1, 1.5, 2, 4, 7.3, 20, 100.5, 1e6, math.inf)
+    for df in dfs:
+        for q in (0.0, 1e-9, 0.00125, 0.05, 0.5, 0.9, 0.975, 1 - 1e-12, 1.0):
+            assert verdicts.t_ppf(q, df) == float(stats.t.ppf(q, df)), (q, df)
+        for x in (-math.inf, -5, -1, 0, 0.3, 2, 10, math.inf):
+            assert verdicts.t_sf(x, df) == float(stats.t.sf(x, df)), (x, df)
+        for d0 in (1, 3.2, 10, 1e4) if math.isfinite(df) else ():  # a cell's and its
+            # prior's degrees of freedom, finite (MAX_DF): scipy's F is NaN at inf
+            assert special.fdtri(df, d0, 1 - 0.01) == float(stats.f.isf(0.01, df, d0))
