@@ -125,18 +125,29 @@ def run(
     """Train a workload with one system until the target or the epoch budget (here, or as
     a Slurm job: --launcher slurm)."""
     flags = SimpleNamespace(**locals())  # every option, by its parameter's name
-    from harness.experiments.runner import run as run_system
-    from harness.reporting.progress import Progress
-    from harness.reporting.tables import print_summary
-
     check_launcher(flags)
     cfg, ckpt = _resumed(flags) if resume is not None else (_run_config(flags), None)
     if launcher == "slurm":
         cpus = cfg.threads and cfg.threads * cfg.workers // nodes  # None: whole nodes
         return submit_job(f"pipebench-{cfg.system}-{cfg.workload}", [cfg.workers], cpus,
                           flags, job_argv("run", run, flags), quiet)
-    print_summary(run_system(cfg.replace(launcher=launcher), Progress(enabled=not quiet),
-                             resume=ckpt), console)
+    cfg = cfg.replace(launcher=launcher)
+    _start_workers_server([cfg.worker_launcher()])  # before the imports below
+    from harness.experiments.runner import run as run_system
+    from harness.reporting.progress import Progress
+    from harness.reporting.tables import print_summary
+
+    print_summary(run_system(cfg, Progress(enabled=not quiet), resume=ckpt), console)
+
+
+def _start_workers_server(launchers: list[str | None]) -> None:
+    """Where any of the runs to come forks its workers here (their launchers), start the
+    fork server now: its imports overlap this process's
+    (``pipedream_impl.runtime.processes``)."""
+    from pipedream_impl.runtime import SPAWN_LAUNCHER, processes
+
+    if SPAWN_LAUNCHER in launchers:
+        processes.start_server()
 
 
 def _run_config(f: SimpleNamespace):  # noqa: ANN202 - a harness.config.RunConfig
@@ -211,9 +222,6 @@ def compare_run(
     and the runs are one MLflow parent run with a child run per system."""
     from pathlib import Path
 
-    from harness.experiments.compare import compare
-    from harness.reporting.progress import Progress
-
     require_output(output)
     names = tuple(s.strip() for s in system_names.split(",") if s.strip())
     if not names:
@@ -222,6 +230,10 @@ def compare_run(
                      epochs=epochs, target=target, data=data, batch_size=batch_size,
                      seed=seed, threads=threads, device=device, max_steps_per_epoch=max_steps,
                      experiment=experiment, workers=workers, microbatches=microbatches)
+    _start_workers_server([s.launcher for s in systems.SYSTEMS if s.name in names])
+    from harness.experiments.compare import compare
+    from harness.reporting.progress import Progress
+
     cmp = compare(base, names, Progress(enabled=not quiet), command_line())
     if output:
         Path(output).write_text(cmp.markdown(command_line()))

@@ -32,7 +32,7 @@ from harness.experiments.training import (
 from harness.reporting import tracking
 from harness.reporting.artifacts import log_artifacts
 from harness.reporting.progress import Progress
-from pipedream_impl.runtime import STAGE_EXECUTOR, no_halt
+from pipedream_impl.runtime import STAGE_EXECUTOR, no_halt, processes
 from workloads import registry
 from workloads.base import DataSplits, Workload, count_parameters
 from workloads.recipe import load_splits, peak_memory_bytes
@@ -67,6 +67,8 @@ def run(cfg: RunConfig, progress: Progress | None = None,
     t0 = time.perf_counter()
     splits = load_splits(workload, cfg.scale, cfg.data.path, cfg.seed)
     progress.note(f"data: {splits.description} (loaded in {time.perf_counter() - t0:.1f}s)")
+    processes.ready()  # a fork server started early has done its imports: nothing measured
+    # below (a one-process run, a local profile) shares the machine with them
     batch_size = cfg.data.batch_size or spec.batch_size
     own_state = resume.trainer_state() if resume is not None else None
     trainer, layout_params = _trainer(cfg, workload, splits, device, progress, batch_size,

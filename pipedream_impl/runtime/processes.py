@@ -26,25 +26,39 @@ regression rule takes for the cell's noise, each draw their own layout as spawne
 did. The server lives as long as the process that started it (a child of it, beside
 multiprocessing's resource tracker); the workers are its children.
 
+A server does its imports for seconds of CPU, and a launcher asked for one only when its
+first worker starts, after its own imports, its data and its local profile: the two
+waited for each other on a machine with a core to spare. ``start_server`` starts it at
+once (``pipebench run`` and ``compare-run`` call it before their own imports, where the
+run's workers will be forked here), so that its imports overlap the launcher's; a
+launcher that measures anything itself (a one-process run, a local profile) first waits
+for the server's imports to end (``ready``), so that no measurement shares the machine
+with them; a server started early and never used is killed at exit, so that a run that
+failed before its workers does not leave it importing.
+
 ``PIPEBENCH_FORKSERVER=0`` spawns every worker instead (the old start-up, for an A/B of
 the two); where ``forkserver`` does not exist (Windows), workers are spawned.
 """
 
 from __future__ import annotations
 
+import atexit
+import multiprocessing as mp
 import os
+import signal
 from collections.abc import Callable
-
-import torch.multiprocessing as mp
+from multiprocessing import forkserver
 
 from pipedream_impl.runtime import switch
 
-__all__ = ["FORKSERVER_ENV", "PRELOAD", "context", "new_server", "process"]
+__all__ = ["FORKSERVER_ENV", "PRELOAD", "context", "new_server", "process", "ready",
+           "start_server"]
 
 FORKSERVER_ENV = "PIPEBENCH_FORKSERVER"
 # what the fork server imports once: the worker's module pulls in torch, torchvision and
 # every workload; an executor's own module (a peer's DeepSpeed) is still imported per run
 PRELOAD = ("pipedream_impl.runtime.worker",)
+_early = False  # a server that start_server started may still be doing its imports
 
 
 def context():  # noqa: ANN201 - a multiprocessing context
@@ -58,9 +72,40 @@ def context():  # noqa: ANN201 - a multiprocessing context
     return ctx
 
 
+def start_server() -> None:
+    """Start this process's fork server now, where workers are forked from one: it does
+    its imports while this process does its own (module doc)."""
+    global _early
+    if context().get_start_method() == "forkserver" and not _early:
+        forkserver.ensure_running()
+        _early = True
+        atexit.register(_kill_unused)
+
+
+def ready() -> None:
+    """Wait until a server ``start_server`` started has done its imports (a no-op
+    otherwise): call it before this process measures anything (module doc)."""
+    global _early
+    if _early:
+        p = context().Process(target=os.getpid)  # forked once the server's imports are done
+        p.start()
+        p.join()
+        _early = False
+
+
+def _kill_unused() -> None:
+    """At exit: a server started early and not used since may still be importing, with
+    this process's output open; nothing will use it."""
+    pid = forkserver._forkserver._forkserver_pid  # noqa: SLF001 - no public way
+    if _early and pid is not None:
+        os.kill(pid, signal.SIGKILL)
+
+
 def process(ctx, target: Callable, args: tuple, daemon: bool = True):  # noqa: ANN001, ANN201
     """A process of ``ctx`` that runs ``target(*args)`` with this process's environment as
     it is now (module doc)."""
+    global _early
+    _early = False  # its start waits for the server's imports
     return ctx.Process(target=_as_launched, args=(dict(os.environ), target, args),
                        daemon=daemon)
 
@@ -68,8 +113,8 @@ def process(ctx, target: Callable, args: tuple, daemon: bool = True):  # noqa: A
 def new_server() -> None:
     """Stop this process's fork server, if one runs: the next worker starts a new one, a
     program executed afresh (module doc). Call it between runs, with no worker alive."""
-    from multiprocessing import forkserver
-
+    global _early
+    _early = False
     stop = getattr(forkserver._forkserver, "_stop", None)  # noqa: SLF001 - no public way
     if stop is not None:
         stop()

@@ -70,3 +70,61 @@ def test_a_new_server_draws_a_new_hash_seed() -> None:
     assert first == again
     processes.new_server()
     assert _started(ctx, "X")[3] != first
+
+
+_EARLY = """
+import os, sys
+from multiprocessing import forkserver
+from pathlib import Path
+from pipedream_impl.runtime import processes
+processes.PRELOAD = ("tests.pipedream_impl.runtime.preload_probe",)
+processes.start_server()
+Path(sys.argv[1]).write_text(str(forkserver._forkserver._forkserver_pid))
+if sys.argv[2] == "ready":
+    processes.ready()
+    print(Path(os.environ["PIPEBENCH_PROBE_DONE"]).exists())
+"""
+
+
+def _early(tmp_path: Path, then: str, **env: str) -> tuple[str, int]:
+    """A process that starts its fork server early (preloading the probe), then waits for
+    it (``ready``) or exits: its output, and the server's pid."""
+    import subprocess
+    import sys
+
+    from harness.paths import REPO
+
+    pid_file = tmp_path / "server.pid"
+    env = {**os.environ, "PIPEBENCH_PROBE_DONE": str(tmp_path / "done"), **env}
+    try:
+        r = subprocess.run([sys.executable, "-c", _EARLY, str(pid_file), then], cwd=REPO,
+                           env=env, capture_output=True, text=True, timeout=120)
+    finally:  # a server the code under test left behind must not outlive the test
+        pid = int(pid_file.read_text()) if pid_file.exists() else 0
+        if pid and _alive(pid):
+            os.kill(pid, 9)
+    assert r.returncode == 0, r.stderr
+    return r.stdout, pid
+
+
+def _alive(pid: int) -> bool:
+    import psutil
+
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+@pytest.mark.multiprocess
+def test_ready_returns_once_an_early_server_has_done_its_imports(tmp_path: Path) -> None:
+    out, pid = _early(tmp_path, "ready")
+    assert pid and out.strip() == "True"  # the server's preload ended before ready returned
+
+
+@pytest.mark.multiprocess
+def test_an_early_server_never_used_is_killed_at_exit(tmp_path: Path) -> None:
+    """Its preload never ends and it holds the process's output open: without the kill at
+    exit, the process's output would not close and the run above would time out."""
+    _, pid = _early(tmp_path, "exit", PIPEBENCH_PROBE_BLOCK="1")
+    assert pid and not _alive(pid)
