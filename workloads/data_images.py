@@ -16,6 +16,7 @@ Real data, in their usual on-disk formats:
 
 from __future__ import annotations
 
+import importlib.util
 from pathlib import Path
 
 import numpy as np
@@ -48,16 +49,32 @@ def _normalise(x: Tensor, mean: tuple, std: tuple) -> Tensor:
     return (x - m) / s
 
 
+def _digits_arrays() -> tuple[np.ndarray, np.ndarray]:
+    """scikit-learn's digits: (images [N, 8, 8], targets [N]), read from the CSV file the
+    package ships, as its ``load_digits`` reads it, without importing the package: that
+    import costs about 2 s of CPU here, in the launcher and again in every worker that
+    loads the data, for a file read in milliseconds. Where the file is not where it was
+    (another scikit-learn), ``load_digits`` itself."""
+    spec = importlib.util.find_spec("sklearn")  # finds the package, does not import it
+    csv = Path(spec.origin).parent / "datasets" / "data" / "digits.csv.gz" \
+        if spec is not None and spec.origin else None
+    if csv is None or not csv.is_file():
+        from sklearn.datasets import load_digits
+
+        raw = load_digits()
+        return raw.images, raw.target
+    data = np.loadtxt(csv, delimiter=",")  # a .gz is read through gzip
+    return data[:, :-1].reshape(-1, 8, 8), data[:, -1].astype(int)
+
+
 def digits(image_size: int, seed: int) -> DataSplits:
     """The scikit-learn digits as 3 x S x S float images; ``seed`` is unused (fixed split)."""
-    from sklearn.datasets import load_digits
-
-    raw = load_digits()
-    x = torch.from_numpy(raw.images.astype(np.float32) / 16.0).unsqueeze(1)  # [N,1,8,8]
+    images, targets = _digits_arrays()
+    x = torch.from_numpy(images.astype(np.float32) / 16.0).unsqueeze(1)  # [N,1,8,8]
     x = torch.nn.functional.interpolate(x, size=(image_size, image_size), mode="bilinear",
                                         align_corners=False).repeat(1, 3, 1, 1)
     x = (x - 0.5) / 0.5
-    y = torch.from_numpy(raw.target.astype(np.int64))
+    y = torch.from_numpy(targets.astype(np.int64))
     perm = torch.randperm(len(y), generator=torch.Generator().manual_seed(SPLIT_SEED))
     n_valid = len(y) // 5
     meta = {"num_classes": 10, "image_size": image_size}

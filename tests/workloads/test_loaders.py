@@ -15,6 +15,25 @@ from workloads import data_images, data_seq2seq, data_text
 from workloads.registry import get
 
 
+def test_the_digits_are_scikit_learn_s_own_without_importing_it() -> None:
+    """The default image data read from scikit-learn's bundled file equal its
+    ``load_digits`` (the reference), and reading them imports no scikit-learn."""
+    import subprocess
+    import sys
+
+    from sklearn.datasets import load_digits
+
+    images, targets = data_images._digits_arrays()
+    ref = load_digits()
+    assert images.dtype == ref.images.dtype and np.array_equal(images, ref.images)
+    assert targets.dtype == ref.target.dtype and np.array_equal(targets, ref.target)
+    probe = ("import sys; from workloads.data_images import digits; digits(32, 0); "
+             "print('sklearn' in sys.modules)")
+    r = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                       check=True, cwd=Path(__file__).resolve().parents[2])
+    assert r.stdout.strip() == "False"
+
+
 def test_image_folder(tmp_path: Path) -> None:
     from PIL import Image
 
