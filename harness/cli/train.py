@@ -131,7 +131,11 @@ def run(
         cpus = cfg.threads and cfg.threads * cfg.workers // nodes  # None: whole nodes
         return submit_job(f"pipebench-{cfg.system}-{cfg.workload}", [cfg.workers], cpus,
                           flags, job_argv("run", run, flags), quiet)
-    cfg = cfg.replace(launcher=launcher)
+    _run_here(cfg.replace(launcher=launcher), ckpt, quiet)
+
+
+def _run_here(cfg, ckpt, quiet: bool) -> None:  # noqa: ANN001 - a RunConfig, a Checkpoint
+    """Run on this machine (or in a job's allocation) and print the summary."""
     _start_workers_server([cfg.worker_launcher()])  # before the imports below
     from harness.experiments.runner import run as run_system
     from harness.reporting.progress import Progress

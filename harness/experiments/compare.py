@@ -36,6 +36,7 @@ from harness.experiments.training import RunSummary, resolve_device
 from harness.reporting import tracking
 from harness.reporting.progress import Progress
 from harness.reporting.units import fmt_bytes
+from pipedream_impl.runtime import processes
 from workloads import registry
 
 __all__ = ["COLUMNS", "Comparison", "Row", "compare", "shared_plans", "system_config"]
@@ -146,6 +147,9 @@ def shared_plans(base: RunConfig, workdir: Path, profile=None,  # noqa: ANN001
 
     wl = registry.get(base.workload)
     batch = base.data.batch_size or wl.spec(base.scale).batch_size
+    if profile is None:
+        processes.ready()  # a fork server started early is done importing: the profile
+        # below shares the machine with nothing of ours
     prof = profile or profile_workload(wl, base.scale, batch, resolve_device(base.device),
                                        steps=3)
     several = sorted({s.stages_per_rank for s in systems.SYSTEMS if s.stages_per_rank > 1})
