@@ -6,15 +6,17 @@ PipeDream's VGG-16 profile, one node per conv / ReLU / pool), and for ResNet the
 modules, each Bottleneck block, the pooling and the classifier. Smaller scales keep the
 architecture (13 convolutions + 3 linear layers; 3-4-6-3 Bottleneck blocks) and divide the
 widths and the input size, built from torchvision's own ``make_layers`` and ``Bottleneck``.
+
+torchvision is imported where a model is built, not with this module: importing it takes
+about 2 s of CPU here (its operators pull in torch's compiler), and every process that
+knows the workloads (a launcher of a GNMT run, a worker of one) imports this module. The
+fork server imports it once for the workers it forks (``pipedream_impl.runtime.processes``).
 """
 
 from __future__ import annotations
 
 import torch
 from torch import nn
-from torchvision.models import resnet50, vgg16
-from torchvision.models.resnet import Bottleneck, conv1x1
-from torchvision.models.vgg import make_layers
 
 from workloads import data_images
 from workloads.base import (
@@ -48,6 +50,8 @@ class _ScaledVGG(nn.Module):
     """torchvision's VGG structure with every width divided by ``div``."""
 
     def __init__(self, div: int, hidden: int, num_classes: int, dropout: float) -> None:
+        from torchvision.models.vgg import make_layers
+
         super().__init__()
         cfg = [c if c == "M" else max(1, c // div) for c in VGG16_CFG]
         self.features = make_layers(cfg, batch_norm=False)
@@ -71,6 +75,8 @@ def build_vgg16(scale: str, meta: dict) -> LayerModel:
     cfg = VGG16.spec(scale).model
     torch.manual_seed(int(meta.get("init_seed", 0)))
     if scale == "full":
+        from torchvision.models import vgg16
+
         model = vgg16(weights=None, num_classes=num_classes)
     else:
         model = _ScaledVGG(cfg["div"], cfg["hidden"], num_classes, cfg["dropout"])
@@ -79,6 +85,8 @@ def build_vgg16(scale: str, meta: dict) -> LayerModel:
 
 def _resnet_stage(inplanes: int, planes: int, blocks: int, stride: int) -> list[nn.Module]:
     """torchvision's ``ResNet._make_layer`` for Bottleneck blocks."""
+    from torchvision.models.resnet import Bottleneck, conv1x1
+
     downsample = None
     if stride != 1 or inplanes != planes * Bottleneck.expansion:
         downsample = nn.Sequential(conv1x1(inplanes, planes * Bottleneck.expansion, stride),
@@ -99,6 +107,9 @@ def _init_resnet(modules: list[nn.Module]) -> None:
 
 
 def build_resnet50(scale: str, meta: dict) -> LayerModel:
+    from torchvision.models import resnet50
+    from torchvision.models.resnet import Bottleneck
+
     num_classes = int(meta.get("num_classes", 1000))
     cfg = RESNET50.spec(scale).model
     torch.manual_seed(int(meta.get("init_seed", 0)))

@@ -55,9 +55,11 @@ __all__ = ["FORKSERVER_ENV", "PRELOAD", "context", "new_server", "process", "rea
            "start_server"]
 
 FORKSERVER_ENV = "PIPEBENCH_FORKSERVER"
-# what the fork server imports once: the worker's module pulls in torch, torchvision and
-# every workload; an executor's own module (a peer's DeepSpeed) is still imported per run
-PRELOAD = ("pipedream_impl.runtime.worker",)
+# what the fork server imports once: the worker's module pulls in torch and every workload,
+# and the vision workloads build their models with torchvision (imported where a model is
+# built: workloads/vision.py); an executor's own module (a peer's DeepSpeed) is still
+# imported per run
+PRELOAD = ("pipedream_impl.runtime.worker", "torchvision.models")
 _early = False  # a server that start_server started may still be doing its imports
 
 
