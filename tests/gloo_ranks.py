@@ -1,4 +1,4 @@
-"""One place that starts a test's gloo ranks: ``world`` fresh processes that each run
+"""One place that starts a test's gloo ranks: ``world`` processes that each run
 ``target(rank, world, port, *args, queue)`` and put their result on the queue.
 
 Why: the runtime's communication tests (hierarchical all-reduce, gradient buckets,
@@ -10,14 +10,18 @@ Results travel as plain pickled bytes: a tensor put on a torch queue is shared t
 file descriptor its sender hands over on request, so a rank that exits right after
 putting its result can leave the receiver unable to fetch it (``FileNotFoundError`` from
 ``resource_sharer``, seen once in CI). Bytes hold their own copy.
+
+Ranks start as the runtime's workers do (``pipedream_impl.runtime.processes``): forked from
+this test process's fork server, which has done their imports once, with the environment
+of now (``PIPEBENCH_FORKSERVER=0``: spawned).
 """
 
 from __future__ import annotations
 
-import multiprocessing as mp
 import pickle
 from collections.abc import Callable
 
+from pipedream_impl.runtime import processes
 from pipedream_impl.runtime.launcher import free_port
 
 RESULT_TIMEOUT_S = 120.0  # per rank's result
@@ -36,10 +40,10 @@ class _BytesQueue:
 
 def run_ranks(target: Callable, world: int, *args) -> list:  # noqa: ANN002
     """Each rank's result, in the order they arrive; every rank must exit with 0."""
-    ctx = mp.get_context("spawn")
+    ctx = processes.context()
     out, port = ctx.Queue(), free_port()
-    procs = [ctx.Process(target=target, args=(r, world, port, *args, _BytesQueue(out)))
-             for r in range(world)]
+    procs = [processes.process(ctx, target, (r, world, port, *args, _BytesQueue(out)),
+                               daemon=False) for r in range(world)]
     for p in procs:
         p.start()
     try:
