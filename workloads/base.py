@@ -239,6 +239,10 @@ class Workload:
     # gloo, posts each link's next receive ahead (``pipedream_impl.runtime.comm``); a
     # message whose shapes change is then an error, never silent corruption
     static_shapes: bool = False
+    # modules its ``build`` imports where it builds a model, too slow to import with the
+    # workload (torchvision: seconds); a fork server imports them once for its workers
+    # (``workloads.preload``)
+    imports: tuple[str, ...] = ()
 
     def spec(self, scale: str) -> ScaleSpec:
         if scale not in self.scales:

@@ -10,7 +10,8 @@ widths and the input size, built from torchvision's own ``make_layers`` and ``Bo
 torchvision is imported where a model is built, not with this module: importing it takes
 about 2 s of CPU here (its operators pull in torch's compiler), and every process that
 knows the workloads (a launcher of a GNMT run, a worker of one) imports this module. The
-fork server imports it once for the workers it forks (``pipedream_impl.runtime.processes``).
+workloads say so (``Workload.imports``), and a fork server imports it once for the workers
+it forks (``workloads.preload``).
 """
 
 from __future__ import annotations
@@ -176,7 +177,7 @@ def _image_workload(name: str, description: str, scales: dict[str, ScaleSpec],
         default_data=_default(sizes), load_data=_real(sizes),
         default_data_name="sklearn digits, upsampled (no download)",
         real_data_name="ImageFolder (ImageNet) or CIFAR-10 binaries",
-        published_parameters=published, static_shapes=True)
+        published_parameters=published, static_shapes=True, imports=("torchvision.models",))
 
 
 

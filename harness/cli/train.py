@@ -136,7 +136,7 @@ def run(
 
 def _run_here(cfg, ckpt, quiet: bool) -> None:  # noqa: ANN001 - a RunConfig, a Checkpoint
     """Run on this machine (or in a job's allocation) and print the summary."""
-    _start_workers_server([cfg.worker_launcher()])  # before the imports below
+    _start_workers_server([cfg.worker_launcher()], cfg.workload)  # before the imports below
     from harness.experiments.runner import run as run_system
     from harness.reporting.progress import Progress
     from harness.reporting.tables import print_summary
@@ -144,14 +144,14 @@ def _run_here(cfg, ckpt, quiet: bool) -> None:  # noqa: ANN001 - a RunConfig, a 
     print_summary(run_system(cfg, Progress(enabled=not quiet), resume=ckpt), console)
 
 
-def _start_workers_server(launchers: list[str | None]) -> None:
+def _start_workers_server(launchers: list[str | None], workload: str) -> None:
     """Where any of the runs to come forks its workers here (their launchers), start the
-    fork server now: its imports overlap this process's
+    fork server now, for ``workload``'s workers: its imports overlap this process's
     (``pipedream_impl.runtime.processes``)."""
     from pipedream_impl.runtime import SPAWN_LAUNCHER, processes
 
     if SPAWN_LAUNCHER in launchers:
-        processes.start_server()
+        processes.start_server(workload)
 
 
 def _run_config(f: SimpleNamespace):  # noqa: ANN202 - a harness.config.RunConfig
@@ -234,7 +234,8 @@ def compare_run(
                      epochs=epochs, target=target, data=data, batch_size=batch_size,
                      seed=seed, threads=threads, device=device, max_steps_per_epoch=max_steps,
                      experiment=experiment, workers=workers, microbatches=microbatches)
-    _start_workers_server([s.launcher for s in systems.SYSTEMS if s.name in names])
+    _start_workers_server([s.launcher for s in systems.SYSTEMS if s.name in names],
+                          base.workload)
     from harness.experiments.compare import compare
     from harness.reporting.progress import Progress
 

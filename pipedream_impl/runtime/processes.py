@@ -30,7 +30,9 @@ A server does its imports for seconds of CPU, and a launcher asked for one only 
 first worker starts, after its own imports, its data and its local profile: the two
 waited for each other on a machine with a core to spare. ``start_server`` starts it at
 once (``pipebench run`` and ``compare-run`` call it before their own imports, where the
-run's workers will be forked here), so that its imports overlap the launcher's; a
+run's workers will be forked here), so that its imports overlap the launcher's, and has it
+import the slow model imports of the run's workload only (``workloads.preload``: a server
+started when a worker needs one imports every workload's); a
 launcher that measures anything itself (a one-process run, a local profile) first waits
 for the server's imports to end (``ready``), so that no measurement shares the machine
 with them; a server started early and never used is killed at exit, so that a run that
@@ -50,16 +52,16 @@ from collections.abc import Callable
 from multiprocessing import forkserver
 
 from pipedream_impl.runtime import switch
+from workloads import PRELOAD_ENV
 
 __all__ = ["FORKSERVER_ENV", "PRELOAD", "context", "new_server", "process", "ready",
            "start_server"]
 
 FORKSERVER_ENV = "PIPEBENCH_FORKSERVER"
 # what the fork server imports once: the worker's module pulls in torch and every workload,
-# and the vision workloads build their models with torchvision (imported where a model is
-# built: workloads/vision.py); an executor's own module (a peer's DeepSpeed) is still
-# imported per run
-PRELOAD = ("pipedream_impl.runtime.worker", "torchvision.models")
+# and workloads.preload the workloads' slow model imports (torchvision); an executor's own
+# module (a peer's DeepSpeed) is still imported per run
+PRELOAD = ("pipedream_impl.runtime.worker", "workloads.preload")
 _early = False  # a server that start_server started may still be doing its imports
 
 
@@ -74,14 +76,24 @@ def context():  # noqa: ANN201 - a multiprocessing context
     return ctx
 
 
-def start_server() -> None:
+def start_server(workload: str) -> None:
     """Start this process's fork server now, where workers are forked from one: it does
-    its imports while this process does its own (module doc)."""
+    its imports while this process does its own (module doc), of the workers' modules and
+    of ``workload``'s slow model imports only (``workloads.preload``)."""
     global _early
-    if context().get_start_method() == "forkserver" and not _early:
+    if context().get_start_method() != "forkserver" or _early:
+        return
+    before = os.environ.get(PRELOAD_ENV)
+    os.environ[PRELOAD_ENV] = workload  # the server's environment: read as it starts
+    try:
         forkserver.ensure_running()
-        _early = True
-        atexit.register(_kill_unused)
+    finally:
+        if before is None:
+            del os.environ[PRELOAD_ENV]
+        else:
+            os.environ[PRELOAD_ENV] = before
+    _early = True
+    atexit.register(_kill_unused)
 
 
 def ready() -> None:

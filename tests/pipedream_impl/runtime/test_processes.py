@@ -78,7 +78,7 @@ from multiprocessing import forkserver
 from pathlib import Path
 from pipedream_impl.runtime import processes
 processes.PRELOAD = ("tests.pipedream_impl.runtime.preload_probe",)
-processes.start_server()
+processes.start_server("gnmt8")
 Path(sys.argv[1]).write_text(str(forkserver._forkserver._forkserver_pid))
 if sys.argv[2] == "ready":
     processes.ready()
@@ -128,3 +128,52 @@ def test_an_early_server_never_used_is_killed_at_exit(tmp_path: Path) -> None:
     exit, the process's output would not close and the run above would time out."""
     _, pid = _early(tmp_path, "exit", PIPEBENCH_PROBE_BLOCK="1")
     assert pid and not _alive(pid)
+
+
+_LOADED = """
+import sys
+from pipedream_impl.runtime import processes
+from tests.pipedream_impl.runtime.test_processes import _loaded
+processes.start_server(sys.argv[1])
+ctx = processes.context()
+out = ctx.Queue()
+p = processes.process(ctx, _loaded, (out,))
+p.start()
+print(out.get(timeout=120))
+p.join()
+"""
+
+
+def _loaded(out) -> None:  # noqa: ANN001 - a queue
+    import sys
+
+    out.put("torchvision" in sys.modules)
+
+
+@pytest.mark.multiprocess
+@pytest.mark.parametrize(("workload", "torchvision"), [("gnmt8", False), ("VGG-16", True)])
+def test_an_early_server_imports_its_workload_s_model_modules_only(
+        workload: str, torchvision: bool) -> None:
+    """A worker forked from a server started for a GNMT run finds no torchvision imported
+    (nothing of GNMT's needs it), one for VGG-16 (an alias) finds it imported."""
+    import subprocess
+    import sys
+
+    from harness.paths import REPO
+
+    r = subprocess.run([sys.executable, "-c", _LOADED, workload], cwd=REPO,
+                       capture_output=True, text=True, timeout=180)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == str(torchvision)
+
+
+@pytest.mark.multiprocess
+def test_a_server_started_for_a_worker_imports_every_workload_s() -> None:
+    """A server started when a worker needs one (a suite's, whose rounds mix workloads)
+    has every workload's model modules imported."""
+    ctx = processes.context()
+    out = ctx.Queue()
+    p = processes.process(ctx, _loaded, (out,))
+    p.start()
+    assert out.get(timeout=120) is True
+    p.join(timeout=60)
