@@ -168,9 +168,10 @@ def run_training(cfg: RunConfig, workload: Workload, target: float,
             summary.epochs_to_target = epoch + 1
         if after_epoch is not None:  # before the note: once it is printed, the epoch is
             after_epoch(summary)  # in the checkpoint's hands
+        rate = stats.samples_per_s  # NaN: every step of the epoch was warm-up
         progress.note(f"epoch {epoch + 1}/{cfg.epochs}: loss {stats.train_loss:.4f}, "
-                      f"{workload.metric} {quality:.4f} (target {target}), "
-                      f"{stats.samples_per_s:.1f} samples/s")
+                      f"{workload.metric} {quality:.4f} (target {target}), " +
+                      (f"{rate:.1f} samples/s" if math.isfinite(rate) else "warm-up only"))
         if summary.reached:
             break
     summary.total_time_s = time.perf_counter() - start

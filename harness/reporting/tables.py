@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import torch
 from rich.console import Console
 from rich.table import Table
@@ -50,8 +52,11 @@ def print_summary(summary: RunSummary, console: Console) -> None:
     reached = (f"yes, in {summary.time_to_target_s:.1f}s ({summary.epochs_to_target} epochs)"
                if summary.reached else "no")
     table.add_row(f"target {summary.target:g} reached", reached)
+    rate = summary.throughput  # NaN where every step the run took was warm-up
     table.add_row("throughput (median of epochs, warm-up excluded)",
-                  f"{summary.throughput:.1f} samples/s")
+                  f"{rate:.1f} samples/s" if math.isfinite(rate) else
+                  f"not measured: no step after the first {cfg.warmup_steps} (warm-up); "
+                  "give more --max-steps or fewer --warmup-steps")
     table.add_row("total time", f"{summary.total_time_s:.1f}s")
     for rank, b in sorted(summary.peak_memory_bytes.items()):
         table.add_row(f"peak memory, worker {rank}", fmt_bytes(b))
