@@ -234,8 +234,7 @@ def compare_run(
                      epochs=epochs, target=target, data=data, batch_size=batch_size,
                      seed=seed, threads=threads, device=device, max_steps_per_epoch=max_steps,
                      experiment=experiment, workers=workers, microbatches=microbatches)
-    _start_workers_server([s.launcher for s in systems.SYSTEMS if s.name in names],
-                          base.workload)
+    _start_workers_server([systems.get(n).launcher for n in names], base.workload)
     from harness.experiments.compare import compare
     from harness.reporting.progress import Progress
 

@@ -27,16 +27,16 @@ did. The server lives as long as the process that started it (a child of it, bes
 multiprocessing's resource tracker); the workers are its children.
 
 A server does its imports for seconds of CPU, and a launcher asked for one only when its
-first worker starts, after its own imports, its data and its local profile: the two
-waited for each other on a machine with a core to spare. ``start_server`` starts it at
-once (``pipebench run`` and ``compare-run`` call it before their own imports, where the
-run's workers will be forked here), so that its imports overlap the launcher's, and has it
+first worker starts, after its own imports, its data and its local profile: the two waited
+for each other on a machine with a core to spare. ``start_server`` starts it at once
+(``pipebench run`` and ``compare-run`` call it before their own imports, where the run's
+workers will be forked here), so that its imports overlap the launcher's, and has it
 import the slow model imports of the run's workload only (``workloads.preload``: a server
-started when a worker needs one imports every workload's); a
-launcher that measures anything itself (a one-process run, a local profile) first waits
-for the server's imports to end (``ready``), so that no measurement shares the machine
-with them; a server started early and never used is killed at exit, so that a run that
-failed before its workers does not leave it importing.
+started when a worker needs one imports every workload's); a launcher that measures
+anything itself (a one-process run, a local profile) first waits for the server's imports
+to end (``ready``), so that no measurement shares the machine with them; a server started
+early and never used is killed at exit, so that a run that failed before its workers does
+not leave it importing.
 
 ``PIPEBENCH_FORKSERVER=0`` spawns every worker instead (the old start-up, for an A/B of
 the two); where ``forkserver`` does not exist (Windows), workers are spawned.

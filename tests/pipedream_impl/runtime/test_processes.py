@@ -18,7 +18,7 @@ def _report(out, name: str) -> None:  # noqa: ANN001 - a queue
 
     # the worker's module brings the workloads; this test module does not
     out.put((os.environ.get(name), os.getcwd(), "workloads.registry" in sys.modules,
-             hash("pipebench")))
+             hash("pipebench"), "torchvision" in sys.modules))
 
 
 def _started(ctx, name: str) -> tuple:  # noqa: ANN001
@@ -39,7 +39,7 @@ def test_a_forked_worker_sees_the_environment_and_directory_of_now(
     _started(ctx, "PIPEBENCH_TEST_SWITCH")  # the fork server runs from here on
     monkeypatch.setenv("PIPEBENCH_TEST_SWITCH", "changed")
     monkeypatch.chdir(tmp_path)
-    value, cwd, preloaded, _ = _started(ctx, "PIPEBENCH_TEST_SWITCH")
+    value, cwd, preloaded = _started(ctx, "PIPEBENCH_TEST_SWITCH")[:3]
     assert value == "changed"
     assert Path(cwd) == tmp_path
     assert preloaded  # forked from the server's imports
@@ -89,22 +89,29 @@ if sys.argv[2] == "ready":
 def _early(tmp_path: Path, then: str, **env: str) -> tuple[str, int]:
     """A process that starts its fork server early (preloading the probe), then waits for
     it (``ready``) or exits: its output, and the server's pid."""
+    pid_file = tmp_path / "server.pid"
+    try:
+        out = _python(_EARLY, str(pid_file), then, PIPEBENCH_PROBE_DONE=str(tmp_path / "done"),
+                      **env)
+    finally:  # a server the code under test left behind must not outlive the test
+        pid = int(pid_file.read_text()) if pid_file.exists() else 0
+        if pid and _alive(pid):
+            os.kill(pid, 9)
+    return out, pid
+
+
+def _python(script: str, *args: str, **env: str) -> str:
+    """What ``python -c script args`` prints, run from the repository with ``env`` added;
+    it must exit with 0."""
     import subprocess
     import sys
 
     from harness.paths import REPO
 
-    pid_file = tmp_path / "server.pid"
-    env = {**os.environ, "PIPEBENCH_PROBE_DONE": str(tmp_path / "done"), **env}
-    try:
-        r = subprocess.run([sys.executable, "-c", _EARLY, str(pid_file), then], cwd=REPO,
-                           env=env, capture_output=True, text=True, timeout=120)
-    finally:  # a server the code under test left behind must not outlive the test
-        pid = int(pid_file.read_text()) if pid_file.exists() else 0
-        if pid and _alive(pid):
-            os.kill(pid, 9)
+    r = subprocess.run([sys.executable, "-c", script, *args], cwd=REPO,
+                       env={**os.environ, **env}, capture_output=True, text=True, timeout=180)
     assert r.returncode == 0, r.stderr
-    return r.stdout, pid
+    return r.stdout
 
 
 def _alive(pid: int) -> bool:
@@ -133,21 +140,10 @@ def test_an_early_server_never_used_is_killed_at_exit(tmp_path: Path) -> None:
 _LOADED = """
 import sys
 from pipedream_impl.runtime import processes
-from tests.pipedream_impl.runtime.test_processes import _loaded
+from tests.pipedream_impl.runtime.test_processes import _started
 processes.start_server(sys.argv[1])
-ctx = processes.context()
-out = ctx.Queue()
-p = processes.process(ctx, _loaded, (out,))
-p.start()
-print(out.get(timeout=120))
-p.join()
+print(_started(processes.context(), "X")[4])
 """
-
-
-def _loaded(out) -> None:  # noqa: ANN001 - a queue
-    import sys
-
-    out.put("torchvision" in sys.modules)
 
 
 @pytest.mark.multiprocess
@@ -156,24 +152,11 @@ def test_an_early_server_imports_its_workload_s_model_modules_only(
         workload: str, torchvision: bool) -> None:
     """A worker forked from a server started for a GNMT run finds no torchvision imported
     (nothing of GNMT's needs it), one for VGG-16 (an alias) finds it imported."""
-    import subprocess
-    import sys
-
-    from harness.paths import REPO
-
-    r = subprocess.run([sys.executable, "-c", _LOADED, workload], cwd=REPO,
-                       capture_output=True, text=True, timeout=180)
-    assert r.returncode == 0, r.stderr
-    assert r.stdout.strip() == str(torchvision)
+    assert _python(_LOADED, workload).strip() == str(torchvision)
 
 
 @pytest.mark.multiprocess
 def test_a_server_started_for_a_worker_imports_every_workload_s() -> None:
     """A server started when a worker needs one (a suite's, whose rounds mix workloads)
     has every workload's model modules imported."""
-    ctx = processes.context()
-    out = ctx.Queue()
-    p = processes.process(ctx, _loaded, (out,))
-    p.start()
-    assert out.get(timeout=120) is True
-    p.join(timeout=60)
+    assert _started(processes.context(), "X")[4] is True
