@@ -290,15 +290,17 @@ SCHEMA: tuple[Metric, ...] = (
            "system's run in the comparison.", runs=_COMPARISON,
            pattern="samples_per_s.{system}", higher_is_better=True),
     Metric(THROUGHPUT_PER_REFERENCE, "samples per reference iteration", "A suite cell "
-           "repeat's `throughput_samples_per_s` divided by `reference_iterations_per_s` "
-           "measured just before it: the throughput with the machine's drift cancelled.",
-           runs=_CELL, higher_is_better=True),
+           "repeat's `throughput_samples_per_s` divided by the drift reference of its "
+           "repeat round (the median of `reference_iterations_per_s` over the round's cells "
+           "on as many workers: `results.with_drift_cancelled`): the throughput with the "
+           "machine's drift cancelled.", runs=_CELL, higher_is_better=True),
     Metric(STEADY_PER_REFERENCE, "samples per reference iteration", "A suite cell "
-           "repeat's `steady_samples_per_s` divided by `reference_iterations_per_s`.",
-           runs=_CELL, higher_is_better=True),
+           "repeat's `steady_samples_per_s` divided by the drift reference of its repeat "
+           "round.", runs=_CELL, higher_is_better=True),
     Metric(CPU_PER_REFERENCE, "reference iterations per sample", "A suite cell repeat's "
-           "`cpu_s_per_sample` times `reference_iterations_per_s`: the CPU time per sample "
-           "with the machine's drift cancelled.", runs=_CELL, higher_is_better=False),
+           "`cpu_s_per_sample` times the drift reference of its repeat round: the CPU time "
+           "per sample with the machine's drift cancelled.", runs=_CELL,
+           higher_is_better=False),
     Metric(REFERENCE_SPEED, "iterations/s", "The drift reference "
            "(`harness.experiments.reference`: a fixed torch loop that runs none of our "
            "code) timed on the cell's cores just before each repeat.", runs=_CELL),

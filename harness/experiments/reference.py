@@ -4,8 +4,10 @@ Why: this machine's speed drifts (another tenant, thermal state, memory bandwidt
 than the regressions a nightly must catch; a cell measured on a slow night looks like a
 regression of ours. A fixed workload that runs none of our code (a torch matmul and
 convolution loop, the same every time), timed right before each cell's run on the same
-cores, tells how fast the machine was then, so a cell's throughput divided by it, and its
-CPU time per sample multiplied by it, are cancelled for drift (``metrics.cancel_drift``).
+cores, tells how fast the machine was then; the median over a repeat round's cells
+(``results.with_drift_cancelled``: one timing is too short to stand alone) is what a cell's
+throughput is divided by, and its CPU time per sample multiplied by, to cancel the drift
+(``metrics.cancel_drift``).
 A regression of ours cannot hide in it: nothing of pipebench runs inside the loop.
 """
 

@@ -46,6 +46,7 @@ from harness.reporting.results import (
     SCHEMA,
     overhead_rows,
     summarise,
+    with_drift_cancelled,
 )
 from harness.reporting.trace import chrome_trace, spans_by_worker
 from pipedream_impl.schedule import registry as schedules
@@ -150,8 +151,9 @@ def failure_note(message: str) -> str:
 
 
 def _measure(summary, speed: float) -> tuple[dict, dict]:  # noqa: ANN001 - a RunSummary
-    """A repeat's figures (``speed``: the drift reference measured just before it) and its
-    exact counters."""
+    """A repeat's raw figures (``speed``: the drift reference measured just before it; the
+    drift-cancelled twins come when every round has run: ``results.with_drift_cancelled``)
+    and its exact counters."""
     m = summary.final_metrics
     measured = {metrics.THROUGHPUT: summary.throughput,
                 metrics.STEADY_THROUGHPUT: summary.steady.samples_per_s,
@@ -161,8 +163,6 @@ def _measure(summary, speed: float) -> tuple[dict, dict]:  # noqa: ANN001 - a Ru
                 metrics.EPOCHS_TO_TARGET: summary.epochs_to_target,
                 metrics.PEAK_MEMORY_MAX: m.get(metrics.PEAK_MEMORY_MAX),
                 metrics.BUBBLE_FRACTION: metrics.mean_bubble(m)}
-    measured.update({cancelled: metrics.cancel_drift(raw, measured[raw], speed)
-                     for raw, cancelled in metrics.DRIFT_PAIRS.items()})
     counters = {"bytes_per_sample": m.get(metrics.BYTES_PER_SAMPLE),
                 "num_parameters": summary.num_parameters,
                 "steps_per_epoch": summary.epochs[0].steps if summary.epochs else None,
@@ -281,7 +281,9 @@ def run_suite(suite: Suite, progress: Progress, experiment: str = "pipebench-sui
                            per_worker=_per_worker(summary.final_metrics),
                            curve={"seconds": summary.elapsed_s, "quality": summary.qualities},
                            timeline=_timeline(summary))
-        out_cells = [_cell_result(c, record[c.key]) for c in cells]
+        # each repeat's drift-cancelled figures, over its round's reference (results doc)
+        out_cells = with_drift_cancelled({"cells": [_cell_result(c, record[c.key])
+                                                    for c in cells]})["cells"]
         result = {"schema": SCHEMA, "command": command,
                   "created": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
                   "suite": {"name": suite.name, "description": suite.description,
@@ -333,7 +335,7 @@ def _cell_result(cell: Cell, rec: dict) -> dict:
         return out
     stats = {}
     for name in METRICS:
-        s = summarise(v[name] for v in rec["values"])
+        s = summarise(v.get(name) for v in rec["values"])
         if s is not None:
             stats[name] = s.to_json()
     first = rec["counters"][0]

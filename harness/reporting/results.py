@@ -66,13 +66,15 @@ from harness.reporting.units import fmt_bytes
 
 __all__ = ["COUNTERS", "DEFINITIONS", "DROP_EXTREMES_FROM", "METRICS", "RULE", "SCHEMA",
            "STABILITY", "Stat", "cell_row", "comparable", "definition", "load_result",
-           "ok_cells", "overhead_rows", "overhead_table", "parse_result", "redefined", "summarise",
-           "with_drift_cancelled", "write_result"]
+           "ok_cells", "overhead_rows", "overhead_table", "parse_result", "redefined",
+           "round_speeds", "summarise", "with_drift_cancelled", "write_result"]
 
 SCHEMA = "pipebench-suite/1"
 # each figure's definition where it changed after the schema began (else version 1): the
-# steady throughput became the windows' summed rate (``harness.experiments.steady``)
-DEFINITIONS = {metrics.STEADY_THROUGHPUT: 2, metrics.STEADY_PER_REFERENCE: 2}
+# steady throughput became the windows' summed rate (``harness.experiments.steady``), and
+# the drift-cancelled figures are over the round's reference (``with_drift_cancelled``)
+DEFINITIONS = {metrics.STEADY_THROUGHPUT: 2, metrics.STEADY_PER_REFERENCE: 3,
+               metrics.THROUGHPUT_PER_REFERENCE: 2, metrics.CPU_PER_REFERENCE: 2}
 STABILITY = 0.10
 DROP_EXTREMES_FROM = 5
 # noisy metrics: name -> True when higher is better
@@ -243,22 +245,57 @@ def parse_result(text: str | bytes, where: str) -> dict:
     return with_drift_cancelled(data)
 
 
+def round_speeds(result: dict) -> dict:
+    """The drift reference of each repeat round of ``result``, per number of workers (the
+    reference runs on a cell's workers' threads, so cells on as many workers share it):
+    {workers: [the median over that round's cells of their reference speed, round by
+    round]}. A cell's reference values are in repeat order and a cell stops at its first
+    failure, so its i-th value was measured in round i."""
+    by_round: dict = {}
+    for cell in result.get("cells", []):
+        speeds = cell.get("metrics", {}).get(metrics.REFERENCE_SPEED, {}).get("values", [])
+        if len(speeds) != len(cell.get("run_ids", speeds)):
+            continue  # a repeat without its speed: no longer round by round
+        rounds = by_round.setdefault(cell.get("workers"), [])
+        for i, v in enumerate(speeds):
+            if i == len(rounds):
+                rounds.append([])
+            rounds[i].append(v)
+    return {w: [statistics.median(r) for r in rounds] for w, rounds in by_round.items()}
+
+
 def with_drift_cancelled(result: dict) -> dict:
-    """``result`` (a suite result as read) with each drift-cancelled figure
-    (``metrics.DRIFT_PAIRS``) that a result from before it was measured lacks, derived from
-    the raw figure's and the drift reference's repeats as a suite run derives it
-    (``metrics.cancel_drift``), where every repeat has both (a summary leaves out missing
-    values, so only then do the two lists pair up repeat by repeat)."""
+    """``result`` (a suite result, as read or as a suite run ends) with each drift-cancelled
+    figure (``metrics.DRIFT_PAIRS``) derived from the raw figure's repeats and the drift
+    reference of their rounds (``round_speeds``; ``metrics.cancel_drift``), whatever the
+    result held before (a result from before this definition divided each repeat by its
+    own reference: its twins are derived again, so results of both ages compare).
+
+    Why the round's reference, not the repeat's own: one half-second timing of the
+    reference is noisier than the drift it is there to cancel and barely follows the
+    repeat it precedes, so dividing each repeat by its own added noise to the twin; the
+    median over a round's cells keeps what moves the whole machine for the minutes of a
+    round and averages the timing's noise away (measured on the kept power runs:
+    ``scripts/drift_rounds.py``, ``results/drift-rounds.md``). A cell whose raw figure
+    misses a repeat (a summary leaves missing values out) no longer pairs up round by round
+    and gets no twin."""
+    speeds = round_speeds(result)
     for cell in result.get("cells", []):
         stats = cell.get("metrics", {})
-        speeds = stats.get(metrics.REFERENCE_SPEED, {}).get("values", [])
-        repeats = len(cell.get("run_ids", speeds))
+        rounds = speeds.get(cell.get("workers"), [])
+        repeats = len(cell.get("run_ids", stats.get(metrics.REFERENCE_SPEED, {})
+                                .get("values", [])))
         for raw, cancelled in metrics.DRIFT_PAIRS.items():
+            stats.pop(cancelled, None)
             values = stats.get(raw, {}).get("values", [])
-            if cancelled in stats or not values or not len(values) == len(speeds) == repeats:
+            if not values or not len(values) == repeats <= len(rounds):
                 continue
             stat = summarise(metrics.cancel_drift(raw, v, s)
-                             for v, s in zip(values, speeds, strict=True))
+                             for v, s in zip(values, rounds[:repeats], strict=True))
             if stat is not None and stat.n == len(values):
                 stats[cancelled] = stat.to_json()
+    # derived now, each twin is of today's definition where its raw figure is
+    current = {c: DEFINITIONS[c] for r, c in metrics.DRIFT_PAIRS.items()
+               if definition(result, r) == DEFINITIONS.get(r, 1)}
+    result["definitions"] = {**(result.get("definitions") or {}), **current}
     return result

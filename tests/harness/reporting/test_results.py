@@ -69,28 +69,39 @@ def test_permutations_do_not_change_the_numbers() -> None:
         assert (s.median, s.low, s.high) == (first.median, first.low, first.high)
 
 
-def test_an_older_result_gets_the_drift_cancelled_twins_it_lacks(tmp_path) -> None:  # noqa: ANN001
-    # CPU per sample measured, its drift-cancelled twin not (a result from before it was):
-    # derived per repeat as CPU seconds x reference iterations/s; a twin measured is kept
-    cpu, speed = [0.002, 0.004, 0.003], [50.0, 25.0, 40.0]
-    kept = {"median": 7.0, "values": [7.0]}
-    cell = {"key": "k", "metrics": {
-        "cpu_s_per_sample": summarise(cpu).to_json(),
-        "reference_iterations_per_s": summarise(speed).to_json(),
-        "throughput_samples_per_s": summarise([100.0, 50.0, 80.0]).to_json(),
-        "throughput_per_reference": kept}}
-    uneven = {"key": "u", "metrics": {"cpu_s_per_sample": summarise(cpu).to_json(),
-                                      "reference_iterations_per_s": summarise([9.0]).to_json()}}
-    # a repeat missing from each list: as long, but no longer repeat by repeat
-    gaps = {"key": "g", "run_ids": ["a", "b", "c", "d"],
-            "metrics": {"cpu_s_per_sample": summarise(cpu).to_json(),
-                        "reference_iterations_per_s": summarise(speed).to_json()}}
+def _cell(key: str, workers: int, speeds: list[float], **raw: list[float]) -> dict:
+    return {"key": key, "workers": workers, "run_ids": [f"{key}{i}" for i in range(len(speeds))],
+            "metrics": {"reference_iterations_per_s": summarise(speeds).to_json(),
+                        **{k: summarise(v).to_json() for k, v in raw.items()}}}
+
+
+def test_the_drift_cancelled_twins_are_over_the_rounds_reference(tmp_path) -> None:  # noqa: ANN001
+    # three rounds; the reference's i-th value of each cell was timed in round i; cells on
+    # 2 workers share one reference per round (the median of theirs), the 4-worker cell
+    # its own; a twin stored by an older definition (each repeat over its own reference)
+    # is derived again
+    thr, cpu = [100.0, 50.0, 80.0], [0.002, 0.004, 0.003]
+    a = _cell("a", 2, [50.0, 25.0, 40.0], throughput_samples_per_s=thr, cpu_s_per_sample=cpu)
+    a["metrics"]["throughput_per_reference"] = {"median": 7.0, "values": [7.0]}
+    b = _cell("b", 2, [54.0, 21.0, 44.0], throughput_samples_per_s=thr)
+    c = _cell("c", 2, [40.0, 23.0, 30.0])
+    wide = _cell("w", 4, [90.0, 60.0, 80.0], throughput_samples_per_s=thr)
+    gap = _cell("g", 2, [1.0, 1.0, 1.0], cpu_s_per_sample=cpu)  # a repeat with no figure
+    gap["run_ids"].append("g3")
     p = tmp_path / "old.json"
-    p.write_text(json.dumps({"schema": SCHEMA, "cells": [cell, uneven, gaps]}))
-    got = {c["key"]: c["metrics"] for c in load_result(p)["cells"]}
-    assert got["k"]["cpu_reference_per_sample"]["values"] == pytest.approx([0.1, 0.1, 0.12])
-    assert got["k"]["cpu_reference_per_sample"]["median"] == pytest.approx(0.1)
-    assert got["k"]["throughput_per_reference"] == kept
-    assert "steady_per_reference" not in got["k"]  # no raw figure to derive it from
-    assert "cpu_reference_per_sample" not in got["u"]  # repeats that do not pair up
-    assert "cpu_reference_per_sample" not in got["g"]
+    p.write_text(json.dumps({"schema": SCHEMA, "cells": [a, b, c, wide, gap],
+                             "definitions": {"steady_samples_per_s": 2}}))
+    result = load_result(p)
+    got = {c["key"]: c["metrics"] for c in result["cells"]}
+    rounds = [50.0, 23.0, 40.0]  # medians of (50, 54, 40), (25, 21, 23), (40, 44, 30)
+    assert got["a"]["throughput_per_reference"]["values"] == pytest.approx(
+        [t / r for t, r in zip(thr, rounds, strict=True)])
+    assert got["a"]["cpu_reference_per_sample"]["values"] == pytest.approx(
+        [t * r for t, r in zip(cpu, rounds, strict=True)])
+    assert got["b"]["throughput_per_reference"] == got["a"]["throughput_per_reference"]
+    assert got["w"]["throughput_per_reference"]["values"] == pytest.approx(
+        [100 / 90, 50 / 60, 80 / 80])
+    assert "steady_per_reference" not in got["a"]  # no raw figure to derive it from
+    assert "cpu_reference_per_sample" not in got["g"]  # no longer round by round
+    assert result["definitions"]["throughput_per_reference"] == 2
+    assert result["definitions"]["steady_samples_per_s"] == 2
