@@ -276,7 +276,7 @@ def with_drift_cancelled(result: dict) -> dict:
     repeat it precedes, so dividing each repeat by its own added noise to the twin; the
     median over a round's cells keeps what moves the whole machine for the minutes of a
     round and averages the timing's noise away (measured on the kept power runs:
-    ``scripts/drift_rounds.py``, ``results/drift-rounds.md``). A cell whose raw figure
+    ``scripts/round_blocking.py``, ``results/round-blocking.md``). A cell whose raw figure
     misses a repeat (a summary leaves missing values out) no longer pairs up round by round
     and gets no twin."""
     speeds = round_speeds(result)
