@@ -12,6 +12,7 @@ import time
 import torch
 
 from core.collectives import ring_allreduce_bytes
+from pipedream_impl.runtime import thread_use
 from pipedream_impl.runtime.contract import EpochReport, Executor, WorkerPieces, cpu_copy
 from workloads.recipe import load_optimizer_state, microbatch
 
@@ -51,9 +52,11 @@ class DataParallelExecutor(Executor):
 
     def _step(self, batch, report: EpochReport, k: int) -> float:  # noqa: ANN001
         """Minibatch ``k``, booked as forward (F), backward with the overlapped all-reduces
-        (B), the wait for what is still in flight (A) and the update (U)."""
+        (B), the wait for what is still in flight (A) and the update (U), each with what it
+        cost this thread (``thread_use``: B's wall time holds the wait for the other ranks'
+        gradients, its CPU time does not)."""
         self.begin_action("F", k)
-        t0 = time.perf_counter()
+        t0, use0 = time.perf_counter(), thread_use.reading()
         self.optimizer.zero_grad()  # Horovod's takes no arguments (torch's default: to None)
         loss = self.wl.loss(self.net(batch.inputs), batch.targets)
         for kind, work in (("F", None), ("B", loss.backward), ("A", self._wait_for_gradients),
@@ -63,10 +66,12 @@ class DataParallelExecutor(Executor):
                 work()
             self.synchronize()
             self.straggle(kind, t0)
+            use1 = thread_use.reading()
             t1 = time.perf_counter()
             self.record(report, kind, t0, t1)
+            thread_use.add(self.use, kind, use0, use1)
             self.progress.leave(f"{kind}{k}")
-            t0 = t1
+            t0, use0 = t1, use1
         return float(loss.detach())
 
     def checkpoint_state(self) -> dict:

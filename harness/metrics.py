@@ -115,7 +115,7 @@ _REACHED = "training runs that reached the target"
 _MULTI = "multi-process systems"
 _IDLE = "systems that time their idle (`reports_idle`: the pipelines of our runtime and torch's)"
 _OURS = "the pipelines of our runtime (one stage per worker)"
-_TIMED = "systems that time their actions (the pipelines of our runtime and torch's)"
+_TIMED = "systems that time their actions (our runtime's and torch's pipelines, DDP, Horovod)"
 _COMPARISON = "the parent run of `compare-run`"
 _CELL = "the cell runs of a suite (`bench`)"
 
