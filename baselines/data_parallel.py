@@ -71,7 +71,8 @@ class DataParallelExecutor(Executor):
             self.record(report, kind, t0, t1)
             thread_use.add(self.use, kind, use0, use1)
             self.progress.leave(f"{kind}{k}")
-            t0, use0 = t1, use1
+            t0 = t1
+            use0 = thread_use.reading()  # after t0: CPU time within the wall span
         return float(loss.detach())
 
     def checkpoint_state(self) -> dict:
