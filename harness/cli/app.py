@@ -64,7 +64,10 @@ class _Typer(typer.Typer):
 
 app = _Typer(add_completion=False, no_args_is_help=True,
              help="Benchmark harness: PipeDream, GPipe and data parallelism side by side.")
-console = Console()
+# soft wrap: a line is printed whole and the terminal folds it, so a report piped to a file
+# or read by a program keeps its table rows and paths on one line (a Console that is not a
+# terminal is 80 columns wide and would break them there)
+console = Console(soft_wrap=True)
 
 
 def emit(text: str, output: str | None, quiet: bool = False) -> None:

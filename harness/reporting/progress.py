@@ -19,7 +19,7 @@ __all__ = ["Progress", "quiet"]
 class Progress:
     def __init__(self, enabled: bool = True, console: Console | None = None) -> None:
         self.enabled = enabled
-        self.console = console or Console(stderr=True)
+        self.console = console or Console(stderr=True, soft_wrap=True)  # as cli.app's
 
     def note(self, message: str) -> None:
         if self.enabled:

@@ -310,7 +310,7 @@ def test_bench_render_reports_a_stored_result_and_runs_nothing(server: str, suit
                                                               tmp_path: Path) -> None:
     """``bench --render`` writes the report of a result already run: the command that ran
     it and the one that made the report again, every system's row and the level its MDC
-    column is stated at, and no run reaches the store."""
+    column is stated at, the same rows printed to a pipe, and no run reaches the store."""
     stored = tmp_path / "result.json"
     stored.write_text(json.dumps(suite_result))
     before = len(_runs(server))
@@ -323,6 +323,11 @@ def test_bench_render_reports_a_stored_result_and_runs_nothing(server: str, suit
     for system in ("single", "pipedream", "ddp"):
         assert f"| {system} | ok" in text, text
     assert "judged metrics it tests at 0.05 /" in text, text
+    # printed to a pipe (not a terminal: a Console 80 columns wide), rows stay whole
+    piped = _run(["bench", "--render", str(stored)], server)
+    rows = [line for line in text.splitlines() if line.startswith("|")]
+    assert max(map(len, rows)) > 80
+    assert [line for line in piped.stdout.splitlines() if line.startswith("|")] == rows
     assert len(_runs(server)) == before
 
 
