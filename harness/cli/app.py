@@ -19,6 +19,7 @@ terminal wraps the text; a line starting with ``- `` stays a line of its own (a 
 from __future__ import annotations
 
 import inspect
+import os
 import signal
 import sys
 from collections.abc import Callable
@@ -66,8 +67,13 @@ app = _Typer(add_completion=False, no_args_is_help=True,
              help="Benchmark harness: PipeDream, GPipe and data parallelism side by side.")
 # soft wrap: a line is printed whole and the terminal folds it, so a report piped to a file
 # or read by a program keeps its table rows and paths on one line (a Console that is not a
-# terminal is 80 columns wide and would break them there)
+# terminal is 80 columns wide and would break them there); for the same reason a table
+# printed where there is no terminal (and no COLUMNS) may be PIPE_WIDTH wide, where 80
+# columns would cut its cells short ("ImageFo...", a plan's ranks)
+PIPE_WIDTH = 200
 console = Console(soft_wrap=True)
+if not console.is_terminal and "COLUMNS" not in os.environ:
+    console.width = PIPE_WIDTH
 
 
 def emit(text: str, output: str | None, quiet: bool = False) -> None:

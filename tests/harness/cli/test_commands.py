@@ -33,6 +33,8 @@ def test_workloads_lists_every_workload() -> None:
     # full-scale parameter counts (published: VGG-16, ResNet-50, GPT-2 124M), counted on
     # the meta device
     assert "138.36M" in r.stdout and "25.56M" in r.stdout and "124.44M" in r.stdout
+    # printed to a pipe (no terminal), no cell is cut short ("paramet…" at 80 columns)
+    assert "…" not in r.stdout and "parameters (tiny / small /" in r.stdout, r.stdout
 
 
 @pytest.mark.parametrize("args, message", [
