@@ -17,8 +17,9 @@ pytestmark = pytest.mark.cli
 PIPEBENCH = [sys.executable, "-m", "harness.cli"]
 
 
-def _run(args: list[str], env_uri: str | None = None) -> subprocess.CompletedProcess:
-    env = dict(os.environ)
+def _run(args: list[str], env_uri: str | None = None,
+         unset: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k not in unset}
     if env_uri:
         env["MLFLOW_TRACKING_URI"] = env_uri
     return subprocess.run(PIPEBENCH + args, capture_output=True, text=True, env=env,
@@ -26,7 +27,7 @@ def _run(args: list[str], env_uri: str | None = None) -> subprocess.CompletedPro
 
 
 def test_workloads_lists_every_workload() -> None:
-    r = _run(["workloads"])
+    r = _run(["workloads"], unset=("COLUMNS",))  # pytest-xdist's workers set COLUMNS=80
     assert r.returncode == 0, r.stderr
     for name in ("vgg16", "resnet50", "gnmt8", "gnmt16", "awd-lm", "s2vt", "gpt"):
         assert name in r.stdout
